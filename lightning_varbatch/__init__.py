@@ -1,0 +1,27 @@
+"""Token-budgeted, variable-size batches for PyTorch Lightning under DDP, FSDP and DeepSpeed.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch import TokenBudgetBatchSampler
+    >>> sampler = TokenBudgetBatchSampler(np.array([3, 5, 2, 7, 4]), max_tokens=10,
+    ...                                   rank=0, world_size=1)
+    >>> sorted(i for batch in sampler for i in batch)
+    [0, 1, 2, 3, 4]
+"""
+
+from lightning_varbatch.planning import EpochPlan, PlanConfig, plan_epoch
+from lightning_varbatch.sampler import TokenBudgetBatchSampler
+
+# -- integration (datamodule, collate, loss) --
+
+# -- strategies --
+
+# -- callbacks --
+
+__all__ = [
+    "EpochPlan",
+    "PlanConfig",
+    "TokenBudgetBatchSampler",
+    "plan_epoch",
+]
+__version__ = "0.1.0"
