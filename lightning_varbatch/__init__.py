@@ -10,7 +10,7 @@ Example:
 """
 
 from lightning_varbatch.planning import EpochPlan, PlanConfig, plan_epoch
-from lightning_varbatch.sampler import TokenBudgetBatchSampler
+# from lightning_varbatch.sampler import TokenBudgetBatchSampler
 
 # -- integration (datamodule, collate, loss) --
 

@@ -1,0 +1,395 @@
+"""One epoch's plan: optimizer steps × ranks × micro-batches of example ids.
+
+Pure numpy, no torch.distributed and no Lightning: every rank computes the same plan from the
+same ``(lengths, config, epoch, world_size, accumulate_grad_batches)`` and reads its own slice,
+so every rank gets the same number of micro-batches by construction.
+
+How a plan is made (see ``docs/planning.md`` for the reasoning):
+
+1. Examples are sorted by decreasing (bucketed) length once; the sorted order is cut greedily
+   into micro-batches that fit ``max_tokens`` (:mod:`lightning_varbatch.layout`). This depends
+   only on the lengths, so it is cached and reused every epoch.
+2. Each epoch, examples of equal bucket are shuffled among themselves (batch composition
+   changes, padding does not), the tail policy makes the number of micro-batches a multiple of
+   ``world_size * accumulate_grad_batches``, consecutive micro-batches form one optimizer step
+   (similar shapes on every rank: no stragglers), a step's micro-batches are dealt to ranks in
+   snake order of decreasing cost (balanced load), and the steps are shuffled.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planning import plan_epoch
+    >>> plan = plan_epoch(np.array([3, 5, 2, 7, 4, 6]), max_tokens=10, world_size=2)
+    >>> plan.num_micro_batches_per_rank, sorted(plan.example_ids().tolist())
+    (2, [0, 1, 2, 3, 4, 5])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from lightning_varbatch.config import PlanConfig
+from lightning_varbatch.layout import Layout, SortedGroups
+from lightning_varbatch.lengths import PreparedLengths, prepare_lengths
+
+__all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
+
+
+def _check_count(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Which examples form each micro-batch of each rank in one epoch.
+
+    Micro-batches are *tiles*: tile ``t`` holds ``order[tile_start[t] : tile_start[t] +
+    tile_size[t]]``. ``assign[step, rank, micro]`` is the tile that ``rank`` runs as micro-batch
+    ``micro`` of optimizer step ``step``; a rank iterates its tiles step by step, micro by micro.
+
+    Attributes:
+        epoch: the epoch this plan is for.
+        world_size: number of ranks.
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        order: example ids in tile order (this epoch's shuffle).
+        tile_start: first position of every tile in ``order``.
+        tile_size: examples in every tile.
+        tile_cost: every tile's cost under the cost model (never above ``max_tokens``).
+        assign: ``(num_steps, world_size, accumulate_grad_batches)`` tile ids.
+        num_dropped: examples left out by ``tail="drop"`` this epoch.
+        num_duplicated: examples repeated by ``tail="pad"`` this epoch.
+        num_skipped: examples left out by ``oversize="skip"``.
+        num_truncated: examples cut by ``oversize="truncate"``.
+    """
+
+    epoch: int
+    world_size: int
+    accumulate_grad_batches: int
+    order: np.ndarray
+    tile_start: np.ndarray
+    tile_size: np.ndarray
+    tile_cost: np.ndarray
+    assign: np.ndarray
+    num_dropped: int = 0
+    num_duplicated: int = 0
+    num_skipped: int = 0
+    num_truncated: int = 0
+    _loss: np.ndarray | None = field(default=None, repr=False)
+    _exact_tokens: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def num_steps(self) -> int:
+        """Optimizer steps in the epoch."""
+        return int(self.assign.shape[0])
+
+    @property
+    def num_micro_batches_per_rank(self) -> int:
+        """Micro-batches every rank runs this epoch (the same on every rank)."""
+        return int(self.assign.shape[0] * self.assign.shape[2])
+
+    @cached_property
+    def tile_tokens(self) -> np.ndarray:
+        """Loss tokens of every tile (target tokens for source/target pairs), int64."""
+        if self._exact_tokens is not None:
+            return self._exact_tokens.astype(np.int64)
+        if self.tile_start.size == 0 or self._loss is None:
+            return np.zeros(self.tile_start.shape, dtype=np.int64)
+        return np.add.reduceat(self._loss[self.order], self.tile_start, dtype=np.int64)
+
+    @cached_property
+    def step_tokens(self) -> np.ndarray:
+        """``(num_steps,)`` loss tokens of each optimizer step, summed over ranks and micros."""
+        return self.tile_tokens[self.assign].sum(axis=(1, 2))
+
+    @cached_property
+    def step_examples(self) -> np.ndarray:
+        """``(num_steps,)`` examples in each optimizer step, summed over ranks and micros."""
+        return self.tile_size[self.assign].sum(axis=(1, 2))
+
+    def rank_tiles(self, rank: int) -> np.ndarray:
+        """Tile ids of ``rank`` in the order it runs them.
+
+        Raises:
+            ValueError: when ``rank`` is not in ``[0, world_size)``.
+        """
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}.")
+        return self.assign[:, rank, :].reshape(-1)
+
+    def tile_ids(self, tile: int) -> np.ndarray:
+        """Example ids of one tile."""
+        start = int(self.tile_start[tile])
+        return self.order[start : start + int(self.tile_size[tile])]
+
+    def micro_batch(self, step: int, rank: int, micro: int = 0) -> np.ndarray:
+        """Example ids of ``rank``'s micro-batch ``micro`` in optimizer step ``step``."""
+        return self.tile_ids(int(self.assign[step, rank, micro]))
+
+    def example_ids(self, rank: int | None = None) -> np.ndarray:
+        """All example ids this epoch (of one rank, or of all), in run order."""
+        tiles = self.assign.reshape(-1) if rank is None else self.rank_tiles(rank)
+        if tiles.size == 0:
+            return np.zeros(0, dtype=self.order.dtype)
+        return np.concatenate([self.tile_ids(int(t)) for t in tiles])
+
+    def consumed_ids(self, micro_batches: int) -> np.ndarray:
+        """Ids of all ranks' first ``micro_batches`` micro-batches (what a resume skips).
+
+        Raises:
+            ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
+        """
+        total = self.num_micro_batches_per_rank
+        if not 0 <= micro_batches <= total:
+            raise ValueError(
+                f"consumed micro-batches must be in [0, {total}] for this epoch, "
+                f"got {micro_batches}."
+            )
+        acc = self.accumulate_grad_batches
+        steps, micros = divmod(micro_batches, acc)
+        tiles = [self.assign[:steps].reshape(-1), self.assign[steps, :, :micros].reshape(-1)]
+        picked = np.concatenate(tiles) if micros else tiles[0]
+        if picked.size == 0:
+            return np.zeros(0, dtype=self.order.dtype)
+        return np.concatenate([self.tile_ids(int(t)) for t in picked])
+
+
+class EpochPlanner:
+    """Plans epochs over fixed lengths, caching the sort and the cut between epochs.
+
+    Args:
+        lengths: ``(n,)`` lengths, or ``(n, 2)`` (source, target) lengths; pairs are planned by
+            ``max(source, target)`` (fairseq's rule) and count target tokens as loss tokens.
+        config: the planner settings.
+        loss_lengths: loss tokens per example, when they are not the lengths (1-D) or the
+            target column (pairs).
+
+    Raises:
+        ValueError: for bad lengths or an example over the budget (see :class:`PlanConfig`).
+
+    Example:
+        >>> import numpy as np
+        >>> planner = EpochPlanner(np.array([[3, 4], [9, 2], [5, 5]]), PlanConfig(max_tokens=12))
+        >>> plan = planner.plan(epoch=0, world_size=1)
+        >>> int(plan.step_tokens.sum())  # target tokens of the whole epoch
+        11
+    """
+
+    def __init__(
+        self,
+        lengths: npt.ArrayLike,
+        config: PlanConfig,
+        loss_lengths: npt.ArrayLike | None = None,
+    ) -> None:
+        self.config = config
+        self.prepared: PreparedLengths = prepare_lengths(lengths, config, loss_lengths)
+        self._exact_totals = (
+            not self.prepared.pairs and loss_lengths is None and config.bucket_width == 1
+        )
+        self._groups: SortedGroups | None = None
+        self._layouts: dict[int, Layout] = {}
+
+    @property
+    def num_examples(self) -> int:
+        """Examples in the dataset, skipped ones included."""
+        return self.prepared.num_examples
+
+    @property
+    def num_planned(self) -> int:
+        """Examples that take part in every epoch (all but the skipped ones)."""
+        kept = self.prepared.kept
+        return self.num_examples if kept is None else int(kept.shape[0])
+
+    @property
+    def groups(self) -> SortedGroups:
+        """The sorted order of all planned examples (computed once)."""
+        if self._groups is None:
+            self._groups = SortedGroups.build(
+                self.prepared.key, self.prepared.kept, self.config.bucket_width
+            )
+        return self._groups
+
+    def _layout(self, multiple: int) -> Layout:
+        if 1 not in self._layouts:
+            self._layouts[1] = Layout.build(self.groups, self.config)
+        if multiple not in self._layouts:
+            self._layouts[multiple] = self._layouts[1].spread(self.groups, multiple, self.config)
+        return self._layouts[multiple]
+
+    def plan(
+        self,
+        epoch: int,
+        world_size: int = 1,
+        accumulate_grad_batches: int = 1,
+        *,
+        exclude: np.ndarray | None = None,
+        salt: int = 0,
+    ) -> EpochPlan:
+        """Plan one epoch.
+
+        Args:
+            epoch: the epoch (the plan depends only on ``config.seed``, ``epoch`` and ``salt``).
+            world_size: number of ranks.
+            accumulate_grad_batches: micro-batches per rank per optimizer step.
+            exclude: boolean mask over all examples; ``True`` ones are left out (resume with
+                another world size re-plans what an interrupted epoch has not consumed).
+            salt: extra randomness for re-plans, so they differ from the original plan.
+
+        Returns:
+            The plan.
+
+        Raises:
+            ValueError: for a non-positive ``world_size`` / ``accumulate_grad_batches``, or when
+                the data cannot give every rank a micro-batch (more ranks than batches).
+        """
+        epoch = _check_count("epoch", epoch, 0)
+        world = _check_count("world_size", world_size)
+        acc = _check_count("accumulate_grad_batches", accumulate_grad_batches)
+        wa = world * acc
+        cfg = self.config
+        tail = cfg.tail
+        if exclude is None:
+            groups = self.groups
+            available = groups.size
+        else:
+            exclude = np.asarray(exclude, dtype=bool)
+            if exclude.shape != (self.num_examples,):
+                raise ValueError(
+                    f"exclude must be a boolean mask of {self.num_examples} examples, "
+                    f"got shape {exclude.shape}."
+                )
+            kept = self.prepared.kept
+            keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
+            groups = SortedGroups.build(self.prepared.key, keep, cfg.bucket_width)
+            available = groups.size
+            if available == 0:
+                return self._empty_plan(epoch, world, acc)
+            if tail != "pad" and (available < wa or tail == "drop"):
+                tail = "pad"  # a re-planned remainder is never dropped; pad only when too small
+        if tail == "spread" and available < wa:
+            raise ValueError(self._too_few_message(available, "examples", world, acc))
+        rng = np.random.default_rng([cfg.seed, epoch, salt])
+        if exclude is None:
+            layout = self._layout(wa if tail == "spread" else 1)
+        else:
+            layout = Layout.build(groups, cfg)
+            if tail == "spread":
+                layout = layout.spread(groups, wa, cfg)
+        order = groups.ids.copy()
+        if cfg.shuffle:
+            starts = groups.starts
+            for g in np.flatnonzero(np.diff(starts) > 1):
+                rng.shuffle(order[starts[g] : starts[g + 1]])
+        m = layout.num_tiles
+        seq = np.arange(m, dtype=np.int64)
+        dropped = duplicated = 0
+        r = m % wa
+        if tail == "drop" and r:
+            if m < wa:
+                raise ValueError(self._too_few_message(m, "micro-batches", world, acc))
+            gone = rng.choice(m, size=r, replace=False)
+            dropped = int(layout.sizes[gone].sum())
+            seq = np.delete(seq, gone)
+        elif tail == "pad" and r:
+            extra = wa - r
+            dup = rng.choice(m, size=extra, replace=extra > m)
+            duplicated = int(layout.sizes[dup].sum())
+            seq = np.sort(np.concatenate([seq, dup]), kind="stable")  # duplicates sit adjacent
+        assign = _deal(seq.reshape(-1, wa), layout.cost, world, acc)
+        if cfg.shuffle:
+            assign = assign[rng.permutation(assign.shape[0])]
+        prep = self.prepared
+        return EpochPlan(
+            epoch=epoch,
+            world_size=world,
+            accumulate_grad_batches=acc,
+            order=order,
+            tile_start=layout.starts,
+            tile_size=layout.sizes,
+            tile_cost=layout.cost,
+            assign=assign,
+            num_dropped=dropped,
+            num_duplicated=duplicated,
+            num_skipped=prep.num_skipped,
+            num_truncated=prep.num_truncated,
+            _loss=prep.loss,
+            _exact_tokens=layout.total if self._exact_totals else None,
+        )
+
+    def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:
+        empty = np.zeros(0, dtype=np.int64)
+        return EpochPlan(
+            epoch=epoch,
+            world_size=world,
+            accumulate_grad_batches=acc,
+            order=empty.astype(np.int32),
+            tile_start=empty,
+            tile_size=empty,
+            tile_cost=empty.astype(np.float64),
+            assign=np.zeros((0, world, acc), dtype=np.int64),
+            num_skipped=self.prepared.num_skipped,
+            num_truncated=self.prepared.num_truncated,
+        )
+
+    def _too_few_message(self, count: int, what: str, world: int, acc: int) -> str:
+        return (
+            f"More ranks than batches: the data gives only {count} {what} but "
+            f"world_size={world} × accumulate_grad_batches={acc} = {world * acc} micro-batches "
+            f"are needed per optimizer step (max_tokens={self.config.max_tokens}, "
+            f"tail={self.config.tail!r}). Lower max_tokens, world_size or "
+            "accumulate_grad_batches, use more data, or set tail='pad'."
+        )
+
+
+def _deal(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.ndarray:
+    """Deal each step's tiles to ranks: decreasing cost, snake order (balanced sums)."""
+    num_steps = steps.shape[0]
+    if num_steps == 0:
+        return np.zeros((0, world, acc), dtype=np.int64)
+    by_cost = np.argsort(-cost[steps], axis=1, kind="stable")
+    ranked = np.take_along_axis(steps, by_cost, axis=1)
+    slot = np.arange(world * acc)
+    micro, pos = np.divmod(slot, world)
+    rank = np.where(micro % 2 == 0, pos, world - 1 - pos)
+    assign = np.empty((num_steps, world, acc), dtype=np.int64)
+    assign[:, rank, micro] = ranked
+    return assign
+
+
+def plan_epoch(
+    lengths: npt.ArrayLike,
+    max_tokens: int,
+    *,
+    epoch: int = 0,
+    world_size: int = 1,
+    accumulate_grad_batches: int = 1,
+    loss_lengths: npt.ArrayLike | None = None,
+    **config: Any,
+) -> EpochPlan:
+    """Plan one epoch in one call (see :class:`EpochPlanner` to plan many epochs).
+
+    Args:
+        lengths: ``(n,)`` or ``(n, 2)`` lengths.
+        max_tokens: the token budget of one micro-batch.
+        epoch: the epoch.
+        world_size: number of ranks.
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        loss_lengths: loss tokens per example, when not the lengths / target column.
+        **config: any other :class:`PlanConfig` setting (``cost``, ``seed``, ``tail``, ...).
+
+    Returns:
+        The plan.
+
+    Example:
+        >>> import numpy as np
+        >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
+        >>> plan.tile_size[plan.rank_tiles(0)].tolist()
+        [2]
+    """
+    planner = EpochPlanner(lengths, PlanConfig(max_tokens=max_tokens, **config), loss_lengths)
+    return planner.plan(epoch, world_size, accumulate_grad_batches)
