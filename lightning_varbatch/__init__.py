@@ -9,8 +9,9 @@ Example:
     [0, 1, 2, 3, 4]
 """
 
-from lightning_varbatch.planning import EpochPlan, PlanConfig, plan_epoch
-# from lightning_varbatch.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.config import PlanConfig
+from lightning_varbatch.planning import EpochPlan, EpochPlanner, plan_epoch
+from lightning_varbatch.sampler import MicroBatch, TokenBudgetBatchSampler
 
 # -- integration (datamodule, collate, loss) --
 
@@ -20,6 +21,8 @@ from lightning_varbatch.planning import EpochPlan, PlanConfig, plan_epoch
 
 __all__ = [
     "EpochPlan",
+    "EpochPlanner",
+    "MicroBatch",
     "PlanConfig",
     "TokenBudgetBatchSampler",
     "plan_epoch",

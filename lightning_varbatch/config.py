@@ -50,7 +50,9 @@ class PlanConfig:
         seed: the plan depends only on ``seed`` and the epoch.
         tail: what to do when the number of micro-batches is not a multiple of
             ``world_size * accumulate_grad_batches``: ``"spread"`` (default) splits the
-            largest micro-batches so nothing is lost; ``"drop"`` drops randomly chosen
+            largest micro-batches so nothing is lost (only when nearly every micro-batch is a
+            single example and none is left to split does it repeat some, counted);
+            ``"drop"`` drops randomly chosen
             micro-batches (counted); ``"pad"`` repeats randomly chosen micro-batches (counted).
         oversize: what to do with an example that does not fit the budget on its own:
             ``"error"`` (default), ``"skip"`` (counted) or ``"truncate"`` (to the longest length

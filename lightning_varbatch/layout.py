@@ -53,7 +53,9 @@ class SortedGroups:
         k = key if subset is None else key[subset]
         if k.size == 0:
             empty = np.zeros(0, dtype=np.int64)
-            return cls(ids=empty.astype(np.int32), starts=np.zeros(1, dtype=np.int64), longest=empty)
+            return cls(
+                ids=empty.astype(np.int32), starts=np.zeros(1, dtype=np.int64), longest=empty
+            )
         counts = np.bincount(k)
         top = counts.size - 1
         if bucket_width == 1:
@@ -66,9 +68,9 @@ class SortedGroups:
         ids = order.astype(id_dtype) if subset is None else subset[order].astype(id_dtype)
         del order
         nb = top // bucket_width + 1
-        per_bucket = np.zeros(nb * bucket_width, dtype=np.int64)
-        per_bucket[: counts.size] = counts
-        per_bucket = per_bucket.reshape(nb, bucket_width)
+        flat = np.zeros(nb * bucket_width, dtype=np.int64)
+        flat[: counts.size] = counts
+        per_bucket = flat.reshape(nb, bucket_width)
         sizes = per_bucket.sum(axis=1)
         offset = np.where(per_bucket > 0, np.arange(bucket_width), -1).max(axis=1)
         longest = np.arange(nb, dtype=np.int64) * bucket_width + offset
@@ -176,17 +178,17 @@ class Layout:
         """Split the largest tiles until the tile count is a multiple of ``multiple``.
 
         Pieces of a tile are subsets of it, so they fit the budget too; they stay adjacent,
-        so they land in the same optimizer step.
+        so they land in the same optimizer step. When there are too few examples to split
+        that far (almost every tile a single example), it splits as far as it can and the
+        caller pads the rest.
         """
         m = self.num_tiles
-        extra = -m % multiple
+        extra = min(-m % multiple, groups.size - m)
         if extra == 0:
             return self
         pieces = np.ones(m, dtype=np.int64)
         while extra > 0:
             cand = np.flatnonzero(pieces < self.sizes)
-            if cand.size == 0:  # pragma: no cover - callers check examples >= multiple
-                raise AssertionError("not enough examples to split")
             piece = self.sizes[cand] / pieces[cand]
             take = cand[np.argsort(-piece, kind="stable")[:extra]]
             pieces[take] += 1

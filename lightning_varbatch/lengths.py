@@ -68,19 +68,19 @@ def _as_int_lengths(lengths: npt.ArrayLike, name: str) -> np.ndarray:
         bad = ~np.isfinite(arr)
         if bad.any():
             i = int(np.flatnonzero(bad.reshape(arr.shape[0], -1).any(axis=1))[0])
-            raise ValueError(f"{name}[{i}] is {arr[i]!r}: lengths must be finite integers.")
+            raise ValueError(f"{name}[{i}] is {arr[i].tolist()}: lengths must be finite integers.")
         frac = arr != np.floor(arr)
         if frac.any():
             i = int(np.flatnonzero(frac.reshape(arr.shape[0], -1).any(axis=1))[0])
             raise ValueError(
-                f"{name}[{i}] = {arr[i]!r} is not an integer: lengths are token counts."
+                f"{name}[{i}] = {arr[i].tolist()} is not an integer: lengths are token counts."
             )
     low = arr < 1
     if low.any():
         i = int(np.flatnonzero(low.reshape(arr.shape[0], -1).any(axis=1))[0])
         raise ValueError(
-            f"{name}[{i}] = {arr[i]!r}: every length must be >= 1 (count EOS/BOS in the length, "
-            "or filter empty examples out of the dataset)."
+            f"{name}[{i}] = {arr[i].tolist()}: every length must be >= 1 (count EOS/BOS in "
+            "the length, or filter empty examples out of the dataset)."
         )
     if arr.max() >= 2**31:
         raise ValueError(f"{name} holds a length >= 2**31; lengths are token counts.")
@@ -158,6 +158,12 @@ def prepare_lengths(
                 f"them ({int(over.sum())} example(s) are over the budget)."
             )
         if config.oversize == "skip":
+            if over.all():
+                raise ValueError(
+                    f"Every example is over the budget max_tokens={config.max_tokens} (the "
+                    f"shortest has length {int(key.min())}), so oversize='skip' would leave "
+                    "nothing to train on: raise max_tokens."
+                )
             kept = np.flatnonzero(~over).astype(np.int32 if key.shape[0] < 2**31 else np.int64)
             num_skipped = int(over.sum())
         else:

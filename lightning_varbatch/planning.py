@@ -12,8 +12,8 @@ How a plan is made (see ``docs/planning.md`` for the reasoning):
 2. Each epoch, examples of equal bucket are shuffled among themselves (batch composition
    changes, padding does not), the tail policy makes the number of micro-batches a multiple of
    ``world_size * accumulate_grad_batches``, consecutive micro-batches form one optimizer step
-   (similar shapes on every rank: no stragglers), a step's micro-batches are dealt to ranks in
-   snake order of decreasing cost (balanced load), and the steps are shuffled.
+   (similar shapes on every rank: no stragglers), a step's micro-batches are dealt to ranks
+   largest first to the least-loaded rank (balanced load), and the steps are shuffled.
 
 Example:
     >>> import numpy as np
@@ -152,8 +152,9 @@ class EpochPlan:
             )
         acc = self.accumulate_grad_batches
         steps, micros = divmod(micro_batches, acc)
-        tiles = [self.assign[:steps].reshape(-1), self.assign[steps, :, :micros].reshape(-1)]
-        picked = np.concatenate(tiles) if micros else tiles[0]
+        picked = self.assign[:steps].reshape(-1)
+        if micros:
+            picked = np.concatenate([picked, self.assign[steps, :, :micros].reshape(-1)])
         if picked.size == 0:
             return np.zeros(0, dtype=self.order.dtype)
         return np.concatenate([self.tile_ids(int(t)) for t in picked])
@@ -295,7 +296,7 @@ class EpochPlanner:
             gone = rng.choice(m, size=r, replace=False)
             dropped = int(layout.sizes[gone].sum())
             seq = np.delete(seq, gone)
-        elif tail == "pad" and r:
+        elif r:  # "pad", or "spread" with too few examples left to split (counted)
             extra = wa - r
             dup = rng.choice(m, size=extra, replace=extra > m)
             duplicated = int(layout.sizes[dup].sum())
@@ -339,7 +340,7 @@ class EpochPlanner:
     def _too_few_message(self, count: int, what: str, world: int, acc: int) -> str:
         return (
             f"More ranks than batches: the data gives only {count} {what} but "
-            f"world_size={world} × accumulate_grad_batches={acc} = {world * acc} micro-batches "
+            f"world_size={world} x accumulate_grad_batches={acc} = {world * acc} micro-batches "
             f"are needed per optimizer step (max_tokens={self.config.max_tokens}, "
             f"tail={self.config.tail!r}). Lower max_tokens, world_size or "
             "accumulate_grad_batches, use more data, or set tail='pad'."
@@ -347,17 +348,30 @@ class EpochPlanner:
 
 
 def _deal(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.ndarray:
-    """Deal each step's tiles to ranks: decreasing cost, snake order (balanced sums)."""
+    """Deal each step's tiles to ranks: balanced per-rank sums.
+
+    Largest tile first, each to the least-loaded rank with a free micro-batch slot (LPT
+    scheduling), vectorised over steps.
+    """
     num_steps = steps.shape[0]
-    if num_steps == 0:
-        return np.zeros((0, world, acc), dtype=np.int64)
-    by_cost = np.argsort(-cost[steps], axis=1, kind="stable")
-    ranked = np.take_along_axis(steps, by_cost, axis=1)
-    slot = np.arange(world * acc)
-    micro, pos = np.divmod(slot, world)
-    rank = np.where(micro % 2 == 0, pos, world - 1 - pos)
     assign = np.empty((num_steps, world, acc), dtype=np.int64)
-    assign[:, rank, micro] = ranked
+    if num_steps == 0:
+        return assign
+    tile_cost = cost[steps]
+    by_cost = np.argsort(-tile_cost, axis=1, kind="stable")
+    ranked = np.take_along_axis(steps, by_cost, axis=1)
+    ranked_cost = np.take_along_axis(tile_cost, by_cost, axis=1)
+    if acc == 1:  # one slot per rank: the order of ranks does not change the balance
+        assign[:, :, 0] = ranked
+        return assign
+    load = np.zeros((num_steps, world))
+    used = np.zeros((num_steps, world), dtype=np.int64)
+    rows = np.arange(num_steps)
+    for k in range(world * acc):
+        rank = np.argmin(np.where(used < acc, load, np.inf), axis=1)
+        assign[rows, rank, used[rows, rank]] = ranked[:, k]
+        load[rows, rank] += ranked_cost[:, k]
+        used[rows, rank] += 1
     return assign
 
 

@@ -1,0 +1,433 @@
+"""One rank's view of the epoch plan, as a torch batch sampler that resumes mid-epoch.
+
+Example:
+    >>> import numpy as np
+    >>> lengths = np.array([3, 5, 2, 7, 4, 6, 1, 8])
+    >>> ranks = [TokenBudgetBatchSampler(lengths, 12, rank=r, world_size=2) for r in (0, 1)]
+    >>> [len(s) for s in ranks]
+    [3, 3]
+    >>> sorted(i for s in ranks for batch in s for i in batch)
+    [0, 1, 2, 3, 4, 5, 6, 7]
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from torch.utils.data import Sampler
+
+from lightning_varbatch.config import OversizePolicy, PlanConfig, TailPolicy
+from lightning_varbatch.costs import CostFn, CostName
+from lightning_varbatch.planning import EpochPlan, EpochPlanner
+
+STATE_VERSION = 1
+_STATE_KEYS = frozenset(
+    {
+        "version",
+        "epoch",
+        "seed",
+        "num_examples",
+        "fingerprint",
+        "world_size",
+        "accumulate_grad_batches",
+        "consumed",
+        "history",
+    }
+)
+
+
+class MicroBatch(list[int]):
+    """Example ids of one micro-batch, with where it sits in the plan.
+
+    Attributes:
+        epoch: the epoch.
+        step: optimizer step within the current plan of the epoch.
+        micro: micro-batch within the step (``0 .. accumulate_grad_batches - 1``).
+        rank: the rank that runs it.
+        ntokens: its loss tokens (target tokens for pairs).
+        step_ntokens: loss tokens of the whole optimizer step, over all ranks and micros:
+            the exact normaliser of a token-mean loss.
+        step_nexamples: examples of the whole optimizer step, over all ranks and micros.
+
+    Example:
+        >>> batch = MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9,
+        ...                    step_ntokens=30, step_nexamples=7)
+        >>> batch, batch.nexamples, batch.step_ntokens
+        ([4, 2], 2, 30)
+    """
+
+    def __init__(
+        self,
+        ids: list[int],
+        *,
+        epoch: int,
+        step: int,
+        micro: int,
+        rank: int,
+        ntokens: int,
+        step_ntokens: int,
+        step_nexamples: int,
+    ) -> None:
+        super().__init__(ids)
+        self.epoch = epoch
+        self.step = step
+        self.micro = micro
+        self.rank = rank
+        self.ntokens = ntokens
+        self.step_ntokens = step_ntokens
+        self.step_nexamples = step_nexamples
+
+    @property
+    def nexamples(self) -> int:
+        """Examples in this micro-batch."""
+        return len(self)
+
+
+def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and world size: the arguments, else torch.distributed, else ``RANK``/``WORLD_SIZE``.
+
+    Raises:
+        ValueError: when the rank is not in ``[0, world_size)``.
+
+    Example:
+        >>> resolve_rank_world(1, 4)
+        (1, 4)
+    """
+    if rank is None or world_size is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            found_rank, found_world = dist.get_rank(), dist.get_world_size()
+        else:
+            found_rank = int(os.environ.get("RANK", "0"))
+            found_world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = found_rank if rank is None else rank
+        world_size = found_world if world_size is None else world_size
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}.")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}.")
+    return rank, world_size
+
+
+class TokenBudgetBatchSampler(Sampler[list[int]]):
+    """Token-budgeted micro-batches of one rank; every rank gets the same number.
+
+    All ranks build the same plan from the same lengths and settings (no collective needed)
+    and each iterates its own slice: micro-batches of optimizer step ``s`` come in order
+    ``(s, micro 0), (s, micro 1), ...``. Batches are :class:`MicroBatch` lists that also carry
+    their token counts and the whole step's token count, for exact loss normalisation.
+
+    Args:
+        lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths, one per dataset item.
+        max_tokens: token budget of one micro-batch on one rank (see :class:`PlanConfig`).
+        rank: this rank; default: torch.distributed, else the ``RANK`` environment variable.
+        world_size: number of ranks; default: torch.distributed, else ``WORLD_SIZE``.
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        max_examples: cap on examples per micro-batch.
+        cost: cost model name or callable.
+        quadratic_coef: coefficient of the quadratic cost.
+        batch_size_multiple: round micro-batch sizes down to a multiple of this.
+        pad_to_multiple_of: the cost model sees lengths padded to this multiple.
+        bucket_width: width of the length buckets mixed freely.
+        shuffle: reshuffle every epoch.
+        seed: random seed; the plan depends only on it and the epoch.
+        tail: ``"spread"``, ``"drop"`` or ``"pad"`` (see :class:`PlanConfig`).
+        oversize: ``"error"``, ``"skip"`` or ``"truncate"``.
+        loss_lengths: loss tokens per example when they are not the lengths / target column.
+        epoch: the starting epoch.
+
+    Raises:
+        ValueError: for bad lengths or settings; the message names the setting to change.
+
+    Example:
+        >>> import numpy as np
+        >>> sampler = TokenBudgetBatchSampler(np.array([[3, 4], [9, 2], [5, 5]]), 12,
+        ...                                   rank=0, world_size=1)
+        >>> [(list(b), b.ntokens, b.step_ntokens) for b in sampler]
+        [([1], 2, 2), ([2, 0], 9, 9)]
+    """
+
+    def __init__(
+        self,
+        lengths: npt.ArrayLike,
+        max_tokens: int,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        accumulate_grad_batches: int = 1,
+        max_examples: int | None = None,
+        cost: CostName | CostFn = "padded",
+        quadratic_coef: float = 1 / 64,
+        batch_size_multiple: int = 1,
+        pad_to_multiple_of: int = 1,
+        bucket_width: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        tail: TailPolicy = "spread",
+        oversize: OversizePolicy = "error",
+        loss_lengths: npt.ArrayLike | None = None,
+        epoch: int = 0,
+    ) -> None:
+        config = PlanConfig(
+            max_tokens=max_tokens,
+            max_examples=max_examples,
+            cost=cost,
+            quadratic_coef=quadratic_coef,
+            batch_size_multiple=batch_size_multiple,
+            pad_to_multiple_of=pad_to_multiple_of,
+            bucket_width=bucket_width,
+            shuffle=shuffle,
+            seed=seed,
+            tail=tail,
+            oversize=oversize,
+        )
+        self._init(EpochPlanner(lengths, config, loss_lengths), rank, world_size)
+        self.set_distributed(self.rank, self.world_size, accumulate_grad_batches)
+        self.set_epoch(epoch)
+
+    @classmethod
+    def from_planner(
+        cls,
+        planner: EpochPlanner,
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        accumulate_grad_batches: int = 1,
+        epoch: int = 0,
+    ) -> TokenBudgetBatchSampler:
+        """A sampler sharing an existing planner (its sort is computed once for all ranks).
+
+        Example:
+            >>> import numpy as np
+            >>> planner = EpochPlanner(np.arange(1, 9), PlanConfig(max_tokens=16))
+            >>> s = TokenBudgetBatchSampler.from_planner(planner, rank=1, world_size=2)
+            >>> s.rank, len(s) > 0
+            (1, True)
+        """
+        self = cls.__new__(cls)
+        self._init(planner, rank, world_size)
+        self.set_distributed(self.rank, self.world_size, accumulate_grad_batches)
+        self.set_epoch(epoch)
+        return self
+
+    def _init(self, planner: EpochPlanner, rank: int | None, world_size: int | None) -> None:
+        self.planner = planner
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        self.accumulate_grad_batches = 1
+        self._epoch = 0
+        self._consumed = 0
+        self._restored = False  # a restored position is honoured even at the epoch's end
+        self._history: list[tuple[int, int, int]] = []
+        self._cache: tuple[tuple[Any, ...], EpochPlan] | None = None
+
+    # -- settings ------------------------------------------------------------------------
+
+    @property
+    def config(self) -> PlanConfig:
+        """The planner settings."""
+        return self.planner.config
+
+    @property
+    def max_tokens(self) -> int:
+        """Token budget of one micro-batch."""
+        return self.config.max_tokens
+
+    @property
+    def truncate_to(self) -> int | None:
+        """Length oversize examples were cut to (``oversize="truncate"``), else ``None``."""
+        return self.planner.prepared.truncate_to
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+        return self._epoch
+
+    @property
+    def consumed(self) -> int:
+        """Micro-batches of the current plan this rank has taken (yielded or restored)."""
+        return self._consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch``; the same epoch keeps a restored mid-epoch position.
+
+        Raises:
+            ValueError: for a negative epoch.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}.")
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._consumed = 0
+            self._restored = False
+            self._history = []
+
+    def set_distributed(
+        self, rank: int, world_size: int, accumulate_grad_batches: int | None = None
+    ) -> None:
+        """Change rank, world size or accumulation (e.g. once the trainer is known).
+
+        Mid-epoch, a different world size or accumulation re-plans what the epoch has not
+        consumed yet, so that no example is repeated or lost.
+
+        Raises:
+            ValueError: for a rank outside ``[0, world_size)`` or a non-positive accumulation.
+        """
+        acc = (
+            self.accumulate_grad_batches
+            if accumulate_grad_batches is None
+            else (accumulate_grad_batches)
+        )
+        if isinstance(acc, bool) or not isinstance(acc, int) or acc < 1:
+            raise ValueError(f"accumulate_grad_batches must be a positive integer, got {acc!r}.")
+        rank, world_size = resolve_rank_world(rank, world_size)
+        changed = (world_size, acc) != (self.world_size, self.accumulate_grad_batches)
+        if changed and self._consumed:
+            self._history.append((self.world_size, self.accumulate_grad_batches, self._consumed))
+            self._consumed = 0
+        self.rank, self.world_size, self.accumulate_grad_batches = rank, world_size, acc
+
+    # -- the plan ------------------------------------------------------------------------
+
+    @property
+    def plan(self) -> EpochPlan:
+        """The current epoch's plan (re-planned remainder after a topology change)."""
+        key = (self._epoch, tuple(self._history), self.world_size, self.accumulate_grad_batches)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
+        exclude: np.ndarray | None = None
+        for depth, (world, acc, consumed) in enumerate(self._history):
+            done = self.planner.plan(self._epoch, world, acc, exclude=exclude, salt=depth)
+            if exclude is None:
+                exclude = np.zeros(self.planner.num_examples, dtype=bool)
+            exclude[done.consumed_ids(consumed)] = True
+        plan = self.planner.plan(
+            self._epoch,
+            self.world_size,
+            self.accumulate_grad_batches,
+            exclude=exclude,
+            salt=len(self._history),
+        )
+        self._cache = (key, plan)
+        return plan
+
+    def __len__(self) -> int:
+        """Micro-batches the next iteration yields (the rest of the epoch after a resume)."""
+        total = self.plan.num_micro_batches_per_rank
+        if self._consumed >= total and not self._restored:
+            return total  # a finished epoch iterated again starts over
+        return total - self._consumed
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield this rank's :class:`MicroBatch` es from the current position."""
+        plan = self.plan
+        total = plan.num_micro_batches_per_rank
+        if self._consumed >= total and not self._restored:
+            self._consumed = 0  # a finished epoch iterated again starts over
+        self._restored = False
+        tiles = plan.rank_tiles(self.rank)
+        starts = plan.tile_start[tiles].tolist()
+        ends = (plan.tile_start[tiles] + plan.tile_size[tiles]).tolist()
+        tokens = plan.tile_tokens[tiles].tolist()
+        step_tokens = plan.step_tokens.tolist()
+        step_examples = plan.step_examples.tolist()
+        order, acc, epoch, rank = plan.order, plan.accumulate_grad_batches, self._epoch, self.rank
+        for j in range(self._consumed, total):
+            step, micro = divmod(j, acc)
+            self._consumed = j + 1
+            yield MicroBatch(
+                order[starts[j] : ends[j]].tolist(),
+                epoch=epoch,
+                step=step,
+                micro=micro,
+                rank=rank,
+                ntokens=tokens[j],
+                step_ntokens=step_tokens[step],
+                step_nexamples=step_examples[step],
+            )
+
+    # -- checkpointing -------------------------------------------------------------------
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where the epoch stands, to resume exactly there.
+
+        Args:
+            consumed: micro-batches of the current plan this rank has *trained* on; defaults to
+                the number yielded, which runs ahead of training when a DataLoader prefetches.
+
+        Returns:
+            A small dict of plain Python values (the same on every rank).
+
+        Raises:
+            ValueError: when ``consumed`` is outside the current plan.
+        """
+        consumed = self._consumed if consumed is None else consumed
+        total = self.plan.num_micro_batches_per_rank
+        if (
+            isinstance(consumed, bool)
+            or not isinstance(consumed, int)
+            or not (0 <= consumed <= total)
+        ):
+            raise ValueError(f"consumed must be in [0, {total}] for this epoch, got {consumed!r}.")
+        return {
+            "version": STATE_VERSION,
+            "epoch": self._epoch,
+            "seed": self.config.seed,
+            "num_examples": self.planner.num_examples,
+            "fingerprint": self.config.fingerprint(),
+            "world_size": self.world_size,
+            "accumulate_grad_batches": self.accumulate_grad_batches,
+            "consumed": consumed,
+            "history": [list(h) for h in self._history],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`, also with another world size or accumulation.
+
+        Raises:
+            ValueError: when the state has missing or unknown keys, or was saved for other
+                data or settings; the message lists every mismatch.
+        """
+        keys = set(state)
+        if keys != _STATE_KEYS:
+            raise ValueError(
+                "Not a TokenBudgetBatchSampler state: missing keys "
+                f"{sorted(_STATE_KEYS - keys)}, unknown keys {sorted(keys - _STATE_KEYS)}."
+            )
+        expected = {
+            "version": STATE_VERSION,
+            "seed": self.config.seed,
+            "num_examples": self.planner.num_examples,
+            "fingerprint": self.config.fingerprint(),
+        }
+        wrong = [
+            f"{k}: saved {state[k]!r}, now {v!r}" for k, v in expected.items() if state[k] != v
+        ]
+        if wrong:
+            raise ValueError(
+                "The sampler state was saved for other data or settings ("
+                + "; ".join(wrong)
+                + "). Resume with the same dataset, seed and batching settings "
+                "(max_tokens, cost, tail, ...), or start the epoch afresh."
+            )
+        history = [(int(w), int(a), int(c)) for w, a, c in state["history"]]
+        self._epoch = int(state["epoch"])
+        self._history = history
+        self._consumed = 0
+        self._restored = True
+        saved_topology = (int(state["world_size"]), int(state["accumulate_grad_batches"]))
+        consumed = int(state["consumed"])
+        if saved_topology == (self.world_size, self.accumulate_grad_batches):
+            total = self.plan.num_micro_batches_per_rank
+            if not 0 <= consumed <= total:
+                raise ValueError(
+                    f"The sampler state says {consumed} micro-batches were consumed but epoch "
+                    f"{self._epoch} has {total}; the checkpoint does not match this data."
+                )
+            self._consumed = consumed
+        elif consumed:
+            self._history.append((*saved_topology, consumed))

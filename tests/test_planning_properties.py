@@ -1,0 +1,265 @@
+"""Property-based tests of the plan invariants users rely on."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(1, 400))
+    pairs = draw(st.booleans())
+    high = draw(st.sampled_from([4, 30, 300]))
+    seed = draw(st.integers(0, 2**16))
+    rng = np.random.default_rng(seed)
+    shape = (n, 2) if pairs else (n,)
+    lengths = rng.integers(1, high + 1, size=shape)
+    cost = draw(st.sampled_from(["padded", "sum", "quadratic"]))
+    pad = draw(st.sampled_from([1, 1, 8]))
+    oversize = draw(st.sampled_from(["error", "skip", "truncate"]))
+    longest = int(lengths.max())
+    padded_longest = -(-longest // pad) * pad
+    single = padded_longest * (1 + padded_longest / 64) if cost == "quadratic" else padded_longest
+    # Budgets from "barely fits the longest example" to "fits many"; under skip/truncate
+    # also budgets that some examples do not fit.
+    low = 1 if oversize != "error" else int(np.ceil(single))
+    max_tokens = draw(st.integers(max(low, 1), max(low, 1) + 4 * int(single) + 64))
+    return {
+        "lengths": lengths,
+        "config": PlanConfig(
+            max_tokens=max_tokens,
+            max_examples=draw(st.sampled_from([None, None, 3, 16])),
+            cost=cost,
+            batch_size_multiple=draw(st.sampled_from([1, 1, 2, 8])),
+            pad_to_multiple_of=pad,
+            bucket_width=draw(st.sampled_from([1, 1, 3])),
+            seed=draw(st.integers(0, 5)),
+            tail=draw(st.sampled_from(["spread", "drop", "pad"])),
+            oversize=oversize,
+        ),
+        "world": draw(st.sampled_from([1, 2, 3, 8, 64])),
+        "acc": draw(st.integers(1, 3)),
+        "epoch": draw(st.integers(0, 3)),
+    }
+
+
+def _planner_or_skip(lengths: np.ndarray, config: PlanConfig) -> EpochPlanner:
+    try:
+        return EpochPlanner(lengths, config)
+    except ValueError as err:  # budget too small even to truncate to length 1
+        assert "max_tokens" in str(err)
+        assume(False)
+        raise
+
+
+def _cost(ids: np.ndarray, key: np.ndarray, config: PlanConfig) -> float:
+    """Independent re-computation of a micro-batch's cost under the built-in models."""
+    lens = key[ids].astype(np.int64)
+    p = config.pad_to_multiple_of
+    longest = -(-int(lens.max()) // p) * p
+    if config.cost == "padded":
+        return float(len(ids) * longest)
+    if config.cost == "sum":
+        return float(lens.sum())
+    return float(len(ids) * (longest + config.quadratic_coef * longest * longest))
+
+
+@SETTINGS
+@given(scenarios())
+def test_plan_invariants(case: dict) -> None:
+    lengths, config = case["lengths"], case["config"]
+    world, acc = case["world"], case["acc"]
+    planner = _planner_or_skip(lengths, config)
+    prep = planner.prepared
+    try:
+        plan = planner.plan(case["epoch"], world, acc)
+    except ValueError as err:
+        assert "More ranks than batches" in str(err)
+        assert f"world_size={world}" in str(err)
+        available = planner.num_planned
+        assert available < world * acc or config.tail == "drop"
+        return
+    samplers = [
+        TokenBudgetBatchSampler.from_planner(
+            planner, rank=r, world_size=world, accumulate_grad_batches=acc, epoch=case["epoch"]
+        )
+        for r in range(world)
+    ]
+    batches = [list(s) for s in samplers]
+    # Every rank: the same number of micro-batches, a multiple of the accumulation.
+    counts = {len(b) for b in batches}
+    assert counts == {plan.num_micro_batches_per_rank}
+    assert all(len(s) == len(b) for s, b in zip(samplers, batches, strict=True))
+    assert plan.num_micro_batches_per_rank % acc == 0
+    # No micro-batch over budget, none empty.
+    key = prep.key
+    for rank_batches in batches:
+        for b in rank_batches:
+            assert len(b) >= 1
+            assert _cost(np.asarray(b), key, config) <= config.max_tokens
+            if config.max_examples is not None:
+                assert len(b) <= config.max_examples
+    # Coverage exactly as the policies report.
+    seen = Counter(i for rank_batches in batches for b in rank_batches for i in b)
+    planned = set(range(len(key))) if prep.kept is None else set(prep.kept.tolist())
+    assert set(seen) <= planned
+    assert len(key) - len(planned) == plan.num_skipped
+    if config.tail == "spread" and plan.num_duplicated == 0:
+        assert set(seen) == planned and max(seen.values()) == 1
+    elif config.tail == "drop":
+        assert max(seen.values()) == 1
+        assert len(planned) - len(seen) == plan.num_dropped
+    else:  # pad, or spread that ran out of examples to split
+        assert set(seen) == planned
+        assert sum(seen.values()) - len(planned) == plan.num_duplicated
+    # Token counts carried by each batch are exact.
+    loss = prep.loss.astype(np.int64)
+    step_tokens: Counter[int] = Counter()
+    for rank_batches in batches:
+        for b in rank_batches:
+            assert b.ntokens == int(loss[list(b)].sum())
+            step_tokens[b.step] += b.ntokens
+    for rank_batches in batches:
+        for b in rank_batches:
+            assert b.step_ntokens == step_tokens[b.step]
+    # Same seed and epoch: the same plan, from a fresh planner.
+    again = EpochPlanner(lengths, config).plan(case["epoch"], world, acc)
+    assert np.array_equal(again.order, plan.order)
+    assert np.array_equal(again.assign, plan.assign)
+
+
+@SETTINGS
+@given(
+    scenarios(),
+    st.floats(0, 1),
+    st.sampled_from([1, 2, 3, 5]),
+    st.integers(1, 3),
+)
+def test_resume_consumes_exactly_the_rest(
+    case: dict, where: float, new_world: int, new_acc: int
+) -> None:
+    lengths = case["lengths"]
+    config = PlanConfig(**{**case["config"].__dict__, "tail": "spread"})
+    world, acc, epoch = case["world"], case["acc"], case["epoch"]
+    planner = _planner_or_skip(lengths, config)
+    assume(planner.num_planned >= max(world * acc, new_world * new_acc))
+    assume(planner.plan(epoch, world, acc).num_duplicated == 0)
+    assume(planner.plan(epoch, new_world, new_acc).num_duplicated == 0)
+    first = [
+        TokenBudgetBatchSampler.from_planner(
+            planner, rank=r, world_size=world, accumulate_grad_batches=acc, epoch=epoch
+        )
+        for r in range(world)
+    ]
+    total = len(first[0])
+    stop = int(where * total)
+    consumed: list[int] = []
+    states = []
+    for s in first:
+        it = iter(s)
+        for _ in range(stop):
+            consumed.extend(next(it))
+        states.append(s.state_dict())
+    assert all(state == states[0] for state in states)  # the same on every rank
+    for topology in [(world, acc), (new_world, new_acc)]:
+        rest: list[int] = []
+        resumed = []
+        for r in range(topology[0]):
+            s = TokenBudgetBatchSampler.from_planner(
+                planner, rank=r, world_size=topology[0], accumulate_grad_batches=topology[1]
+            )
+            s.load_state_dict(states[0])
+            s.set_epoch(epoch)  # Lightning calls this on resume; it must keep the position
+            resumed.append(list(s))
+            assert len(resumed[-1]) == len(resumed[0])
+            rest.extend(i for b in resumed[-1] for i in b)
+        everything = Counter(consumed + rest)
+        planned = planner.num_planned
+        # Nothing lost; repeated only when the remainder is too small to fill every rank
+        # (tail padding), and then exactly as counted.
+        assert len(everything) == planned
+        assert sum(everything.values()) - planned == s.plan.num_duplicated
+        if topology == (world, acc):  # same topology: exactly the original remainder
+            for r in range(world):
+                original = list(
+                    TokenBudgetBatchSampler.from_planner(
+                        planner,
+                        rank=r,
+                        world_size=world,
+                        accumulate_grad_batches=acc,
+                        epoch=epoch,
+                    )
+                )
+                assert [list(b) for b in original[stop:]] == [list(b) for b in resumed[r]]
+
+
+def test_epochs_change_order_and_composition_but_not_padding() -> None:
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 60, size=(5000, 2))
+    planner = EpochPlanner(lengths, PlanConfig(max_tokens=600))
+    plans = [planner.plan(e, world_size=4, accumulate_grad_batches=2) for e in range(4)]
+    firsts = [tuple(p.micro_batch(0, 0).tolist()) for p in plans]
+    assert len(set(firsts)) == 4  # batch order changes every epoch
+    compositions = [
+        {frozenset(p.tile_ids(t).tolist()) for t in p.assign.reshape(-1)} for p in plans
+    ]
+    for a in range(4):
+        for b in range(a + 1, 4):
+            shared = len(compositions[a] & compositions[b]) / len(compositions[a])
+            assert shared < 0.5  # most batches hold different examples
+    assert len({float(p.tile_cost.sum()) for p in plans}) == 1  # padding stays as tight
+
+
+def test_seed_changes_the_plan() -> None:
+    lengths = np.random.default_rng(2).integers(1, 40, size=2000)
+    a = EpochPlanner(lengths, PlanConfig(max_tokens=400, seed=0)).plan(0, 2)
+    b = EpochPlanner(lengths, PlanConfig(max_tokens=400, seed=1)).plan(0, 2)
+    assert not np.array_equal(a.order, b.order)
+
+
+def test_no_shuffle_is_sorted_longest_first_and_epoch_independent() -> None:
+    lengths = np.array([5, 1, 9, 3, 9, 2, 7, 7])
+    planner = EpochPlanner(lengths, PlanConfig(max_tokens=18, shuffle=False))
+    p0, p1 = planner.plan(0), planner.plan(1)
+    assert np.array_equal(p0.assign, p1.assign) and np.array_equal(p0.order, p1.order)
+    assert [p0.tile_ids(int(t)).tolist() for t in p0.rank_tiles(0)] == [
+        [2, 4],
+        [6, 7],
+        [0, 3, 5],
+        [1],
+    ]
+
+
+def test_steps_group_similar_shapes_and_balance_ranks() -> None:
+    lengths = np.random.default_rng(3).integers(1, 200, size=50000)
+    plan = EpochPlanner(lengths, PlanConfig(max_tokens=16384)).plan(0, 8, 2)
+    per_rank = plan.tile_cost[plan.assign].sum(axis=2)  # (steps, ranks)
+    imbalance = per_rank.max(axis=1) / per_rank.mean(axis=1)
+    assert imbalance.mean() <= 1.01
+    assert np.median(imbalance) <= 1.005
+    # Within one step the longest examples differ little across ranks (no stragglers).
+    longest = np.array(
+        [
+            [plan.tile_ids(int(t)).size and int(lengths[plan.tile_ids(int(t))].max()) for t in row]
+            for row in plan.assign[:, :, 0]
+        ]
+    )
+    spread = (longest.max(axis=1) - longest.min(axis=1)) / longest.max(axis=1)
+    assert np.median(spread) <= 0.1
+
+
+@pytest.mark.parametrize("acc", [1, 3])
+def test_deal_pairs_big_with_small(acc: int) -> None:
+    lengths = np.concatenate([np.full(30, 50), np.full(30, 10)])
+    plan = EpochPlanner(lengths, PlanConfig(max_tokens=100, shuffle=False)).plan(0, 2, acc)
+    per_rank = plan.tile_cost[plan.assign].sum(axis=2)
+    assert (per_rank.max(axis=1) / per_rank.mean(axis=1)).mean() <= 1.2

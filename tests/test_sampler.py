@@ -1,0 +1,201 @@
+"""The batch sampler as torch and users see it: len, epochs, DataLoader, checkpoints."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler
+
+LENGTHS = np.random.default_rng(0).integers(1, 50, size=(3000, 2))
+
+
+def make(**kwargs: object) -> TokenBudgetBatchSampler:
+    args: dict[str, object] = {"rank": 0, "world_size": 1, **kwargs}
+    return TokenBudgetBatchSampler(LENGTHS, 512, **args)  # type: ignore[arg-type]
+
+
+def test_len_is_exact_and_batches_carry_their_place() -> None:
+    sampler = make(world_size=3, rank=1, accumulate_grad_batches=2)
+    batches = list(sampler)
+    assert len(batches) == len(sampler)
+    assert all(isinstance(b, MicroBatch) for b in batches)
+    assert [(b.step, b.micro) for b in batches[:4]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert {b.rank for b in batches} == {1}
+    assert all(b.epoch == 0 for b in batches)
+
+
+def test_set_epoch_reshuffles_and_same_epoch_repeats() -> None:
+    sampler = make()
+    first = [list(b) for b in sampler]
+    again = [list(b) for b in sampler]  # iterating again without set_epoch: the same epoch
+    sampler.set_epoch(1)
+    second = [list(b) for b in sampler]
+    assert first == again
+    assert first != second
+    assert sorted(i for b in first for i in b) == sorted(i for b in second for i in b)
+
+
+def test_rank_and_world_size_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    sampler = TokenBudgetBatchSampler(LENGTHS, 512)
+    assert (sampler.rank, sampler.world_size) == (2, 4)
+    explicit = TokenBudgetBatchSampler(LENGTHS, 512, rank=2, world_size=4)
+    assert [list(b) for b in sampler] == [list(b) for b in explicit]
+
+
+class ToyDataset(Dataset[torch.Tensor]):
+    def __init__(self, lengths: np.ndarray) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((int(self.lengths[i].max()),), i)
+
+
+def pad_collate(items: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(items, batch_first=True, padding_value=-1)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_batches_respect_the_budget(workers: int) -> None:
+    sampler = make(world_size=2, rank=0)
+    loader = DataLoader(
+        ToyDataset(LENGTHS), batch_sampler=sampler, collate_fn=pad_collate, num_workers=workers
+    )
+    assert len(loader) == len(sampler)
+    seen = 0
+    twin = make(world_size=2, rank=0)  # iterating one sampler twice at once would interleave
+    for batch, ids in zip(loader, twin, strict=True):
+        assert batch.numel() <= 512  # padded tokens within the budget
+        assert sorted(batch[:, 0].tolist()) == sorted(ids)
+        seen += 1
+    assert seen == len(sampler)
+
+
+def test_state_dict_resumes_mid_epoch_in_a_fresh_process_like_object() -> None:
+    sampler = make(world_size=2, rank=1)
+    sampler.set_epoch(3)
+    it = iter(sampler)
+    taken = [list(next(it)) for _ in range(5)]
+    state = pickle.loads(pickle.dumps(sampler.state_dict()))  # plain values only
+    assert state["consumed"] == 5 and state["epoch"] == 3
+    resumed = make(world_size=2, rank=1)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(3)
+    fresh = make(world_size=2, rank=1)
+    fresh.set_epoch(3)
+    full = [list(b) for b in fresh]
+    assert len(resumed) == len(full) - 5
+    assert taken + [list(b) for b in resumed] == full
+    # the next epoch starts from the beginning
+    resumed.set_epoch(4)
+    fresh.set_epoch(4)
+    assert [list(b) for b in resumed] == [list(b) for b in fresh]
+
+
+def test_state_dict_with_explicit_trained_count_ignores_prefetch() -> None:
+    sampler = make()
+    it = iter(sampler)
+    batches = [list(next(it)) for _ in range(6)]  # a DataLoader ran ahead by 4
+    state = sampler.state_dict(consumed=2)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [list(b) for b in resumed][:4] == batches[2:]
+
+
+def test_resume_with_a_finished_epoch_yields_nothing_until_next_epoch() -> None:
+    sampler = make()
+    total = len(list(sampler))
+    state = sampler.state_dict()
+    assert state["consumed"] == total
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert len(resumed) == 0 and list(resumed) == []
+    assert len(list(resumed)) == total  # iterating once more starts the epoch over
+
+
+def test_resume_with_a_new_world_size_replans_the_rest() -> None:
+    old = [make(world_size=4, rank=r, accumulate_grad_batches=2) for r in range(4)]
+    consumed = []
+    for s in old:
+        it = iter(s)
+        consumed += [i for _ in range(6) for i in next(it)]
+    state = old[0].state_dict()
+    new = [make(world_size=3, rank=r) for r in range(3)]
+    for s in new:
+        s.load_state_dict(state)
+    rest = [[list(b) for b in s] for s in new]
+    assert len({len(r) for r in rest}) == 1
+    everything = consumed + [i for r in rest for b in r for i in b]
+    assert sorted(everything) == list(range(len(LENGTHS)))
+    # a second checkpoint of the re-planned epoch resumes too (history is kept)
+    it = iter(new[0])
+    next(it)
+    twice = new[0].state_dict()
+    assert twice["history"] == [[4, 2, 6]] and twice["consumed"] == 1
+    again = make(world_size=3, rank=0)
+    again.load_state_dict(twice)
+    assert [list(b) for b in again] == rest[0][1:]
+
+
+def test_set_distributed_mid_epoch_replans() -> None:
+    sampler = make(world_size=2, rank=0)
+    it = iter(sampler)
+    head = [list(next(it)) for _ in range(3)]
+    sampler.set_distributed(0, 1)
+    assert sampler.state_dict()["history"] == [[2, 1, 3]]
+    assert all(set(b).isdisjoint(h) for b in sampler for h in head)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"seed": 1}, "seed: saved 1, now 0"),
+        ({"num_examples": 7}, "num_examples: saved 7, now 3000"),
+        ({"fingerprint": "abc"}, "fingerprint: saved 'abc'"),
+        ({"version": 9}, "version: saved 9, now 1"),
+    ],
+)
+def test_load_state_dict_rejects_other_data_or_settings(
+    change: dict[str, object], match: str
+) -> None:
+    state = {**make().state_dict(), **change}
+    with pytest.raises(ValueError, match=match):
+        make().load_state_dict(state)
+
+
+def test_load_state_dict_lists_every_mismatch() -> None:
+    state = {**make().state_dict(), "seed": 5, "num_examples": 1}
+    with pytest.raises(ValueError, match="seed: saved 5, now 0; num_examples: saved 1"):
+        make().load_state_dict(state)
+
+
+def test_load_state_dict_is_strict_about_keys() -> None:
+    state = make().state_dict()
+    del state["history"]
+    state["extra"] = 1
+    with pytest.raises(ValueError, match=r"missing keys \['history'\], unknown keys \['extra'\]"):
+        make().load_state_dict(state)
+
+
+def test_settings_change_the_fingerprint() -> None:
+    state = make().state_dict()
+    with pytest.raises(ValueError, match="fingerprint"):
+        TokenBudgetBatchSampler(LENGTHS, 1024, rank=0, world_size=1).load_state_dict(state)
+
+
+def test_consumed_out_of_range() -> None:
+    sampler = make()
+    with pytest.raises(ValueError, match=r"consumed must be in \[0, "):
+        sampler.state_dict(consumed=10**6)
+    state = {**sampler.state_dict(), "consumed": 10**6}
+    with pytest.raises(ValueError, match="the checkpoint does not match this data"):
+        make().load_state_dict(state)
