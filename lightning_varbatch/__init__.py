@@ -12,12 +12,7 @@ Example:
 from lightning_varbatch.config import PlanConfig
 from lightning_varbatch.planning import EpochPlan, EpochPlanner, plan_epoch
 from lightning_varbatch.sampler import MicroBatch, TokenBudgetBatchSampler
-
-# -- integration (datamodule, collate, loss) --
-
-# -- strategies --
-
-# -- callbacks --
+from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
 
 __all__ = [
     "EpochPlan",
@@ -25,6 +20,8 @@ __all__ = [
     "MicroBatch",
     "PlanConfig",
     "TokenBudgetBatchSampler",
+    "VarBatchDeepSpeedStrategy",
+    "VarBatchFSDPStrategy",
     "plan_epoch",
 ]
 __version__ = "0.1.0"

@@ -252,6 +252,27 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """Micro-batches of the current plan this rank has taken (yielded or restored)."""
         return self._consumed
 
+    @property
+    def epoch_length(self) -> int:
+        """Micro-batches of this epoch as a training loop counts them on this rank.
+
+        Those consumed before a world-size change (under the old topology) plus the current
+        plan's; equals ``len(self)`` for a fresh epoch. A DataLoader for Lightning should report
+        this as its length, since Lightning restores its batch counter on resume.
+        """
+        return sum(c for _, _, c in self._history) + self.plan.num_micro_batches_per_rank
+
+    def consumed_from_epoch_count(self, trained: int) -> int:
+        """Convert an epoch-level count of trained micro-batches to the current plan's count.
+
+        Example:
+            >>> import numpy as np
+            >>> TokenBudgetBatchSampler(np.arange(1, 9), 8, rank=0, world_size=1
+            ...                         ).consumed_from_epoch_count(2)
+            2
+        """
+        return trained - sum(c for _, _, c in self._history)
+
     def set_epoch(self, epoch: int) -> None:
         """Move to ``epoch``; the same epoch keeps a restored mid-epoch position.
 

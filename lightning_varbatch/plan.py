@@ -1,0 +1,185 @@
+"""Plan one epoch from the command line and report what it will cost.
+
+Usage::
+
+    python -m lightning_varbatch.plan --synthetic wmt --max-tokens 16384 --world-size 8
+    python -m lightning_varbatch.plan --lengths lengths.npy --max-tokens 4096 --json --no-png
+
+Prints a :class:`~lightning_varbatch.diagnostics.PlanDiagnostics` report (or its JSON with
+``--json``) and writes a PNG with the examples-per-micro-batch histogram and every rank's token
+load over the optimizer steps. Bad settings print one ``error: ...`` line and exit with code 2.
+
+Example:
+    >>> import contextlib, io, json
+    >>> out = io.StringIO()
+    >>> with contextlib.redirect_stdout(out):
+    ...     code = main(["--synthetic", "wmt", "--num-examples", "2000", "--max-tokens", "4096",
+    ...                  "--world-size", "2", "--json", "--no-png"])
+    >>> code, json.loads(out.getvalue())["equal_counts"]
+    (0, True)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lightning_varbatch.config import OVERSIZE_POLICIES, TAIL_POLICIES, PlanConfig
+from lightning_varbatch.costs import COST_NAMES
+from lightning_varbatch.diagnostics import PlanDiagnostics, diagnose, rank_loads
+from lightning_varbatch.planning import EpochPlan, EpochPlanner
+from lightning_varbatch.synthetic import wmt_like_lengths
+
+__all__ = ["main"]
+
+_LINES_UP_TO = 8  # ranks drawn as one line each; more ranks are drawn as a min/mean/max band
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m lightning_varbatch.plan",
+        description="Plan one epoch of token-budgeted micro-batches and report its diagnostics.",
+    )
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--lengths", type=Path, metavar="FILE.npy", help="(n,) or (n, 2) lengths")
+    src.add_argument("--synthetic", choices=["wmt"], help="built-in synthetic lengths")
+    p.add_argument("--num-examples", type=int, default=4_500_000, help="for --synthetic")
+    p.add_argument("--max-tokens", type=int, required=True, help="budget of one micro-batch")
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--accumulate-grad-batches", type=int, default=1)
+    p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--cost", choices=COST_NAMES, default="padded")
+    p.add_argument("--batch-size-multiple", type=int, default=1)
+    p.add_argument("--pad-to-multiple-of", type=int, default=1)
+    p.add_argument("--bucket-width", type=int, default=1)
+    p.add_argument("--tail", choices=TAIL_POLICIES, default="spread")
+    p.add_argument("--oversize", choices=OVERSIZE_POLICIES, default="error")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--epoch", type=int, default=0)
+    png = p.add_mutually_exclusive_group()
+    png.add_argument("--png", type=Path, default=Path("plan_report.png"), help="figure path")
+    png.add_argument("--no-png", action="store_true", help="do not write the figure")
+    p.add_argument("--json", action="store_true", help="print the diagnostics as JSON")
+    return p
+
+
+def _load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
+    if args.synthetic is not None:
+        if args.num_examples < 1:
+            raise ValueError(f"--num-examples must be >= 1, got {args.num_examples}.")
+        lengths = wmt_like_lengths(args.num_examples, seed=0)
+        return lengths, f"synthetic {args.synthetic} lengths"
+    path: Path = args.lengths
+    try:
+        lengths = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot read --lengths {str(path)!r} as a .npy array: {err}") from None
+    if not isinstance(lengths, np.ndarray):
+        raise ValueError(f"--lengths {str(path)!r} holds several arrays; save one with np.save.")
+    return lengths, str(path)
+
+
+def _write_png(path: Path, diag: PlanDiagnostics, sizes: np.ndarray, loads: np.ndarray) -> None:
+    """Write the two-panel figure (examples per micro-batch; per-rank load over steps).
+
+    Args:
+        path: the PNG to write.
+        diag: the plan's diagnostics (for titles and the budget line).
+        sizes: examples of every micro-batch run.
+        loads: ``(num_steps, world_size)`` linear loads (:func:`rank_loads`).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (hist, load) = plt.subplots(1, 2, figsize=(13, 4.5), constrained_layout=True)
+    lo, hi = (int(sizes.min()), int(sizes.max())) if sizes.size else (1, 1)
+    if hi > 20 * lo:
+        hist.hist(sizes, bins=np.geomspace(lo, hi + 1, 50), color="tab:blue")
+        hist.set_xscale("log")
+    else:
+        hist.hist(sizes, bins=min(50, hi - lo + 1), color="tab:blue")
+    hist.set_xlabel("examples per micro-batch")
+    hist.set_ylabel("micro-batches")
+    hist.set_title(
+        f"{diag.num_micro_batches:,} micro-batches, padding efficiency "
+        f"{100 * diag.padding_efficiency:.1f} %"
+    )
+    steps = np.arange(loads.shape[0])
+    if loads.shape[1] <= _LINES_UP_TO:
+        for rank in range(loads.shape[1]):
+            load.plot(steps, loads[:, rank], lw=0.6, alpha=0.7, label=f"rank {rank}")
+        load.legend(fontsize="small", ncol=4, loc="lower center")
+    elif loads.shape[0]:
+        load.fill_between(steps, loads.min(axis=1), loads.max(axis=1), alpha=0.3, label="min-max")
+        load.plot(steps, loads.mean(axis=1), lw=0.8, label="mean over ranks")
+        load.legend(fontsize="small", loc="lower center")
+    budget = diag.max_tokens * diag.accumulate_grad_batches
+    load.axhline(budget, color="k", ls="--", lw=0.8)
+    load.set_xlabel("optimizer step")
+    load.set_ylabel("padded tokens per rank (examples x longest)")
+    load.set_title(
+        f"{diag.world_size} ranks, imbalance mean {diag.imbalance_linear_mean:.3f} "
+        f"max {diag.imbalance_linear_max:.3f}"
+    )
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _run(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    lengths, source = _load_lengths(args)
+    config = PlanConfig(
+        max_tokens=args.max_tokens,
+        max_examples=args.max_examples,
+        cost=args.cost,
+        batch_size_multiple=args.batch_size_multiple,
+        pad_to_multiple_of=args.pad_to_multiple_of,
+        bucket_width=args.bucket_width,
+        seed=args.seed,
+        tail=args.tail,
+        oversize=args.oversize,
+    )
+    planner = EpochPlanner(lengths, config)
+    plan: EpochPlan = planner.plan(args.epoch, args.world_size, args.accumulate_grad_batches)
+    diag = diagnose(planner, plan)
+    elapsed = time.perf_counter() - start
+    note = sys.stderr if args.json else sys.stdout
+    if args.json:
+        print(json.dumps(diag.to_dict(), indent=2))
+    else:
+        print(f"{source}: planned and diagnosed in {elapsed:.2f} s")
+        print(diag.format())
+    if not args.no_png:
+        sizes = plan.tile_size[plan.assign.reshape(-1)]
+        _write_png(args.png, diag, sizes, rank_loads(planner, plan, "linear"))
+        print(f"wrote {args.png}", file=note)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when ``None``).
+
+    Returns:
+        The exit code: 0 on success, 2 for bad settings, unreadable lengths or an unwritable
+        ``--png`` (one ``error: ...`` line on stderr, no traceback).
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, TypeError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,416 @@
+"""DeepSpeed for token-budgeted, variable-size batches, on CUDA and on CPU.
+
+Lightning's :class:`~lightning.pytorch.strategies.DeepSpeedStrategy` assumes a fixed micro-batch
+size, CUDA devices and that DeepSpeed's loss scaling composes with Lightning's. This subclass:
+
+* never reads a batch size from the DataLoader: ``train_micro_batch_size_per_gpu`` is a nominal
+  ``1`` unless the config sets it. DeepSpeed only uses it to satisfy
+  ``train_batch_size == micro × gradient_accumulation_steps × world_size`` and to label its
+  throughput logs; it never compares it with the real batches (``DeepSpeedEngine.backward`` and
+  ``step`` count micro-steps, not samples);
+* sets ``gradient_accumulation_steps`` to ``Trainer(accumulate_grad_batches)`` and checks a config
+  that sets either value, with an error that says which setting to change;
+* turns DeepSpeed's throughput timer off, since its samples/sec are ``nominal micro × ...``;
+* scales gradients like DDP: Lightning's automatic optimisation already divides the loss by
+  ``accumulate_grad_batches``, so ``DeepSpeedEngine.backward`` is called with
+  ``scale_wrt_gas=False``. Without it the gradient is divided by the accumulation twice (an
+  update of exactly 1/A of the DDP one, measured with A=2 on ZeRO 2). Lightning keeps calling
+  ``engine.step()`` on every micro-batch and DeepSpeed applies it on its own accumulation
+  boundary (``managed_gradient_accumulation`` stays on: turning it off would make every
+  ``step()`` a boundary);
+* runs on CPU (gloo) as well as CUDA, without JIT-building DeepSpeed's shared-memory comm op.
+
+Example:
+    >>> import lightning_varbatch.strategies  # registers the names
+    >>> from lightning.pytorch.strategies import StrategyRegistry
+    >>> StrategyRegistry["deepspeed_varbatch_stage_3"]["init_params"]
+    {'stage': 3}
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import math
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from lightning.fabric.strategies import _StrategyRegistry
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning.pytorch.strategies.deepspeed import remove_module_hooks
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from typing_extensions import override
+
+if TYPE_CHECKING:
+    import deepspeed
+
+__all__ = ["VarBatchDeepSpeedStrategy", "resolve_deepspeed_batch_config"]
+
+_MONITORS = ("tensorboard", "wandb", "csv_monitor", "comet")
+
+
+def _setting(config: Mapping[str, Any], key: str) -> int | None:
+    """A positive-integer batch setting of the config; ``None`` when unset or ``"auto"``."""
+    value = config.get(key)
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"The DeepSpeed config sets {key}={value!r}; it must be a positive integer "
+            f"(or leave it out and VarBatchDeepSpeedStrategy sets it)."
+        )
+    return value
+
+
+def resolve_deepspeed_batch_config(
+    config: dict[str, Any], accumulate_grad_batches: int, world_size: int
+) -> dict[str, Any]:
+    """Fill in DeepSpeed's batch settings for variable-size batches, in place.
+
+    DeepSpeed requires ``train_batch_size == train_micro_batch_size_per_gpu ×
+    gradient_accumulation_steps × world_size``. With token-budgeted batches the number of
+    examples varies, so these numbers are nominal: DeepSpeed never checks a real batch against
+    them. This sets ``gradient_accumulation_steps`` from the Trainer, the micro-batch size to
+    ``1`` unless given (or derived from a given ``train_batch_size``), ``train_batch_size`` to the
+    product, and switches DeepSpeed's throughput timer off unless the config configures it.
+
+    Args:
+        config: the DeepSpeed config dict (modified and returned).
+        accumulate_grad_batches: ``Trainer(accumulate_grad_batches)``.
+        world_size: number of data-parallel processes.
+
+    Returns:
+        ``config``, completed.
+
+    Raises:
+        ValueError: when the config's ``gradient_accumulation_steps`` differs from the
+            Trainer's accumulation, or ``train_batch_size`` is not ``micro × accumulation ×
+            world size``; the message names the setting to change.
+
+    Example:
+        >>> resolve_deepspeed_batch_config({}, accumulate_grad_batches=2, world_size=4)
+        {'gradient_accumulation_steps': 2, 'train_micro_batch_size_per_gpu': 1, \
+'train_batch_size': 8, 'timers': {'throughput': {'enabled': False}}}
+    """
+    acc, world = accumulate_grad_batches, world_size
+    gas = _setting(config, "gradient_accumulation_steps")
+    if gas is not None and gas != acc:
+        raise ValueError(
+            f"The DeepSpeed config sets gradient_accumulation_steps={gas} but the Trainer has "
+            f"accumulate_grad_batches={acc}. Remove gradient_accumulation_steps from the DeepSpeed "
+            f"config (VarBatchDeepSpeedStrategy sets it from the Trainer) or set "
+            f"Trainer(accumulate_grad_batches={gas})."
+        )
+    micro = _setting(config, "train_micro_batch_size_per_gpu")
+    total = _setting(config, "train_batch_size")
+    if micro is None:
+        if total is None:
+            micro = 1  # nominal: DeepSpeed never checks it against the real batches
+        elif total % (acc * world):
+            raise ValueError(
+                f"The DeepSpeed config sets train_batch_size={total}, which is not a multiple of "
+                f"accumulate_grad_batches ({acc}) * world size ({world}) = {acc * world}. With "
+                "variable-size batches it is nominal: remove train_batch_size from the DeepSpeed "
+                f"config, or set it to a multiple of {acc * world}."
+            )
+        else:
+            micro = total // (acc * world)
+    expected = micro * acc * world
+    if total is not None and total != expected:
+        raise ValueError(
+            f"The DeepSpeed config sets train_batch_size={total} but expected "
+            f"train_micro_batch_size_per_gpu ({micro}) * accumulate_grad_batches ({acc}) * "
+            f"world size ({world}) = {expected}. With variable-size batches both values are "
+            "nominal (DeepSpeed never checks them against the real batches): remove "
+            f"train_batch_size from the DeepSpeed config, or set it to {expected}."
+        )
+    config["gradient_accumulation_steps"] = acc
+    config["train_micro_batch_size_per_gpu"] = micro
+    config["train_batch_size"] = expected
+    # DeepSpeed's ThroughputTimer (deepspeed/utils/timer.py, ThroughputTimer.stop) logs
+    # "RunningAvgSamplesPerSec=..." as train_batch_size / time: a nominal number here.
+    timers = config.setdefault("timers", {})
+    if "throughput" not in timers:
+        timers["throughput"] = {"enabled": False}
+    elif timers["throughput"].get("enabled", True):
+        rank_zero_warn(
+            "The DeepSpeed config enables timers.throughput: its samples/sec assume "
+            f"{micro} example(s) per micro-batch, which token-budgeted batches do not have. "
+            "Use lightning_varbatch's throughput callback instead."
+        )
+    if any(isinstance(config.get(m), Mapping) and config[m].get("enabled") for m in _MONITORS):
+        rank_zero_warn(
+            "A DeepSpeed monitor is enabled: its 'Train/Samples/*' x-axis counts "
+            "train_batch_size samples per step, a nominal number with variable-size batches."
+        )
+    profiler = config.get("flops_profiler")
+    if isinstance(profiler, Mapping) and profiler.get("enabled"):
+        # deepspeed/profiling/flops_profiler/profiler.py, print_model_profile.
+        rank_zero_warn(
+            "The DeepSpeed flops profiler is enabled: its 'samples/second' assumes "
+            f"{micro} example(s) per micro-batch; its FLOPS figures are real."
+        )
+    return config
+
+
+@contextlib.contextmanager
+def _without_shm_comm_op() -> Iterator[None]:
+    """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce op.
+
+    ``deepspeed.comm.torch.TorchBackend.__init__`` calls ``build_shm_op()``, which on a CPU
+    accelerator JIT-builds ``deepspeed_shm_comm`` with the host compiler (30-90 s, needs g++) on
+    first use. Plain gloo collectives need no compiled op; ``build_shm_op`` returning ``None`` is
+    DeepSpeed's own fallback for incompatible hosts (``deepspeed/comm/torch.py``).
+    """
+    # ``import deepspeed.comm.torch as m`` would bind torch itself: deepspeed.comm imports torch.
+    ds_torch_comm: Any = importlib.import_module("deepspeed.comm.torch")
+    original = ds_torch_comm.build_shm_op
+    ds_torch_comm.build_shm_op = lambda: None
+    try:
+        yield
+    finally:
+        ds_torch_comm.build_shm_op = original
+
+
+class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
+    """DeepSpeed (ZeRO 0-3, offload) for token-budgeted batches, on CUDA or CPU.
+
+    Takes every argument of :class:`~lightning.pytorch.strategies.DeepSpeedStrategy`, plus:
+
+    Args:
+        *args: positional arguments of ``DeepSpeedStrategy``.
+        cpu_shm_comm: on CPU, let DeepSpeed JIT-build its shared-memory all-reduce op (faster
+            collectives on one host, but a 30-90 s compile on first use and a C++ compiler).
+            Default: plain gloo.
+        **kwargs: keyword arguments of ``DeepSpeedStrategy`` (``stage``, ``offload_optimizer``,
+            ``offload_parameters``, ``config``, ...).
+
+    What differs from Lightning's strategy is listed in the module docstring; the gradient is
+    the DDP one, so :func:`~lightning_varbatch.loss.token_mean_loss` gives the exact token mean
+    of the optimizer step under every strategy.
+
+    Raises:
+        ValueError: (at ``Trainer.fit``) for a config whose ``gradient_accumulation_steps`` or
+            ``train_batch_size`` contradicts the Trainer; see
+            :func:`resolve_deepspeed_batch_config`.
+        RuntimeError: for an accelerator other than CPU or CUDA, or a DeepSpeed accelerator
+            that does not match the Trainer's.
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning.pytorch.strategies import StrategyRegistry
+        >>> StrategyRegistry["deepspeed_varbatch_stage_3"]["strategy"] is VarBatchDeepSpeedStrategy
+        True
+        >>> trainer = Trainer(  # doctest: +SKIP
+        ...     accelerator="cpu", devices=2, strategy="deepspeed_varbatch_stage_3",
+        ...     accumulate_grad_batches=2, use_distributed_sampler=False)
+    """
+
+    strategy_name = "deepspeed_varbatch"
+
+    def __init__(self, *args: Any, cpu_shm_comm: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cpu_shm_comm = cpu_shm_comm
+
+    @property
+    def _on_cpu(self) -> bool:
+        return isinstance(self.accelerator, CPUAccelerator)
+
+    @property
+    def _device_rank(self) -> int:
+        # Lightning passes ``device_rank=self.root_device.index`` to ``deepspeed.initialize``;
+        # a CPU device has index None and DeepSpeedEngine._set_distributed_vars then fails on
+        # ``None >= 0``. The local rank is what DeepSpeed itself defaults to.
+        index = self.root_device.index
+        return self.local_rank if index is None else index
+
+    @override
+    def setup_environment(self) -> None:
+        # DeepSpeedStrategy.setup_environment raises for anything but a CUDAAccelerator
+        # (lightning/pytorch/strategies/deepspeed.py); DeepSpeed itself runs on CPU with gloo.
+        if isinstance(self.accelerator, CUDAAccelerator):
+            super().setup_environment()
+            return
+        if not self._on_cpu:
+            name = type(self.accelerator).__name__
+            raise RuntimeError(
+                f"VarBatchDeepSpeedStrategy runs on CUDA or CPU, got {name}. "
+                "Set Trainer(accelerator='cuda') or Trainer(accelerator='cpu')."
+            )
+        from deepspeed.accelerator import get_accelerator
+
+        ds_device = get_accelerator().device_name()
+        if ds_device != "cpu":
+            raise RuntimeError(
+                f"The Trainer runs on CPU but DeepSpeed selected its {ds_device!r} accelerator. "
+                "Start the processes with the environment variable DS_ACCELERATOR=cpu, or use "
+                "Trainer(accelerator='cuda')."
+            )
+        DDPStrategy.setup_environment(self)  # skips the CUDA-only check, not the DDP setup
+
+    @override
+    def setup_distributed(self) -> None:
+        if not self._on_cpu:
+            super().setup_distributed()
+            return
+        # DeepSpeedStrategy.setup_distributed validates that device indices equal local ranks;
+        # CPU devices have index None, so skip that check and do the rest.
+        reset_seed()
+        self.set_world_ranks()
+        context = contextlib.nullcontext() if self.cpu_shm_comm else _without_shm_comm_op()
+        with context:
+            self._init_deepspeed_distributed()
+
+    @override
+    def backward(
+        self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
+    ) -> Tensor:
+        # Lightning's automatic optimisation divides the loss by accumulate_grad_batches
+        # (ClosureResult.from_training_step_output, loops/optimization/automatic.py) and
+        # DeepSpeedEngine.backward divides it again by gradient_accumulation_steps unless
+        # scale_wrt_gas=False (deepspeed/runtime/engine.py). Known double scaling:
+        # Lightning-AI/pytorch-lightning#6170; HF fixed the same in transformers#35808.
+        # DeepSpeedPrecision.backward forwards kwargs to DeepSpeedEngine.backward.
+        kwargs.setdefault("scale_wrt_gas", False)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def on_train_start(self) -> None:
+        # Under DeepSpeed Lightning calls engine.step() on every micro-batch and lets DeepSpeed
+        # count the accumulation (handles_gradient_accumulation=True, so _should_accumulate in
+        # loops/training_epoch_loop.py forces no step at the epoch end). An epoch whose
+        # micro-batch count is not a multiple of the accumulation makes DeepSpeed's boundaries
+        # drift from Lightning's (which restart every epoch). Our sampler never does this.
+        super().on_train_start()
+        assert self.lightning_module is not None
+        trainer = self.lightning_module.trainer
+        batches, acc = trainer.num_training_batches, int(trainer.accumulate_grad_batches)
+        if acc > 1 and math.isfinite(batches) and int(batches) % acc:
+            rank_zero_warn(
+                f"The epoch has {int(batches)} micro-batches per rank, not a multiple of "
+                f"accumulate_grad_batches={acc}. DeepSpeed does not step at the epoch end, so "
+                "its accumulation boundaries drift from Lightning's and later optimizer steps "
+                "mix micro-batches of two windows. Build the batch sampler with the Trainer's "
+                "accumulate_grad_batches (TokenBudgetBatchSampler), or set limit_train_batches "
+                f"to a multiple of {acc}."
+            )
+
+    @override
+    def _setup_model_and_optimizer(
+        self,
+        model: Module,
+        optimizer: Optimizer | None,
+        lr_scheduler: LRScheduler | ReduceLROnPlateau | None = None,
+    ) -> tuple[deepspeed.DeepSpeedEngine, Optimizer]:
+        # As DeepSpeedStrategy._setup_model_and_optimizer, with a device rank valid on CPU.
+        import deepspeed
+
+        model_parameters = filter(lambda p: p.requires_grad, model.parameters())
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self._device_rank),
+            config=self.config,
+            model=model,
+            model_parameters=model_parameters,
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, ds_optimizer
+
+    @override
+    def _initialize_deepspeed_inference(self, model: Module) -> None:
+        # As DeepSpeedStrategy._initialize_deepspeed_inference, with a device rank valid on CPU
+        # and the (nominal) throughput timer off.
+        import deepspeed
+
+        assert isinstance(self.config, dict)
+        inference_config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": 1,
+            "timers": {"throughput": {"enabled": False}},
+        }
+        for key in ("fp16", "bf16"):
+            if key in self.config:
+                inference_config[key] = self.config[key]
+        if self.zero_stage_3:
+            inference_config["zero_allow_untested_optimizer"] = self.config.get(
+                "zero_allow_untested_optimizer", True
+            )
+            inference_config["zero_optimization"] = self.config["zero_optimization"]
+        remove_module_hooks(model)
+        engine, _, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self._device_rank),
+            config=inference_config,
+            model=model,
+            optimizer=None,
+            lr_scheduler=None,
+            model_parameters=[],
+            dist_init_required=False,
+        )
+        self.model = engine
+
+    @override
+    def _format_batch_size_and_grad_accum_config(self) -> None:
+        # Replaces Lightning's version, which rejects any gradient_accumulation_steps in the
+        # config and reads batch_sampler.batch_size (absent on a token-budget sampler).
+        assert isinstance(self.config, dict)
+        if self.lightning_module is None:
+            return
+        trainer = self.lightning_module.trainer
+        resolve_deepspeed_batch_config(
+            self.config, int(trainer.accumulate_grad_batches), int(self.world_size)
+        )
+        if "gradient_clipping" not in self.config:
+            self.config["gradient_clipping"] = trainer.gradient_clip_val or 0.0
+
+    @override
+    def _auto_select_batch_size(self) -> int:
+        # Never read batch_sampler.batch_size: micro-batches have no fixed size.
+        assert isinstance(self.config, dict)
+        return int(self.config.get("train_micro_batch_size_per_gpu", 1))
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        """Register ``deepspeed_varbatch`` and its stage / offload variants."""
+        variants: dict[str, tuple[str, dict[str, Any]]] = {
+            "": ("ZeRO stage 2", {}),
+            "_stage_0": ("ZeRO disabled (stage 0)", {"stage": 0}),
+            "_stage_1": ("ZeRO stage 1", {"stage": 1}),
+            "_stage_2": ("ZeRO stage 2", {"stage": 2}),
+            "_stage_2_offload": (
+                "ZeRO stage 2, optimizer offloaded to CPU",
+                {"stage": 2, "offload_optimizer": True},
+            ),
+            "_stage_3": ("ZeRO stage 3", {"stage": 3}),
+            "_stage_3_offload": (
+                "ZeRO stage 3, optimizer and parameters offloaded to CPU",
+                {"stage": 3, "offload_optimizer": True, "offload_parameters": True},
+            ),
+            "_stage_3_offload_nvme": (
+                "ZeRO stage 3, optimizer and parameters offloaded to NVMe",
+                {
+                    "stage": 3,
+                    "offload_optimizer": True,
+                    "offload_parameters": True,
+                    "remote_device": "nvme",
+                    "offload_params_device": "nvme",
+                    "offload_optimizer_device": "nvme",
+                },
+            ),
+        }
+        for suffix, (what, params) in variants.items():
+            name = cls.strategy_name + suffix
+            if name not in strategy_registry:
+                strategy_registry.register(
+                    name,
+                    cls,
+                    description=f"DeepSpeed for variable-size batches: {what}",
+                    **params,
+                )

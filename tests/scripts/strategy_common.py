@@ -1,0 +1,68 @@
+"""Data and model shared by the strategy scripts (run per rank) and the single-process checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+VOCAB = 16
+DIM = 8
+NUM_EXAMPLES = 120
+MAX_TOKENS = 48
+ACCUMULATE = 2
+LR = 1.0
+SEED = 0
+
+
+def make_sequences() -> list[list[int]]:
+    """Integer token sequences of very different lengths (pad id 0 is never a token)."""
+    rng = np.random.default_rng(SEED)
+    lengths = rng.choice([1, 2, 3, 4, 6, 9, 12, 16], size=NUM_EXAMPLES)
+    return [rng.integers(1, VOCAB, size=int(n)).tolist() for n in lengths]
+
+
+def targets(tokens: torch.Tensor) -> torch.Tensor:
+    """A fixed token -> token mapping to learn (keeps pad 0 -> 0, masked out anyway)."""
+    return torch.where(tokens > 0, (tokens * 5 + 3) % VOCAB, torch.zeros_like(tokens))
+
+
+class TinyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.out = nn.Linear(DIM, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.embed(tokens)))
+
+
+def make_model() -> TinyModel:
+    torch.manual_seed(SEED)
+    return TinyModel()
+
+
+def collate(examples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pad to the longest sequence; carry the plan's bookkeeping through."""
+    width = max(len(e["tokens"]) for e in examples)
+    tokens = torch.zeros(len(examples), width, dtype=torch.long)
+    for row, e in enumerate(examples):
+        tokens[row, : len(e["tokens"])] = torch.tensor(e["tokens"])
+    first = examples[0]
+    return {
+        "tokens": tokens,
+        "ids": [e["id"] for e in examples],
+        "step": first["step"],
+        "micro": first["micro"],
+        "ntokens": int((tokens > 0).sum()),
+        "step_ntokens": torch.tensor(first["step_ntokens"]),
+    }
+
+
+def loss_sum(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Sum of the per-token cross entropies over the real (non-pad) tokens."""
+    logits = model(tokens)
+    mask = tokens > 0
+    return nn.functional.cross_entropy(logits[mask], targets(tokens)[mask], reduction="sum")

@@ -1,0 +1,201 @@
+"""One rank of a run on token-budgeted batches: ``strategy_train.py OUT STRATEGY [DS_CONFIG]``.
+
+Launched once per rank by ``tests.launch.launch`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* set),
+so Lightning sees processes created externally and does not re-run this script itself. Writes
+``OUT/rank<r>.json``: initial parameters, the full parameters after every optimizer step, the
+micro-batches this rank trained on, and what the strategy configured. With a DeepSpeed config
+(JSON) as third argument, a ValueError from ``Trainer.fit`` is recorded instead of raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from lightning.pytorch.strategies import StrategyRegistry
+from strategy_common import (
+    ACCUMULATE,
+    LR,
+    MAX_TOKENS,
+    collate,
+    loss_sum,
+    make_model,
+    make_sequences,
+)
+from torch.utils.data import DataLoader, Dataset
+
+from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler
+from lightning_varbatch.loss import token_mean_loss
+from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy  # registers the names
+
+STEPS = 3
+DS_KEYS = (
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "train_batch_size",
+    "timers",
+)
+
+
+class Sequences(Dataset[dict[str, Any]]):
+    def __init__(self, sequences: list[list[int]]) -> None:
+        self.sequences = sequences
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        raise TypeError("batches are fetched whole, through __getitems__")
+
+    def __getitems__(self, batch: MicroBatch) -> list[dict[str, Any]]:
+        # The DataLoader passes the batch sampler's MicroBatch through: its plan bookkeeping
+        # (step, micro, step_ntokens) travels with every example.
+        return [
+            {
+                "id": i,
+                "tokens": self.sequences[i],
+                "step": batch.step,
+                "micro": batch.micro,
+                "step_ntokens": batch.step_ntokens,
+            }
+            for i in batch
+        ]
+
+
+def full_params(trainer: Trainer, module: torch.nn.Module) -> dict[str, list[Any]]:
+    """Every rank's view of the whole, unsharded parameters (a collective under sharding)."""
+    strategy = trainer.strategy
+    context: Any
+    if type(strategy).__name__ == "VarBatchFSDPStrategy":
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        context = FullyShardedDataParallel.summon_full_params(strategy.model)
+    elif getattr(strategy, "zero_stage_3", False):
+        import deepspeed
+
+        context = deepspeed.zero.GatheredParameters(list(module.parameters()))
+    else:
+        from contextlib import nullcontext
+
+        context = nullcontext()
+    with context:
+        return {n: p.detach().double().tolist() for n, p in module.named_parameters()}
+
+
+class Model(LightningModule):
+    def __init__(self, sequences: list[list[int]]) -> None:
+        super().__init__()
+        self.net = make_model()
+        self.sequences = sequences
+        self.micro_batches: list[dict[str, Any]] = []
+
+    def train_dataloader(self) -> DataLoader[dict[str, Any]]:
+        lengths = [len(s) for s in self.sequences]
+        sampler = TokenBudgetBatchSampler(
+            lengths,
+            MAX_TOKENS,
+            rank=self.trainer.global_rank,
+            world_size=self.trainer.world_size,
+            accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+            seed=0,
+        )
+        return DataLoader(Sequences(self.sequences), batch_sampler=sampler, collate_fn=collate)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        summed = loss_sum(self.net, batch["tokens"])
+        trainer = self.trainer
+        self.micro_batches.append(
+            {
+                "batch_idx": batch_idx,
+                "global_step": trainer.global_step,
+                "step": batch["step"],
+                "micro": batch["micro"],
+                "ids": batch["ids"],
+                "ntokens": batch["ntokens"],
+                "step_ntokens": int(batch["step_ntokens"]),
+            }
+        )
+        return token_mean_loss(
+            summed, batch["step_ntokens"], trainer.world_size, trainer.accumulate_grad_batches
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+class Snapshots(Callback):
+    """The full parameters after every optimizer step (the step counter moved)."""
+
+    def __init__(self) -> None:
+        self.params: dict[int, dict[str, list[Any]]] = {}
+        self.seen = 0
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any) -> None:
+        if trainer.global_step != self.seen:
+            self.seen = trainer.global_step
+            self.params[trainer.global_step] = full_params(trainer, pl_module.net)
+
+
+def make_strategy(name: str, config: dict[str, Any] | None) -> Any:
+    if config is not None:
+        return VarBatchDeepSpeedStrategy(config=config)
+    if name.endswith("_offload"):
+        # ZeRO-Offload refuses a client optimizer other than DeepSpeedCPUAdam (a JIT-compiled op)
+        # unless told otherwise; plain SGD keeps the update comparable and the test fast.
+        strategy = StrategyRegistry.get(name)
+        strategy.config["zero_force_ds_cpu_optimizer"] = False
+        return strategy
+    return name
+
+
+def main() -> None:
+    out, name = Path(sys.argv[1]), sys.argv[2]
+    config = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+    rank = int(os.environ["RANK"])
+    seed_everything(0, verbose=False)
+    model = Model(make_sequences())
+    init = {n: p.detach().double().tolist() for n, p in model.net.named_parameters()}
+    snapshots = Snapshots()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=int(os.environ["WORLD_SIZE"]),
+        strategy=make_strategy(name, config),
+        use_distributed_sampler=False,
+        accumulate_grad_batches=ACCUMULATE,
+        max_steps=STEPS,
+        callbacks=[snapshots],
+        enable_checkpointing=False,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    try:
+        trainer.fit(model)
+    except ValueError as error:
+        if config is None:
+            raise
+        # A bad DeepSpeed config is the scenario under test: record what the user would see.
+        (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "error": str(error)}))
+        return
+    strategy = trainer.strategy
+    ds_config = getattr(strategy, "config", None) or {}
+    record = {
+        "rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "strategy": type(strategy).__name__,
+        "global_step": trainer.global_step,
+        "init": init,
+        "params": {str(k): v for k, v in snapshots.params.items()},
+        "micro_batches": model.micro_batches,
+        "deepspeed_config": {k: ds_config[k] for k in DS_KEYS if k in ds_config},
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()

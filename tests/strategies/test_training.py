@@ -1,0 +1,144 @@
+"""DDP, FSDP and DeepSpeed in real processes over gloo, with token-budgeted batches.
+
+Each strategy runs once (2 processes, ``accumulate_grad_batches=2``, 3 optimizer steps, SGD with
+lr=1) through ``tests/scripts/strategy_train.py``; the tests below check the records every rank
+wrote: completion, step counts, identical parameters, and that the first update equals the
+single-process update on the union of that step's micro-batches with the token-mean loss.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from tests.launch import launch
+from tests.scripts.strategy_common import ACCUMULATE, NUM_EXAMPLES
+from tests.strategies._reference import params_of, reference_update, step_micro_batches
+
+WORLD_SIZE = 2
+STEPS = 3
+TIMEOUT = 150.0
+# float32 training vs a float64 reference: updates agree to ~1e-7 here; the naive recipe
+# misses by ~1e-3.
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+CORE = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2", "deepspeed_varbatch_stage_3"]
+EXTRA = [
+    "deepspeed_varbatch_stage_0",
+    "deepspeed_varbatch_stage_1",
+    "deepspeed_varbatch_stage_2_offload",
+    "deepspeed_varbatch_stage_3_offload",
+]
+
+_runs: dict[str, list[dict[str, Any]]] = {}
+
+
+def run(strategy: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """Every rank's record of one run of ``strategy`` (run once per test session)."""
+    if strategy not in _runs:
+        out = tmp_path_factory.mktemp(strategy)
+        _runs[strategy] = launch("strategy_train.py", WORLD_SIZE, out, strategy, timeout=TIMEOUT)
+    return _runs[strategy]
+
+
+def max_update_error(
+    records: list[dict[str, Any]], expected: dict[str, torch.Tensor]
+) -> dict[str, float]:
+    init, after = params_of(records[0]["init"]), params_of(records[0]["params"]["1"])
+    return {
+        n: float(((after[n] - init[n]) - (expected[n] - init[n])).abs().max()) for n in expected
+    }
+
+
+@pytest.mark.parametrize("strategy", CORE)
+def test_every_rank_trains_the_same_steps_and_parameters(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    records = run(strategy, tmp_path_factory)
+    assert [r["rank"] for r in records] == list(range(WORLD_SIZE))
+    assert {r["world_size"] for r in records} == {WORLD_SIZE}
+    assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
+    # Every rank ran STEPS x ACCUMULATE micro-batches, in plan order.
+    for r in records:
+        order = [(m["step"], m["micro"]) for m in r["micro_batches"]]
+        assert order == [(s, k) for s in range(STEPS) for k in range(ACCUMULATE)]
+    # The batches really vary: in examples per micro-batch, across ranks and steps.
+    sizes = [[len(m["ids"]) for m in r["micro_batches"]] for r in records]
+    assert len({n for row in sizes for n in row}) > 2
+    assert sizes[0] != sizes[1]
+    # No example twice within the epoch, over all ranks.
+    seen = [i for r in records for m in r["micro_batches"] for i in m["ids"]]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(range(NUM_EXAMPLES))
+    # Same initial and same updated parameters on every rank, after every step.
+    assert records[0]["init"] == records[1]["init"]
+    for r in records:
+        assert sorted(r["params"], key=int) == [str(s) for s in range(1, STEPS + 1)]
+    for step in records[0]["params"]:
+        assert records[0]["params"][step] == records[1]["params"][step], step
+    assert records[0]["params"][str(STEPS)] != records[0]["init"]
+
+
+@pytest.mark.parametrize("strategy", CORE + EXTRA)
+def test_update_equals_single_process_token_mean(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    records = run(strategy, tmp_path_factory)
+    expected = reference_update(records[0]["init"], step_micro_batches(records, 0))
+    init, after = params_of(records[0]["init"]), params_of(records[0]["params"]["1"])
+    for name, value in expected.items():
+        torch.testing.assert_close(after[name] - init[name], value - init[name], **TOLERANCE)
+    if strategy in EXTRA:  # steps and parameter identity, for the stages not covered above
+        assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
+        assert records[0]["params"][str(STEPS)] == records[1]["params"][str(STEPS)]
+
+
+@pytest.mark.parametrize("strategy", CORE)
+def test_naive_micro_batch_mean_is_a_different_update(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The equivalence test above can fail: the usual recipe (each micro-batch's own mean,
+    # averaged over accumulation and ranks) is measurably off on the same data and init.
+    records = run(strategy, tmp_path_factory)
+    naive = reference_update(records[0]["init"], step_micro_batches(records, 0), naive=True)
+    errors = max_update_error(records, naive)
+    assert max(errors.values()) > 100 * TOLERANCE["atol"], errors
+    init, after = params_of(records[0]["init"]), params_of(records[0]["params"]["1"])
+    with pytest.raises(AssertionError):
+        for name, value in naive.items():
+            torch.testing.assert_close(after[name] - init[name], value - init[name], **TOLERANCE)
+
+
+@pytest.mark.parametrize("strategy", ["deepspeed_varbatch_stage_2", "deepspeed_varbatch_stage_3"])
+def test_deepspeed_batch_settings_follow_the_trainer(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    for r in run(strategy, tmp_path_factory):
+        assert r["strategy"] == "VarBatchDeepSpeedStrategy"
+        assert r["deepspeed_config"] == {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": ACCUMULATE,
+            "train_batch_size": ACCUMULATE * WORLD_SIZE,
+            "timers": {"throughput": {"enabled": False}},
+        }
+
+
+def test_inconsistent_deepspeed_config_fails_on_every_rank_with_the_setting_named(
+    tmp_path: Path,
+) -> None:
+    config = {
+        "zero_optimization": {"stage": 2},
+        "train_micro_batch_size_per_gpu": 2,
+        "train_batch_size": 10,
+    }
+    records = launch(
+        "strategy_train.py", WORLD_SIZE, tmp_path, "unused", json.dumps(config), timeout=TIMEOUT
+    )
+    for r in records:
+        assert "train_batch_size=10" in r["error"]
+        assert "train_micro_batch_size_per_gpu (2) * accumulate_grad_batches (2)" in r["error"]
+        assert "world size (2) = 8" in r["error"]
+        assert "remove train_batch_size from the DeepSpeed config, or set it to 8" in r["error"]
