@@ -49,9 +49,10 @@ class PlanConfig:
         shuffle: shuffle examples of equal bucket and the order of optimizer steps each epoch.
         seed: the plan depends only on ``seed`` and the epoch.
         tail: what to do when the number of micro-batches is not a multiple of
-            ``world_size * accumulate_grad_batches``: ``"spread"`` (default) splits the
-            largest micro-batches so nothing is lost (only when nearly every micro-batch is a
-            single example and none is left to split does it repeat some, counted);
+            ``world_size * accumulate_grad_batches``: ``"spread"`` (default) re-cuts the
+            examples of the last, partial optimizer step into exactly that many even
+            micro-batches, so nothing is lost and its ranks stay balanced (only when there are
+            fewer examples than micro-batches needed does it repeat some, counted);
             ``"drop"`` drops randomly chosen
             micro-batches (counted); ``"pad"`` repeats randomly chosen micro-batches (counted).
         oversize: what to do with an example that does not fit the budget on its own:

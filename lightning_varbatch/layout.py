@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -47,8 +47,10 @@ class SortedGroups:
     def build(cls, key: np.ndarray, subset: np.ndarray | None, bucket_width: int) -> SortedGroups:
         """Sort ``key`` (or its ``subset`` of ids) by decreasing bucket, stably.
 
-        One stable radix sort of 16-bit keys; group boundaries come from a histogram, so the
-        extra memory stays at the sort's index array plus the 4-byte ids.
+        A stable counting sort done in cache-sized chunks (a radix argsort per chunk, then a
+        scatter to each bucket's next free slot): the extra memory is the 4-byte ids plus one
+        chunk, instead of the 8-byte index array (and numpy's 8-byte scratch) of a whole-array
+        argsort.
         """
         k = key if subset is None else key[subset]
         if k.size == 0:
@@ -58,15 +60,10 @@ class SortedGroups:
             )
         counts = np.bincount(k)
         top = counts.size - 1
-        if bucket_width == 1:
-            sort_key = top - k  # same dtype as k: uint16 -> radix sort
-        else:
-            sort_key = top // bucket_width - k // bucket_width
-        order = np.argsort(sort_key, kind="stable")
-        del sort_key
         id_dtype = np.int32 if key.shape[0] < 2**31 else np.int64
-        ids = order.astype(id_dtype) if subset is None else subset[order].astype(id_dtype)
-        del order
+        ids = _counting_sort_desc(k, top // bucket_width, bucket_width, id_dtype)
+        if subset is not None:
+            ids = subset[ids].astype(id_dtype)
         nb = top // bucket_width + 1
         flat = np.zeros(nb * bucket_width, dtype=np.int64)
         flat[: counts.size] = counts
@@ -85,9 +82,40 @@ class SortedGroups:
         g = np.clip(np.searchsorted(self.starts, pos, side="right") - 1, 0, len(self.longest) - 1)
         return cum[g] + (pos - self.starts[g]) * self.longest[g]
 
+    def suffix(self, start: int) -> SortedGroups:
+        """The sorted order from position ``start`` on (positions renumbered from 0)."""
+        g0 = int(self.group_of(np.array([start]))[0])
+        starts = np.concatenate(([0], self.starts[g0 + 1 :] - start)).astype(np.int64)
+        return SortedGroups(ids=self.ids[start:], starts=starts, longest=self.longest[g0:])
+
     def group_of(self, pos: np.ndarray) -> np.ndarray:
         """Group index of each position."""
         return np.searchsorted(self.starts, pos, side="right") - 1
+
+
+_SORT_CHUNK = 1 << 16
+
+
+def _counting_sort_desc(
+    k: np.ndarray, top_bucket: int, bucket_width: int, id_dtype: type[np.integer]
+) -> np.ndarray:
+    """Positions of ``k`` sorted by decreasing ``k // bucket_width``, stable (ties keep order)."""
+    nb = top_bucket + 1
+    bucket_counts = np.bincount(k // bucket_width if bucket_width > 1 else k, minlength=nb)
+    # bucket v goes after every bucket above it: its first slot is the count of those
+    fill = np.cumsum(bucket_counts[::-1])[::-1] - bucket_counts
+    ids = np.empty(k.size, dtype=id_dtype)
+    for lo in range(0, k.size, _SORT_CHUNK):
+        chunk = k[lo : lo + _SORT_CHUNK]
+        if bucket_width > 1:
+            chunk = chunk // bucket_width
+        order = np.argsort(top_bucket - chunk, kind="stable")  # uint16 -> radix sort
+        ranked = chunk[order]
+        cnt = np.bincount(chunk, minlength=nb)
+        first = np.cumsum(cnt[::-1])[::-1] - cnt  # where each bucket starts in this chunk
+        ids[fill[ranked] + (np.arange(chunk.size) - first[ranked])] = order + lo
+        fill += cnt
+    return ids
 
 
 def _round_down(n: np.ndarray, multiple: int) -> np.ndarray:
@@ -173,6 +201,45 @@ class Layout:
         return cls.from_tiles(
             groups, np.concatenate(starts_parts), np.concatenate(sizes_parts), config
         )
+
+    def balance_tail(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
+        """Re-cut the last, partial optimizer step into exactly ``multiple`` even micro-batches.
+
+        The greedy cut leaves ``m % multiple`` micro-batches for the last step (and a small last
+        micro-batch). Their examples are re-cut under the smallest budget that yields at most
+        ``multiple`` micro-batches, then split up to exactly ``multiple``: nothing is lost and
+        the last step's ranks carry even loads, instead of half-size pieces next to full
+        micro-batches. With fewer examples than that, one more step is taken into the region.
+        """
+        m, n = self.num_tiles, groups.size
+        if m == 0:
+            return self
+        r = m % multiple
+        take = min(m, r if r else multiple)
+        target = multiple
+        while n - int(self.starts[m - take]) < target and take < m:
+            take, target = min(m, take + multiple), target + multiple
+        start = int(self.starts[m - take])
+        if n - start < target:
+            return self.spread(groups, multiple, config)  # too few examples: caller pads
+        sub = groups.suffix(start)
+        p = config.pad_to_multiple_of
+        first = int(sub.longest[0])
+        single = float(
+            config.cost_fn(np.ones(1), np.array([-(-first // p) * p]), np.array([first]))[0]
+        )
+        lo, hi = max(1, int(np.ceil(single))), config.max_tokens
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if Layout.build(sub, replace(config, max_tokens=mid)).num_tiles <= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        tail_config = replace(config, max_tokens=hi)
+        tail = Layout.build(sub, tail_config).spread(sub, target, tail_config)
+        starts = np.concatenate((self.starts[: m - take], tail.starts + start))
+        sizes = np.concatenate((self.sizes[: m - take], tail.sizes))
+        return Layout.from_tiles(groups, starts, sizes, config)
 
     def spread(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
         """Split the largest tiles until the tile count is a multiple of ``multiple``.

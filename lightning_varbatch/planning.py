@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -100,7 +101,7 @@ class EpochPlan:
             return self._exact_tokens.astype(np.int64)
         if self.tile_start.size == 0 or self._loss is None:
             return np.zeros(self.tile_start.shape, dtype=np.int64)
-        return np.add.reduceat(self._loss[self.order], self.tile_start, dtype=np.int64)
+        return _tile_sums(self._loss, self.order, self.tile_start)
 
     @cached_property
     def step_tokens(self) -> np.ndarray:
@@ -158,6 +159,25 @@ class EpochPlan:
         if picked.size == 0:
             return np.zeros(0, dtype=self.order.dtype)
         return np.concatenate([self.tile_ids(int(t)) for t in picked])
+
+
+_SUM_CHUNK = 1 << 20
+
+
+def _tile_sums(values: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """``values[order]`` summed over each tile.
+
+    Gathered a chunk of tiles at a time: bounded temporaries instead of an int64 copy of the
+    whole epoch.
+    """
+    out = np.empty(starts.size, dtype=np.int64)
+    bounds = np.searchsorted(starts, np.arange(0, order.size, _SUM_CHUNK), side="left")
+    bounds = np.unique(np.concatenate((bounds, [starts.size])))
+    for a, b in itertools.pairwise(bounds.tolist()):
+        end = int(starts[b]) if b < starts.size else order.size
+        part = values[order[int(starts[a]) : end]]
+        out[a:b] = np.add.reduceat(part, starts[a:b] - starts[a], dtype=np.int64)
+    return out
 
 
 class EpochPlanner:
@@ -219,7 +239,9 @@ class EpochPlanner:
         if 1 not in self._layouts:
             self._layouts[1] = Layout.build(self.groups, self.config)
         if multiple not in self._layouts:
-            self._layouts[multiple] = self._layouts[1].spread(self.groups, multiple, self.config)
+            self._layouts[multiple] = self._layouts[1].balance_tail(
+                self.groups, multiple, self.config
+            )
         return self._layouts[multiple]
 
     def plan(
@@ -280,7 +302,7 @@ class EpochPlanner:
         else:
             layout = Layout.build(groups, cfg)
             if tail == "spread":
-                layout = layout.spread(groups, wa, cfg)
+                layout = layout.balance_tail(groups, wa, cfg)
         order = groups.ids.copy()
         if cfg.shuffle:
             starts = groups.starts

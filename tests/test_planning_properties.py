@@ -263,3 +263,16 @@ def test_deal_pairs_big_with_small(acc: int) -> None:
     plan = EpochPlanner(lengths, PlanConfig(max_tokens=100, shuffle=False)).plan(0, 2, acc)
     per_rank = plan.tile_cost[plan.assign].sum(axis=2)
     assert (per_rank.max(axis=1) / per_rank.mean(axis=1)).mean() <= 1.2
+
+
+@pytest.mark.parametrize(("n", "world", "acc"), [(200_000, 8, 1), (50_000, 8, 2), (20_000, 3, 1)])
+def test_default_tail_keeps_every_step_balanced(n: int, world: int, acc: int) -> None:
+    """The last, partial step is re-cut evenly: no step pairs full and half-size batches."""
+    from lightning_varbatch.synthetic import wmt_like_lengths
+
+    lengths = wmt_like_lengths(n, seed=1)
+    plan = EpochPlanner(lengths, PlanConfig(max_tokens=16384)).plan(0, world, acc)
+    per_rank = plan.tile_cost[plan.assign].sum(axis=2)
+    imbalance = per_rank.max(axis=1) / per_rank.mean(axis=1)
+    assert imbalance.max() <= 1.02
+    assert np.array_equal(np.sort(plan.example_ids()), np.arange(n))
