@@ -9,19 +9,34 @@ Example:
     [0, 1, 2, 3, 4]
 """
 
+from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
+from lightning_varbatch.collate import BatchInfoDataset, CollatedItems, PaddingCollate
 from lightning_varbatch.config import PlanConfig
+from lightning_varbatch.datamodule import (
+    TokenBudgetDataLoader,
+    TokenBudgetDataModule,
+    token_budget_dataloader,
+)
 from lightning_varbatch.planning import EpochPlan, EpochPlanner, plan_epoch
 from lightning_varbatch.sampler import MicroBatch, TokenBudgetBatchSampler
 from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
 
 __all__ = [
+    "BatchInfoDataset",
+    "BatchSizeLRScaler",
+    "CollatedItems",
     "EpochPlan",
     "EpochPlanner",
     "MicroBatch",
+    "PaddingCollate",
     "PlanConfig",
     "TokenBudgetBatchSampler",
+    "TokenBudgetDataLoader",
+    "TokenBudgetDataModule",
+    "TokenThroughputMonitor",
     "VarBatchDeepSpeedStrategy",
     "VarBatchFSDPStrategy",
     "plan_epoch",
+    "token_budget_dataloader",
 ]
 __version__ = "0.1.0"

@@ -27,6 +27,7 @@ from strategy_common import (
     make_model,
     make_sequences,
 )
+from teardown import shutdown
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler
@@ -199,3 +200,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    shutdown()

@@ -1,0 +1,257 @@
+"""Global token throughput, padding efficiency, effective batch size and rank imbalance.
+
+Lightning's ``ThroughputMonitor`` runs on rank 0 and multiplies rank 0's counts by the world
+size, which is wrong when ranks carry different loads. :class:`TokenThroughputMonitor` gathers
+every rank's counts and times (a collective on every rank, outside any rank-zero-only hook) and
+logs the global figures from rank 0.
+
+Example:
+    >>> monitor = TokenThroughputMonitor(log_every_n_steps=10, peak_flops=312e12)
+    >>> monitor.log_every_n_steps
+    10
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from time import perf_counter
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+from lightning_varbatch import keys
+from lightning_varbatch.callbacks.lr_scaling import (
+    CountFn,
+    _number,
+    is_step_boundary,
+    log_rank_zero,
+    read_count,
+)
+
+__all__ = ["TokenThroughputMonitor"]
+
+PaddingFn = Callable[[Any], "tuple[int | float | torch.Tensor, int | float | torch.Tensor]"]
+# Per-rank window vector, in this order (gathered from every rank).
+_TOKENS, _EXAMPLES, _REAL, _PADDED, _BUSY, _ELAPSED, _NO_PADDING = range(7)
+
+
+class TokenThroughputMonitor(Callback):
+    """Log global throughput, padding, effective batch size and imbalance per optimizer steps.
+
+    Each micro-batch's counts on each rank come from the batch keys of ``TokenBudgetDataModule``
+    batches (``keys.NTOKENS``, ``keys.NEXAMPLES``, ``keys.INPUT_TOKENS``, ``keys.PADDED_TOKENS``)
+    or from ``tokens_fn`` / ``examples_fn`` / ``padding_fn``. They are summed over a window of
+    ``log_every_n_steps`` optimizer steps; at the window's last step every rank all-gathers its
+    window (one collective, in ``on_train_batch_end``, which runs on every rank) and rank 0 logs
+    through the Trainer's loggers at the step index Lightning's own ``self.log`` uses. Real steps
+    are counted once per optimizer step under DDP, FSDP and DeepSpeed alike.
+
+    Times come from ``time.perf_counter``: the window's wall time (the slowest rank's) gives the
+    rates; a rank's *busy* time is the sum of its ``on_train_batch_start`` ->
+    ``on_train_batch_end`` intervals (data loading excluded), whose max/mean is the step-time
+    imbalance. FLOPs per loss token come from ``flops_per_token`` or the LightningModule's
+    attribute ``flops_per_token``; with ``peak_flops`` (per device) the MFU is logged too.
+
+    Args:
+        log_every_n_steps: window / log interval in optimizer steps (default: the Trainer's).
+        tokens_fn: ``fn(batch)`` -> loss tokens of the micro-batch on this rank.
+        examples_fn: ``fn(batch)`` -> examples of the micro-batch on this rank.
+        padding_fn: ``fn(batch)`` -> ``(real tokens, padded slots)`` over every padded field;
+            without it (and without the batch keys) the padding metrics are not logged.
+        flops_per_token: model FLOPs (forward + backward) per loss token.
+        peak_flops: peak FLOP/s of one device, for ``train/mfu``.
+        prog_bar: show ``tokens_per_sec`` in the progress bar.
+
+    Raises:
+        ValueError: for a non-positive interval, ``flops_per_token`` or ``peak_flops``.
+        TypeError: when a batch cannot be read (the message names ``tokens_fn``/``examples_fn``).
+
+    Logged metrics (rates per second of wall time, ``device`` = mean per device):
+
+    ==================================  ================================================
+    Key                                 Meaning
+    ==================================  ================================================
+    ``train/tokens_per_sec``            loss tokens / s, all ranks
+    ``train/device/tokens_per_sec``     the same per device
+    ``train/padded_tokens_per_sec``     token slots after padding / s, all ranks
+    ``train/device/padded_tokens_per_sec``  the same per device
+    ``train/padding_efficiency``        real tokens / padded slots (0-1)
+    ``train/examples_per_sec``          examples / s, all ranks
+    ``train/batch/examples``            examples per optimizer step (window mean)
+    ``train/batch/tokens``              loss tokens per optimizer step (window mean)
+    ``train/imbalance``                 max / mean over ranks of window loss tokens
+    ``train/step_time_imbalance``       max / mean over ranks of busy time
+    ``train/step_time``                 wall seconds per optimizer step
+    ``train/total_tokens``              loss tokens since the start of training
+    ``train/flops_per_sec``             FLOP/s, all ranks (with FLOPs per token)
+    ``train/device/flops_per_sec``      the same per device
+    ``train/mfu``                       device FLOP/s / ``peak_flops`` (0-1)
+    ==================================  ================================================
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> monitor = TokenThroughputMonitor(log_every_n_steps=50, peak_flops=989e12)
+        >>> trainer = Trainer(callbacks=[monitor])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        log_every_n_steps: int | None = None,
+        tokens_fn: CountFn | None = None,
+        examples_fn: CountFn | None = None,
+        padding_fn: PaddingFn | None = None,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+        prog_bar: bool = True,
+    ) -> None:
+        for name, value in (
+            ("log_every_n_steps", log_every_n_steps),
+            ("flops_per_token", flops_per_token),
+            ("peak_flops", peak_flops),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}.")
+        self.log_every_n_steps = log_every_n_steps
+        self.tokens_fn, self.examples_fn, self.padding_fn = tokens_fn, examples_fn, padding_fn
+        self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
+        self.prog_bar = prog_bar
+        self.total_tokens = 0.0
+        self.total_examples = 0.0
+        self.steps = 0
+        self._window = [0.0] * 7
+        self._steps_in_window = 0
+        self._window_start: float | None = None
+        self._batch_start = 0.0
+
+    def _padding(self, batch: Any) -> tuple[float, float] | None:
+        if self.padding_fn is not None:
+            real, padded = self.padding_fn(batch)
+            return _number(real, "padding_fn()[0]"), _number(padded, "padding_fn()[1]")
+        if (
+            isinstance(batch, Mapping)
+            and keys.PADDED_TOKENS in batch
+            and keys.INPUT_TOKENS in batch
+        ):
+            return _number(batch[keys.INPUT_TOKENS], "input"), _number(
+                batch[keys.PADDED_TOKENS], "pad"
+            )
+        return None
+
+    @override
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        now = perf_counter()
+        if self._window_start is None:
+            self._window_start = now
+        self._batch_start = now
+        name = type(self).__name__
+        w = self._window
+        w[_TOKENS] += read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
+        w[_EXAMPLES] += read_count(batch, keys.NEXAMPLES, self.examples_fn, "examples_fn", name)
+        padding = self._padding(batch)
+        if padding is None:
+            w[_NO_PADDING] = 1.0
+        else:
+            w[_REAL] += padding[0]
+            w[_PADDED] += padding[1]
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        now = perf_counter()
+        self._window[_BUSY] += now - self._batch_start
+        if not is_step_boundary(trainer):
+            return
+        self.steps += 1
+        self._steps_in_window += 1
+        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
+        if trainer.global_step % every:
+            return
+        assert self._window_start is not None
+        self._window[_ELAPSED] = now - self._window_start
+        # Every rank is here at the same optimizer step: gather on all of them.
+        local = torch.tensor(self._window, dtype=torch.float64, device=trainer.strategy.root_device)
+        gathered = trainer.strategy.all_gather(local).reshape(-1, len(self._window)).cpu()
+        has_padding = not bool(gathered[:, _NO_PADDING].any())
+        metrics = self._metrics(gathered, has_padding, pl_module)
+        self.total_tokens += float(gathered[:, _TOKENS].sum())
+        self.total_examples += float(gathered[:, _EXAMPLES].sum())
+        metrics["train/total_tokens"] = self.total_tokens
+        log_rank_zero(trainer, metrics, trainer.global_step - 1)
+        if self.prog_bar:
+            pl_module.log(
+                "tokens_per_sec",
+                metrics["train/tokens_per_sec"],
+                prog_bar=True,
+                logger=False,
+                on_step=True,
+                on_epoch=False,
+            )
+        self._window = [0.0] * 7
+        self._steps_in_window = 0
+        self._window_start = now
+
+    def _metrics(
+        self, gathered: torch.Tensor, has_padding: bool, pl_module: LightningModule
+    ) -> dict[str, float]:
+        world = gathered.shape[0]
+        total = gathered.sum(0)
+        elapsed = float(gathered[:, _ELAPSED].max())
+        steps = self._steps_in_window
+        tokens = float(total[_TOKENS])
+        per_sec = tokens / elapsed if elapsed > 0 else float("nan")
+
+        def ratio_max_mean(column: int) -> float:
+            values = gathered[:, column]
+            mean = float(values.mean())
+            return float(values.max()) / mean if mean > 0 else float("nan")
+
+        metrics = {
+            "train/tokens_per_sec": per_sec,
+            "train/device/tokens_per_sec": per_sec / world,
+            "train/examples_per_sec": float(total[_EXAMPLES]) / elapsed if elapsed > 0 else 0.0,
+            "train/batch/examples": float(total[_EXAMPLES]) / steps,
+            "train/batch/tokens": tokens / steps,
+            "train/imbalance": ratio_max_mean(_TOKENS),
+            "train/step_time_imbalance": ratio_max_mean(_BUSY),
+            "train/step_time": elapsed / steps,
+        }
+        if has_padding and float(total[_PADDED]) > 0:
+            padded_per_sec = float(total[_PADDED]) / elapsed if elapsed > 0 else float("nan")
+            metrics["train/padded_tokens_per_sec"] = padded_per_sec
+            metrics["train/device/padded_tokens_per_sec"] = padded_per_sec / world
+            metrics["train/padding_efficiency"] = float(total[_REAL]) / float(total[_PADDED])
+        flops = self.flops_per_token
+        if flops is None:
+            flops = getattr(pl_module, "flops_per_token", None)
+        if flops is not None:
+            flops_per_sec = float(flops) * per_sec
+            metrics["train/flops_per_sec"] = flops_per_sec
+            metrics["train/device/flops_per_sec"] = flops_per_sec / world
+            if self.peak_flops is not None:
+                metrics["train/mfu"] = flops_per_sec / world / self.peak_flops
+        return metrics
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "total_tokens": self.total_tokens,
+            "total_examples": self.total_examples,
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        expected = set(self.state_dict())
+        if set(state_dict) != expected:
+            raise ValueError(
+                f"TokenThroughputMonitor state has keys {sorted(state_dict)}, expected "
+                f"{sorted(expected)}: the checkpoint was written by another version."
+            )
+        self.steps = int(state_dict["steps"])
+        self.total_tokens = float(state_dict["total_tokens"])
+        self.total_examples = float(state_dict["total_examples"])

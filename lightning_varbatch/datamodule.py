@@ -1,0 +1,410 @@
+"""A LightningDataModule serving token-budgeted batches that Lightning leaves alone.
+
+How it fits Lightning 2.6 (checked in its source):
+
+- Lightning replaces a loader's sampler with a ``DistributedSampler`` only when
+  ``_requires_distributed_sampler`` holds (``trainer/connectors/data_connector.py``): the
+  trainer's ``use_distributed_sampler`` is on, the run is distributed and ``dataloader.sampler``
+  is *not* already a ``DistributedSampler``. Our loaders' ``sampler`` is such a sampler
+  (:class:`_EpochRelay`, unused for indexing since the batch sampler drives the loader), so the
+  default ``use_distributed_sampler=True`` needs no change and no trainer state is touched.
+- Lightning calls ``set_epoch`` only on ``dataloader.sampler`` and
+  ``dataloader.batch_sampler.sampler`` (``fabric/utilities/data.py`` ``_set_sampler_epoch``, from
+  ``FitLoop.on_advance_start`` and the evaluation loop), never on the batch sampler itself: the
+  relay forwards the call to the token-budget sampler.
+- Lightning sizes the epoch with ``len(dataloader)`` and, on a mid-epoch resume, restores its
+  batch counter; our loader's length is therefore the whole epoch's
+  (:attr:`~lightning_varbatch.TokenBudgetBatchSampler.epoch_length`), not what is left.
+- On ``fit(ckpt_path=...)`` the datamodule's ``load_state_dict`` runs (``Trainer._run`` ->
+  ``_restore_modules_and_callbacks`` -> ``restore_datamodule``) before the fit loop calls
+  ``train_dataloader()`` (``_run_stage`` -> ``FitLoop.setup_data``), so the restored position is
+  kept pending and applied when the sampler is built.
+
+Example:
+    >>> import numpy as np
+    >>> data = [{"tokens": list(range(1, n + 1))} for n in (3, 5, 2, 7, 4)]
+    >>> dm = TokenBudgetDataModule(data, [3, 5, 2, 7, 4], max_tokens=10)
+    >>> loader = dm.train_dataloader()  # outside a Trainer: rank 0 of 1
+    >>> sorted(i for batch in loader.batch_sampler for i in batch), len(loader)
+    ([0, 1, 2, 3, 4], 3)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from lightning_varbatch.collate import BatchInfoDataset, PaddingCollate
+from lightning_varbatch.sampler import TokenBudgetBatchSampler
+
+__all__ = ["TokenBudgetDataLoader", "TokenBudgetDataModule", "token_budget_dataloader"]
+
+Lengths = npt.ArrayLike | Callable[[Any], npt.ArrayLike]
+_FIXED = {"lengths", "max_tokens", "rank", "world_size", "accumulate_grad_batches", "epoch"}
+_SAMPLER_KWARGS = frozenset(inspect.signature(TokenBudgetBatchSampler.__init__).parameters) - {
+    "self",
+    *_FIXED,
+}
+
+
+class _EpochRelay(DistributedSampler[int]):
+    """The loader's ``sampler``: marks it sharded for Lightning and relays ``set_epoch``.
+
+    The batch sampler drives the DataLoader; this object is never iterated by it. Being a
+    ``DistributedSampler`` makes Lightning's ``_requires_distributed_sampler`` false, so the
+    loader is not rebuilt; ``set_epoch`` reaches the batch sampler through it.
+    """
+
+    def __init__(self, dataset: Any, batch_sampler: TokenBudgetBatchSampler, fixed: bool) -> None:
+        super().__init__(
+            dataset,
+            num_replicas=batch_sampler.world_size,
+            rank=batch_sampler.rank,
+            shuffle=False,
+        )
+        self.batch_sampler = batch_sampler
+        self.fixed = fixed
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if not self.fixed:
+            self.batch_sampler.set_epoch(epoch)
+
+
+class TokenBudgetDataLoader(DataLoader[Any]):
+    """A DataLoader over a :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
+
+    Its ``len`` is the epoch's micro-batch count as Lightning counts it (also after a resume),
+    Lightning neither replaces its sampler nor needs ``use_distributed_sampler=False``, and its
+    ``set_epoch`` calls reach the batch sampler. Build it with :func:`token_budget_dataloader`.
+
+    Args:
+        dataset: a map-style dataset (wrapped in :class:`BatchInfoDataset` unless it is one).
+        batch_sampler: the token-budget sampler, already set to this rank.
+        collate_fn: default :class:`PaddingCollate` (with the sampler's truncation).
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches in memory.
+        evaluation: start every iteration from the first micro-batch and keep the plan of
+            epoch 0 (validation and test); otherwise iteration resumes where it stopped.
+        **kwargs: other DataLoader arguments (``prefetch_factor``, ``persistent_workers``...).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_sampler: TokenBudgetBatchSampler,
+        collate_fn: Callable[[Any], Any] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        evaluation: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(batch_sampler, TokenBudgetBatchSampler):
+            raise TypeError(
+                "batch_sampler must be a TokenBudgetBatchSampler, got "
+                f"{type(batch_sampler).__name__}."
+            )
+        wrapped = dataset if isinstance(dataset, BatchInfoDataset) else BatchInfoDataset(dataset)
+        if collate_fn is None:
+            collate_fn = PaddingCollate(pad_to_multiple_of=batch_sampler.config.pad_to_multiple_of)
+            collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
+        super().__init__(
+            wrapped,
+            batch_sampler=batch_sampler,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            **kwargs,
+        )
+        self.evaluation = evaluation
+        # DataLoader forbids assigning `sampler` after __init__ and forbids passing it together
+        # with a batch_sampler; it is only read by Lightning (see _EpochRelay), never iterated.
+        self.__dict__["sampler"] = _EpochRelay(wrapped, batch_sampler, fixed=evaluation)
+
+    @property
+    def token_sampler(self) -> TokenBudgetBatchSampler:
+        """The token-budget batch sampler."""
+        sampler = self.batch_sampler
+        assert isinstance(sampler, TokenBudgetBatchSampler)
+        return sampler
+
+    def __len__(self) -> int:
+        """Micro-batches of the epoch on this rank, counted from the epoch's start."""
+        return self.token_sampler.epoch_length
+
+    def __iter__(self) -> _BaseDataLoaderIter:
+        if self.evaluation:
+            sampler = self.token_sampler
+            sampler.set_epoch(1)  # a different epoch resets the position: evaluate from the start
+            sampler.set_epoch(0)
+        return super().__iter__()
+
+
+def token_budget_dataloader(
+    dataset: Any,
+    sampler: TokenBudgetBatchSampler,
+    collate_fn: Callable[[Any], Any] | None = None,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    **kwargs: Any,
+) -> TokenBudgetDataLoader:
+    """A DataLoader for your own DataModule or LightningModule; Lightning leaves it alone.
+
+    Set the sampler's rank, world size and accumulation from the trainer first
+    (``sampler.set_distributed(trainer.global_rank, trainer.world_size,
+    trainer.accumulate_grad_batches)``); the trainer's default ``use_distributed_sampler=True``
+    is fine. For validation, build the sampler with ``shuffle=False`` and pass
+    ``evaluation=True``.
+
+    Args:
+        dataset: a map-style dataset of items for ``collate_fn``.
+        sampler: the token-budget sampler of this rank.
+        collate_fn: default :class:`PaddingCollate` with the sampler's padding and truncation.
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches in memory.
+        **kwargs: other :class:`TokenBudgetDataLoader` / DataLoader arguments.
+
+    Returns:
+        The loader; its batches carry the step's token count for
+        :func:`~lightning_varbatch.loss.step_token_mean`.
+
+    Example:
+        >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7)]
+        >>> sampler = TokenBudgetBatchSampler([3, 5, 2, 7], 10, rank=0, world_size=1)
+        >>> loader = token_budget_dataloader(data, sampler)
+        >>> sum(int(b["ntokens"]) for b in loader), len(loader)
+        (17, 3)
+    """
+    return TokenBudgetDataLoader(
+        dataset,
+        sampler,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        **kwargs,
+    )
+
+
+class TokenBudgetDataModule(LightningDataModule):
+    """Token-budgeted train/val/test loaders, sharded by rank, resumable mid-epoch.
+
+    Reads rank, world size and ``accumulate_grad_batches`` from the trainer; every rank plans
+    the same epoch and takes its own slice, so ranks run the same number of micro-batches.
+    Validation and test use ``shuffle=False, tail="spread"``: every example is evaluated exactly
+    once across ranks. ``state_dict`` saves how far the epoch was *trained* (not prefetched).
+
+    Args:
+        train_dataset: map-style training dataset (items for ``collate``).
+        train_lengths: one length per item (``(n,)`` or ``(n, 2)`` source/target), or a
+            callable ``dataset -> lengths`` evaluated once.
+        max_tokens: token budget of one training micro-batch on one rank.
+        val_dataset: optional validation dataset.
+        val_lengths: its lengths (or callable); required with ``val_dataset``.
+        test_dataset: optional test dataset.
+        test_lengths: its lengths (or callable); required with ``test_dataset``.
+        val_max_tokens: budget for validation and test (default ``max_tokens``).
+        collate: the collate function (default :class:`PaddingCollate` with the sampler's
+            ``pad_to_multiple_of``); a :class:`PaddingCollate` gets the sampler's truncation.
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches in memory.
+        **sampler_kwargs: planner settings of :class:`~lightning_varbatch.TokenBudgetBatchSampler`
+            (``cost``, ``max_examples``, ``batch_size_multiple``, ``pad_to_multiple_of``,
+            ``bucket_width``, ``seed``, ``tail``, ``oversize``, ``shuffle``, ...).
+
+    Raises:
+        TypeError: for an unknown planner setting.
+        ValueError: for a dataset without lengths, or fewer evaluation examples than ranks.
+
+    Example:
+        >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
+        >>> dm = TokenBudgetDataModule(data, lambda d: [len(x["tokens"]) for x in d], 12,
+        ...                            val_dataset=data[:3], val_lengths=[3, 5, 2], seed=1)
+        >>> sorted(i for b in dm.val_dataloader().batch_sampler for i in b)
+        [0, 1, 2]
+    """
+
+    def __init__(
+        self,
+        train_dataset: Any,
+        train_lengths: Lengths,
+        max_tokens: int,
+        *,
+        val_dataset: Any = None,
+        val_lengths: Lengths | None = None,
+        test_dataset: Any = None,
+        test_lengths: Lengths | None = None,
+        val_max_tokens: int | None = None,
+        collate: Callable[[Any], Any] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        **sampler_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        unknown = sorted(set(sampler_kwargs) - _SAMPLER_KWARGS)
+        if unknown:
+            raise TypeError(
+                f"Unknown planner setting(s) {unknown} for TokenBudgetDataModule; valid: "
+                f"{sorted(_SAMPLER_KWARGS)}."
+            )
+        for name, data, lengths in (
+            ("val", val_dataset, val_lengths),
+            ("test", test_dataset, test_lengths),
+        ):
+            if data is not None and lengths is None:
+                raise ValueError(f"{name}_dataset was given without {name}_lengths.")
+        self.datasets = {"train": train_dataset, "val": val_dataset, "test": test_dataset}
+        self._lengths_in: dict[str, Lengths | None] = {
+            "train": train_lengths,
+            "val": val_lengths,
+            "test": test_lengths,
+        }
+        self.max_tokens = max_tokens
+        self.val_max_tokens = max_tokens if val_max_tokens is None else val_max_tokens
+        self.collate = collate
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.sampler_kwargs = sampler_kwargs
+        self.samplers: dict[str, TokenBudgetBatchSampler] = {}
+        self._pending_state: dict[str, Any] | None = None
+
+    # -- building ------------------------------------------------------------------------
+
+    def _lengths(self, stage: str) -> np.ndarray:
+        given = self._lengths_in[stage]
+        if callable(given):
+            given = np.asarray(given(self.datasets[stage]))
+            self._lengths_in[stage] = given  # computed once
+        lengths = np.asarray(given)
+        n = len(self.datasets[stage])
+        if lengths.shape[0] != n:
+            raise ValueError(
+                f"{stage}_lengths has {lengths.shape[0]} entries but {stage}_dataset has {n} "
+                f"items: pass one length per item."
+            )
+        return lengths
+
+    def _topology(self, stage: str) -> tuple[int | None, int | None, int]:
+        trainer = self._trainer
+        if trainer is None:
+            return None, None, 1
+        accumulate = int(trainer.accumulate_grad_batches) if stage == "train" else 1
+        return int(trainer.global_rank), int(trainer.world_size), accumulate
+
+    def _sampler(self, stage: str) -> TokenBudgetBatchSampler:
+        rank, world, accumulate = self._topology(stage)
+        sampler = self.samplers.get(stage)
+        if sampler is None:
+            kwargs = dict(self.sampler_kwargs)
+            budget = self.max_tokens
+            if stage != "train":
+                # tail="pad" would evaluate some examples twice; "spread" evaluates each once.
+                kwargs.update(shuffle=False, tail="spread")
+                budget = self.val_max_tokens
+            sampler = TokenBudgetBatchSampler(
+                self._lengths(stage),
+                budget,
+                rank=rank,
+                world_size=world,
+                accumulate_grad_batches=accumulate,
+                **kwargs,
+            )
+            self.samplers[stage] = sampler
+        elif rank is not None and world is not None:
+            sampler.set_distributed(rank, world, accumulate)
+        if stage != "train":
+            n = sampler.planner.num_examples
+            if n < sampler.world_size:
+                raise ValueError(
+                    f"{stage}_dataset has {n} examples for {sampler.world_size} ranks: every "
+                    "rank needs at least one to evaluate each example exactly once; use fewer "
+                    "devices for evaluation or a larger dataset."
+                )
+            plan = sampler.plan
+            if plan.num_duplicated or plan.num_dropped:
+                raise RuntimeError(
+                    f"The {stage} plan repeats {plan.num_duplicated} and drops "
+                    f"{plan.num_dropped} examples; evaluation must see each exactly once."
+                )
+        return sampler
+
+    def _loader(self, stage: str) -> TokenBudgetDataLoader:
+        sampler = self.samplers[stage]
+        collate = self.collate
+        if collate is None:
+            collate = PaddingCollate(pad_to_multiple_of=sampler.config.pad_to_multiple_of)
+        if isinstance(collate, PaddingCollate):
+            collate = collate.with_truncation(sampler.truncate_to)
+        return TokenBudgetDataLoader(
+            self.datasets[stage],
+            sampler,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            evaluation=stage != "train",
+        )
+
+    @property
+    def _trainer(self) -> Any:
+        return getattr(self, "trainer", None)
+
+    # -- loaders -------------------------------------------------------------------------
+
+    def train_dataloader(self) -> TokenBudgetDataLoader:
+        """The training loader of this rank (the sampler is built once, then reused)."""
+        sampler = self._sampler("train")
+        trainer = self._trainer
+        if trainer is not None:
+            # Lightning sets the epoch only after its first iter() of the loader (FitLoop.setup_data
+            # then on_advance_start): set it now so that a prefetch starts in the right epoch.
+            sampler.set_epoch(int(trainer.fit_loop.epoch_progress.current.processed))
+        if self._pending_state is not None:
+            sampler.load_state_dict(self._pending_state)
+            self._pending_state = None
+        return self._loader("train")
+
+    def val_dataloader(self) -> TokenBudgetDataLoader:
+        """The validation loader of this rank: every example exactly once across ranks."""
+        if self.datasets["val"] is None:
+            raise ValueError("TokenBudgetDataModule has no val_dataset.")
+        self._sampler("val")
+        return self._loader("val")
+
+    def test_dataloader(self) -> TokenBudgetDataLoader:
+        """The test loader of this rank: every example exactly once across ranks."""
+        if self.datasets["test"] is None:
+            raise ValueError("TokenBudgetDataModule has no test_dataset.")
+        self._sampler("test")
+        return self._loader("test")
+
+    # -- checkpointing -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training sampler's position, counted in micro-batches *trained* this epoch.
+
+        The count is the fit loop's ``batch_progress.current.processed``: it already includes
+        the batch whose ``on_train_batch_end`` saves the checkpoint (Lightning increments it
+        before that hook), and it is not ahead like the loader's prefetching.
+        """
+        sampler = self.samplers.get("train")
+        if sampler is None:
+            return {} if self._pending_state is None else {"train_sampler": self._pending_state}
+        trainer = self._trainer
+        if trainer is None:
+            return {"train_sampler": sampler.state_dict()}
+        trained = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        consumed = sampler.consumed_from_epoch_count(trained)
+        return {"train_sampler": sampler.state_dict(consumed=consumed)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the saved position; it is applied when the training sampler is (re)built."""
+        state = state_dict.get("train_sampler")
+        if state is None:
+            return
+        self._pending_state = dict(state)

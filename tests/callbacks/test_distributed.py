@@ -1,0 +1,69 @@
+"""Both callbacks in real 2-process runs (gloo on CPU): DDP and DeepSpeed ZeRO 2.
+
+Each scenario runs ``tests/scripts/callbacks_train.py`` once per rank (4 optimizer steps,
+``accumulate_grad_batches=2``, SGD lr=0.5 with a LambdaLR warmup, sqrt LR scaling).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from tests.launch import launch
+from tests.scripts.strategy_common import ACCUMULATE, MAX_TOKENS
+
+WORLD_SIZE = 2
+STEPS = 4
+LR = 0.5
+SCENARIOS = [("ddp", "fn"), ("deepspeed_varbatch", "keys")]
+
+
+def warmup(step: int) -> float:
+    return min(1.0, (step + 1) / 3)
+
+
+@pytest.mark.parametrize(("strategy", "mode"), SCENARIOS, ids=[s for s, _ in SCENARIOS])
+def test_global_counts_and_identical_scaled_lr(
+    strategy: str, mode: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    out = tmp_path_factory.mktemp(f"{strategy}-{mode}")
+    records = launch("callbacks_train.py", WORLD_SIZE, out, strategy, mode, timeout=150.0)
+    assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
+
+    # What every rank really processed, per optimizer step.
+    per_step: dict[int, list[int]] = {k: [0] * WORLD_SIZE for k in range(STEPS)}
+    examples: dict[int, int] = dict.fromkeys(range(STEPS), 0)
+    for r in records:
+        for m in r["micro_batches"]:
+            assert m["global_step"] == m["step"]  # Lightning's step index = the plan's
+            per_step[m["step"]][r["rank"]] += m["ntokens"]
+            examples[m["step"]] += m["nexamples"]
+    totals = {k: sum(v) for k, v in per_step.items()}
+    assert all(m["step_ntokens"] == totals[m["step"]] for r in records for m in r["micro_batches"])
+
+    logged: dict[int, dict[str, float]] = {}
+    for step, metrics in records[0]["logged"]:
+        logged.setdefault(step, {}).update(metrics)
+    assert records[1]["logged"] == []  # only rank 0 logs
+    for k in range(STEPS):
+        m = logged[k]
+        assert m["train/batch/tokens"] == totals[k]
+        assert m["train/batch/examples"] == examples[k]
+        assert m["train/imbalance"] == pytest.approx(max(per_step[k]) / (totals[k] / WORLD_SIZE))
+        assert m["train/device/tokens_per_sec"] == pytest.approx(
+            m["train/tokens_per_sec"] / WORLD_SIZE
+        )
+        assert m["train/step_time_imbalance"] >= 1.0
+
+    # The scaled lr took effect in the real optimizer step, once per step, same on every rank.
+    reference = MAX_TOKENS * WORLD_SIZE * ACCUMULATE
+    assert [r["reference"] for r in records] == [reference] * WORLD_SIZE
+    expected = [LR * warmup(k) * math.sqrt(totals[k] / reference) for k in range(STEPS)]
+    for r in records:
+        assert r["scaler_steps"] == STEPS
+        assert r["step_lrs"] == pytest.approx(expected, rel=1e-12)
+    assert records[0]["step_lrs"] == records[1]["step_lrs"]
+    scales: list[Any] = [logged[k]["train/lr_scale"] for k in range(STEPS)]
+    assert scales == pytest.approx([math.sqrt(totals[k] / reference) for k in range(STEPS)])

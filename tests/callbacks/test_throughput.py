@@ -1,0 +1,75 @@
+"""TokenThroughputMonitor in one process: exact logged values with a patched clock."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import lightning_varbatch.callbacks.throughput as throughput
+from lightning_varbatch.callbacks import TokenThroughputMonitor
+from tests.callbacks._common import FakeClock, Module, fit, micro_batches
+
+PEAK = 1000.0
+
+
+def test_exact_metrics_with_accumulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(throughput, "perf_counter", FakeClock())
+    steps = [[30, 20], [60, 40], [10, 15]]
+    module = Module(micro_batches(steps), flops_per_token=6.0)
+    monitor = TokenThroughputMonitor(log_every_n_steps=1, peak_flops=PEAK)
+    trainer, logger = fit(module, [monitor], max_steps=3, accumulate=2)
+
+    # Clock: micro-batch i starts at 10(2i+1) and ends at 10(2i+2). Step 0's window opens at the
+    # first start (10) and closes at 40; later windows are 40 s long. Busy time 20 s per step.
+    elapsed = [30.0, 40.0, 40.0]
+    total = 0.0
+    for k, (step, wall) in enumerate(zip(steps, elapsed, strict=True)):
+        tokens = sum(step)
+        total += tokens
+        tps = tokens / wall
+        expected = {
+            "train/tokens_per_sec": tps,
+            "train/device/tokens_per_sec": tps,
+            "train/examples_per_sec": 4 / wall,
+            "train/padded_tokens_per_sec": 4 * tokens / wall,
+            "train/device/padded_tokens_per_sec": 4 * tokens / wall,
+            "train/padding_efficiency": 0.5,
+            "train/batch/examples": 4.0,
+            "train/batch/tokens": float(tokens),
+            "train/imbalance": 1.0,
+            "train/step_time_imbalance": 1.0,
+            "train/step_time": wall,
+            "train/total_tokens": total,
+            "train/flops_per_sec": 6.0 * tps,
+            "train/device/flops_per_sec": 6.0 * tps,
+            "train/mfu": 6.0 * tps / PEAK,
+        }
+        logged = {step_: m for step_, m in logger.calls if "train/tokens_per_sec" in m}[k]
+        assert logged == pytest.approx(expected, rel=1e-12)
+    assert trainer.progress_bar_metrics["tokens_per_sec"] == pytest.approx(25 / 40)
+    assert monitor.state_dict() == {"steps": 3, "total_tokens": 175.0, "total_examples": 12.0}
+
+
+def test_interval_windows_and_tokens_fn(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(throughput, "perf_counter", FakeClock())
+    steps = [[50], [100], [25], [200]]
+    batches = [(b["x"], int(b["ntokens"])) for b in micro_batches(steps)]
+    module = Module(batches)
+    monitor = TokenThroughputMonitor(
+        log_every_n_steps=2, tokens_fn=lambda b: b[1], examples_fn=lambda b: b[0].shape[0]
+    )
+    _, logger = fit(module, [monitor], max_steps=4)
+    tps = logger.series("train/tokens_per_sec")
+    assert tps == pytest.approx({1: 150 / 30, 3: 225 / 40})
+    assert logger.series("train/batch/tokens") == pytest.approx({1: 75.0, 3: 112.5})
+    assert logger.series("train/batch/examples") == pytest.approx({1: 2.0, 3: 2.0})
+    # No padding information and no FLOPs per token: those metrics are left out.
+    assert not logger.series("train/padding_efficiency") and not logger.series("train/mfu")
+
+
+def test_unreadable_batch_names_the_argument() -> None:
+    module = Module([(torch.ones(2, 3),)] * 2)
+    with pytest.raises(TypeError, match="tokens_fn"):
+        fit(module, [TokenThroughputMonitor()], max_steps=1)
+    with pytest.raises(ValueError, match="peak_flops"):
+        TokenThroughputMonitor(peak_flops=0)

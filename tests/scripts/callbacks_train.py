@@ -1,0 +1,150 @@
+"""One rank of a run with both callbacks: ``callbacks_train.py OUT STRATEGY MODE``.
+
+MODE ``keys``: counts from the batch keys (STEP_NTOKENS, no collective in the scaler);
+MODE ``fn``: counts from ``tokens_fn``/``examples_fn`` (the scaler all-reduces at each step).
+Writes ``OUT/rank<r>.json``: the lr of every real optimizer step, the micro-batches trained on
+and (rank 0) what the loggers received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule, Trainer, seed_everything
+from lightning.pytorch.loggers import Logger
+from strategy_common import ACCUMULATE, MAX_TOKENS, collate, loss_sum, make_model, make_sequences
+from strategy_train import Sequences
+from teardown import shutdown
+from torch.utils.data import DataLoader
+
+import lightning_varbatch.strategies  # noqa: F401  (registers the names)
+from lightning_varbatch import TokenBudgetBatchSampler
+from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
+from lightning_varbatch.loss import token_mean_loss
+
+STEPS = 4
+LR = 0.5
+
+
+class Recorder(Logger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[int | None, dict[str, float]]] = []
+
+    @property
+    def name(self) -> str:
+        return "recorder"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.calls.append((step, {k: float(v) for k, v in metrics.items()}))
+
+
+def collate_with_keys(examples: list[dict[str, Any]]) -> dict[str, Any]:
+    batch = collate(examples)
+    batch["nexamples"] = len(examples)
+    return batch
+
+
+class Model(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_model()
+        self.sequences = make_sequences()
+        self.micro_batches: list[dict[str, Any]] = []
+        self.step_lrs: list[float] = []
+
+    def train_dataloader(self) -> DataLoader[dict[str, Any]]:
+        sampler = TokenBudgetBatchSampler(
+            [len(s) for s in self.sequences],
+            MAX_TOKENS,
+            rank=self.trainer.global_rank,
+            world_size=self.trainer.world_size,
+            accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+            seed=0,
+        )
+        return DataLoader(
+            Sequences(self.sequences), batch_sampler=sampler, collate_fn=collate_with_keys
+        )
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.micro_batches.append(
+            {
+                "step": batch["step"],
+                "ntokens": batch["ntokens"],
+                "nexamples": len(batch["ids"]),
+                "step_ntokens": int(batch["step_ntokens"]),
+                "global_step": self.trainer.global_step,
+            }
+        )
+        trainer = self.trainer
+        return token_mean_loss(
+            loss_sum(self.net, batch["tokens"]),
+            batch["step_ntokens"],
+            trainer.world_size,
+            trainer.accumulate_grad_batches,
+        )
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=LR)
+        # Fires when the torch optimizer really steps (DeepSpeed: once per accumulation).
+        opt.register_step_post_hook(lambda o, *_: self.step_lrs.append(o.param_groups[0]["lr"]))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def main() -> None:
+    out, strategy, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    rank = int(os.environ["RANK"])
+    seed_everything(0, verbose=False)
+    model = Model()
+    fns: dict[str, Any] = {}
+    if mode == "fn":
+        fns = {
+            "tokens_fn": lambda b: int((b["tokens"] > 0).sum()),
+            "examples_fn": lambda b: len(b["ids"]),
+        }
+    scaler = BatchSizeLRScaler(rule="sqrt", tokens_fn=fns.get("tokens_fn"))
+    monitor = TokenThroughputMonitor(log_every_n_steps=1, **fns)
+    logger = Recorder()
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=int(os.environ["WORLD_SIZE"]),
+        strategy=strategy,
+        use_distributed_sampler=False,
+        accumulate_grad_batches=ACCUMULATE,
+        max_steps=STEPS,
+        callbacks=[scaler, monitor],
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model)
+    record = {
+        "rank": trainer.global_rank,
+        "global_step": trainer.global_step,
+        "reference": scaler.reference,
+        "scaler_steps": scaler.steps,
+        "step_lrs": model.step_lrs,
+        "micro_batches": model.micro_batches,
+        "logged": logger.calls,
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
+    shutdown()

@@ -1,0 +1,137 @@
+"""Data, model and a fit helper shared by the datamodule tests and the per-rank DDP script."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+
+from lightning_varbatch.datamodule import TokenBudgetDataModule
+from lightning_varbatch.loss import step_token_mean
+
+VOCAB = 12
+NUM_TRAIN = 60
+NUM_VAL = 23
+MAX_TOKENS = 40
+
+
+def make_pairs(n: int, seed: int) -> list[dict[str, Any]]:
+    """Source/target pairs of very different lengths; pad id 0 is never a token."""
+    rng = np.random.default_rng(seed)
+    items = []
+    for i in range(n):
+        s, t = (int(x) for x in rng.choice([1, 2, 3, 5, 8, 11], size=2))
+        items.append(
+            {
+                "id": i,
+                "source": rng.integers(1, VOCAB, size=s).tolist(),
+                "target": torch.tensor(rng.integers(1, VOCAB, size=t)),
+            }
+        )
+    return items
+
+
+def pair_lengths(items: list[dict[str, Any]]) -> np.ndarray:
+    return np.array([[len(x["source"]), len(x["target"])] for x in items])
+
+
+class Model(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(VOCAB, 8)
+        self.out = nn.Linear(8, VOCAB)
+        self.trained: list[dict[str, Any]] = []
+        self.validated: list[dict[str, Any]] = []
+
+    def _loss_sum(self, batch: dict[str, Any]) -> torch.Tensor:
+        target, mask = batch["target"], batch["target_mask"]
+        context = (self.embed(batch["source"]) * batch["source_mask"][..., None]).sum(1)
+        logits = self.out(torch.tanh(self.embed(target) + context[:, None]))
+        return nn.functional.cross_entropy(logits[mask], target[mask], reduction="sum")
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        self.trained.append(
+            {
+                "epoch": self.trainer.current_epoch,
+                "batch_idx": batch_idx,
+                "global_step": self.trainer.global_step,
+                "ids": batch["id"].tolist(),
+                "ntokens": int(batch["ntokens"]),
+                "step_ntokens": int(batch["step_ntokens"]),
+            }
+        )
+        return step_token_mean(self._loss_sum(batch), batch, self.trainer)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self.validated.append(
+            {
+                "epoch": self.trainer.current_epoch,
+                "sanity": self.trainer.sanity_checking,
+                "ids": batch["id"].tolist(),
+            }
+        )
+        self.log(
+            "val_loss", self._loss_sum(batch), sync_dist=True, batch_size=int(batch["nexamples"])
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def make_datamodule(num_workers: int = 0, with_val: bool = True) -> TokenBudgetDataModule:
+    train = make_pairs(NUM_TRAIN, 1)
+    val = make_pairs(NUM_VAL, 2) if with_val else None
+    return TokenBudgetDataModule(
+        train,
+        pair_lengths,
+        MAX_TOKENS,
+        val_dataset=val,
+        val_lengths=pair_lengths if with_val else None,
+        num_workers=num_workers,
+        seed=3,
+    )
+
+
+def fit(
+    *,
+    devices: int = 1,
+    strategy: str = "auto",
+    accumulate: int = 1,
+    max_epochs: int = 2,
+    max_steps: int = -1,
+    ckpt_dir: Path | None = None,
+    ckpt_every: int | None = None,
+    ckpt_path: str | None = None,
+    num_workers: int = 0,
+    with_val: bool = True,
+) -> tuple[Trainer, Model, TokenBudgetDataModule]:
+    """Trainer.fit with the trainer's default use_distributed_sampler=True."""
+    model = Model()
+    dm = make_datamodule(num_workers, with_val)
+    callbacks: list[Any] = []
+    if ckpt_every is not None:
+        callbacks.append(
+            ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=ckpt_every, save_top_k=-1)
+        )
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        accumulate_grad_batches=accumulate,
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        callbacks=callbacks,
+        enable_checkpointing=ckpt_every is not None,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=None if with_val else 0,
+    )
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    return trainer, model, dm

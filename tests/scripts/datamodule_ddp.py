@@ -1,0 +1,66 @@
+"""One rank of a 2-process DDP run through TokenBudgetDataModule: ``OUT [resume]`` arguments.
+
+Launched per rank by ``tests.launch.launch``; the Trainer keeps its default
+``use_distributed_sampler=True``. Writes ``OUT/rank<r>.json`` with what this rank trained and
+validated, its step count and its train loader's length. With ``resume``: an uninterrupted
+run, a run stopped after a mid-epoch checkpoint, and a run resumed from it, in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from datamodule_common import fit
+from teardown import shutdown
+
+RESUME_EVERY = 2
+
+
+def resume(out: Path, world: int) -> None:
+    common = {"devices": world, "strategy": "ddp", "accumulate": 2, "with_val": False}
+    _, full, dm = fit(max_epochs=2, **common)
+    ckpt_dir = out / "ckpt"
+    fit(
+        max_epochs=2,
+        max_steps=RESUME_EVERY + 1,
+        ckpt_dir=ckpt_dir,
+        ckpt_every=RESUME_EVERY,
+        **common,
+    )
+    ckpt = ckpt_dir / f"epoch=0-step={RESUME_EVERY}.ckpt"
+    trainer, resumed, _ = fit(max_epochs=2, ckpt_path=str(ckpt), **common)
+    record = {
+        "rank": trainer.global_rank,
+        "epoch_length": dm.samplers["train"].epoch_length,
+        "full": [r["ids"] for r in full.trained],
+        "resumed": [r["ids"] for r in resumed.trained],
+        "global_steps": [full.trained[-1]["global_step"], trainer.global_step],
+    }
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    world = int(os.environ["WORLD_SIZE"])
+    if sys.argv[2:] == ["resume"]:
+        resume(out, world)
+        return
+    trainer, model, dm = fit(devices=world, strategy="ddp", accumulate=2, max_epochs=2)
+    record = {
+        "rank": trainer.global_rank,
+        "global_step": trainer.global_step,
+        "len_train_dataloader": len(trainer.train_dataloader),
+        "epoch_length": dm.samplers["train"].epoch_length,
+        "use_distributed_sampler": trainer._accelerator_connector.use_distributed_sampler,
+        "trained": model.trained,
+        "validated": model.validated,
+    }
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
+    shutdown()

@@ -1,0 +1,155 @@
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from lightning_varbatch import keys
+from lightning_varbatch.collate import BatchInfoDataset, CollatedItems, PaddingCollate
+from lightning_varbatch.sampler import MicroBatch, TokenBudgetBatchSampler
+
+
+def micro(
+    ids: list[int], ntokens: int, step_ntokens: int = 50, step_nexamples: int = 9
+) -> MicroBatch:
+    return MicroBatch(
+        ids,
+        epoch=1,
+        step=2,
+        micro=0,
+        rank=0,
+        ntokens=ntokens,
+        step_ntokens=step_ntokens,
+        step_nexamples=step_nexamples,
+    )
+
+
+PAIRS = [
+    {"source": [5, 6, 7], "target": torch.tensor([1, 2])},
+    {"source": [8], "target": torch.tensor([3, 4, 5, 6])},
+]
+
+
+def test_pairs_padding_masks_and_counts() -> None:
+    batch = PaddingCollate(pad_id=-1)(PAIRS)
+    assert batch["source"].tolist() == [[5, 6, 7], [8, -1, -1]]
+    assert batch["source_mask"].tolist() == [[True, True, True], [True, False, False]]
+    assert batch["target"].tolist() == [[1, 2, -1, -1], [3, 4, 5, 6]]
+    assert batch["target_mask"].dtype == torch.bool
+    assert batch["target_mask"].tolist() == [[True, True, False, False], [True] * 4]
+    assert {k: int(batch[k]) for k in (keys.NTOKENS, keys.NEXAMPLES)} == {
+        "ntokens": 6,
+        "nexamples": 2,
+    }
+    assert int(batch[keys.PADDED_TOKENS]) == 2 * 3 + 2 * 4
+    assert int(batch[keys.INPUT_TOKENS]) == 4 + 6
+    assert batch[keys.NTOKENS].dtype == torch.long and batch[keys.NTOKENS].dim() == 0
+    assert keys.STEP_NTOKENS not in batch  # plain list: no plan metadata
+
+
+def test_single_field_and_extra_entries() -> None:
+    batch = PaddingCollate()(
+        [{"tokens": [4, 4], "id": 7, "name": "a"}, {"tokens": [9], "id": 3, "name": "b"}]
+    )
+    assert batch["tokens"].tolist() == [[4, 4], [9, 0]]
+    assert batch["tokens_mask"].tolist() == [[True, True], [True, False]]
+    assert int(batch[keys.NTOKENS]) == int(batch[keys.INPUT_TOKENS]) == 3
+    assert int(batch[keys.PADDED_TOKENS]) == 4
+    assert batch["id"].tolist() == [7, 3] and batch["name"] == ["a", "b"]
+
+
+def test_pad_to_multiple_of() -> None:
+    batch = PaddingCollate(pad_to_multiple_of=4)(PAIRS)
+    assert batch["source"].shape == (2, 4) and batch["target"].shape == (2, 4)
+    assert batch["source_mask"].sum() == 4 and int(batch[keys.PADDED_TOKENS]) == 16
+    batch = PaddingCollate(pad_to_multiple_of=3)([{"tokens": [1] * 4}])
+    assert batch["tokens"].shape == (1, 6) and batch["tokens_mask"].sum() == 4
+
+
+def test_truncation() -> None:
+    batch = PaddingCollate(truncate_to=2)(PAIRS)
+    assert batch["source"].tolist() == [[5, 6], [8, 0]]
+    assert batch["target"].tolist() == [[1, 2], [3, 4]]
+    assert int(batch[keys.NTOKENS]) == 4
+
+
+def test_metadata_and_check() -> None:
+    items = CollatedItems(PAIRS, info=BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 6)).info)
+    batch = PaddingCollate()(items)
+    assert int(batch[keys.STEP_NTOKENS]) == 50 and int(batch[keys.STEP_NEXAMPLES]) == 9
+    assert int(batch[keys.DATASET]) == 0
+    wrong = BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 5))
+    with pytest.raises(ValueError, match="`lengths` do not match the dataset"):
+        PaddingCollate()(wrong)
+    assert int(PaddingCollate(check_ntokens=False)(wrong)[keys.NTOKENS]) == 6
+
+
+def test_bad_input() -> None:
+    with pytest.raises(ValueError, match="pad_to_multiple_of"):
+        PaddingCollate(pad_to_multiple_of=0)
+    with pytest.raises(ValueError, match="truncate_to"):
+        PaddingCollate(truncate_to=0)
+    with pytest.raises(ValueError, match="source_key"):
+        PaddingCollate()([{"text": [1]}])
+    with pytest.raises(ValueError, match="1-D"):
+        PaddingCollate()([{"tokens": [[1, 2]]}])
+
+
+def test_pickles_with_metadata() -> None:
+    mb = pickle.loads(pickle.dumps(micro([3, 1], 4)))
+    assert isinstance(mb, MicroBatch) and mb == [3, 1] and mb.step_ntokens == 50
+    items = pickle.loads(pickle.dumps(CollatedItems([1], info={"ntokens": 2})))
+    assert items == [1] and items.info == {"ntokens": 2}
+
+
+class Tokens:
+    def __init__(self, sequences: list[list[int]]) -> None:
+        self.sequences = sequences
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"tokens": self.sequences[i], "id": i}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_metadata_through_dataloader(num_workers: int) -> None:
+    rng = np.random.default_rng(0)
+    seqs = [list(range(1, int(n) + 1)) for n in rng.integers(1, 9, size=30)]
+    sampler = TokenBudgetBatchSampler(
+        [len(s) for s in seqs], 16, rank=0, world_size=1, accumulate_grad_batches=2
+    )
+    expected = list(sampler)
+    loader = DataLoader(
+        BatchInfoDataset(Tokens(seqs)),
+        batch_sampler=sampler,
+        collate_fn=PaddingCollate(),
+        num_workers=num_workers,
+    )
+    batches = list(loader)
+    assert len(batches) == len(expected)
+    for batch, mb in zip(batches, expected, strict=True):
+        assert batch["id"].tolist() == list(mb)
+        assert int(batch[keys.NTOKENS]) == mb.ntokens
+        assert int(batch[keys.STEP_NTOKENS]) == mb.step_ntokens
+        assert int(batch[keys.STEP_NEXAMPLES]) == mb.step_nexamples
+    assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(30))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_lengths_mismatch_error(num_workers: int) -> None:
+    seqs = [[1, 2, 3], [4], [5, 6]]
+    sampler = TokenBudgetBatchSampler([3, 2, 2], 16, rank=0, world_size=1)  # item 1 has 1 token
+    loader = DataLoader(
+        BatchInfoDataset(Tokens(seqs)),
+        batch_sampler=sampler,
+        collate_fn=PaddingCollate(),
+        num_workers=num_workers,
+    )
+    with pytest.raises(ValueError, match="lengths"):
+        list(loader)
