@@ -76,10 +76,11 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
         assert sorted(union) == list(range(NUM_VAL)), f"val epoch {epoch}"
 
 
-def test_ddp_resume_mid_epoch(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp_varbatch", "deepspeed_varbatch"])
+def test_resume_mid_epoch_two_processes(tmp_path: Path, strategy: str) -> None:
     start = time.monotonic()
-    records = launch("datamodule_ddp.py", 2, tmp_path, "resume", timeout=180)
-    print(f"ddp resume runs: {time.monotonic() - start:.1f}s")
+    records = launch("datamodule_ddp.py", 2, tmp_path, "resume", strategy, timeout=240)
+    print(f"{strategy} resume runs: {time.monotonic() - start:.1f}s")
     every, accumulate = 2, 2
     for r in records:
         assert r["epoch_length"] > every * accumulate

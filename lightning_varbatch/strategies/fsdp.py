@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.strategies import _StrategyRegistry
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.strategies.fsdp import (
     _has_meta_device_parameters_or_buffers,
@@ -43,10 +44,26 @@ from lightning.pytorch.strategies.fsdp import (
     _setup_activation_checkpointing,
 )
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor
 from torch.nn import Module
+from torch.optim import Optimizer
 from typing_extensions import override
 
 __all__ = ["VarBatchFSDPStrategy"]
+
+
+def _cpu_full_state_dict_context(module: Module) -> Any:
+    """Full, rank-0-only state dicts gathered without ``offload_to_cpu`` (already on CPU)."""
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.api import FullOptimStateDictConfig
+
+    return FSDP.state_dict_type(
+        module=module,
+        state_dict_type=StateDictType.FULL_STATE_DICT,
+        state_dict_config=FullStateDictConfig(offload_to_cpu=False, rank0_only=True),
+        optim_state_dict_config=FullOptimStateDictConfig(offload_to_cpu=False, rank0_only=True),
+    )
 
 
 class VarBatchFSDPStrategy(FSDPStrategy):
@@ -81,6 +98,35 @@ class VarBatchFSDPStrategy(FSDPStrategy):
         # it, or the CPU device itself (index None would make FSDP look for an accelerator).
         device = self.root_device
         return device if device.type == "cpu" else device.index
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        # Lightning gathers a full state dict with FullStateDictConfig(offload_to_cpu=True)
+        # (lightning/fabric/strategies/fsdp.py, _get_full_state_dict_context). On a CPU device
+        # the "offload" aliases the unsharded flat parameter, which FSDP frees on leaving the
+        # context; the clone in torch's param_hook then read freed memory and segfaulted when a
+        # checkpoint was saved mid-training. Gather without offloading when already on CPU.
+        if self.root_device.type != "cpu" or self._state_dict_type != "full":
+            return super().lightning_module_state_dict()
+        assert self.model is not None
+        with _cpu_full_state_dict_context(self.model):
+            return self.model.state_dict()
+
+    @override
+    def optimizer_state(self, optimizer: Optimizer) -> dict[str, Tensor]:
+        if self.root_device.type != "cpu" or self._state_dict_type != "full":
+            return super().optimizer_state(optimizer)
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import OptimStateKeyType
+
+        if isinstance(optimizer, LightningOptimizer):
+            optimizer = optimizer._optimizer
+        assert self.model is not None
+        with _cpu_full_state_dict_context(self.model):
+            state = FSDP.optim_state_dict(self.model, optimizer)
+            if self.global_rank == 0:  # the standard layout, as FSDPStrategy stores it
+                state = FSDP.rekey_optim_state_dict(state, OptimStateKeyType.PARAM_ID, self.model)
+            return state
 
     @override
     def setup_environment(self) -> None:

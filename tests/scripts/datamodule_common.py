@@ -81,7 +81,9 @@ class Model(LightningModule):
         )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        # momentum gives the optimizer state to checkpoint (FSDPStrategy.load_checkpoint in
+        # Lightning 2.6 indexes the first state entry and fails on a stateless optimizer)
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
 def make_datamodule(num_workers: int = 0, with_val: bool = True) -> TokenBudgetDataModule:

@@ -1,4 +1,4 @@
-"""One rank of a 2-process DDP run through TokenBudgetDataModule: ``OUT [resume]`` arguments.
+"""One rank of a 2-process run through TokenBudgetDataModule: ``OUT [resume [STRATEGY]]``.
 
 Launched per rank by ``tests.launch.launch``; the Trainer keeps its default
 ``use_distributed_sampler=True``. Writes ``OUT/rank<r>.json`` with what this rank trained and
@@ -19,8 +19,8 @@ from teardown import shutdown
 RESUME_EVERY = 2
 
 
-def resume(out: Path, world: int) -> None:
-    common = {"devices": world, "strategy": "ddp", "accumulate": 2, "with_val": False}
+def resume(out: Path, world: int, strategy: str) -> None:
+    common = {"devices": world, "strategy": strategy, "accumulate": 2, "with_val": False}
     _, full, dm = fit(max_epochs=2, **common)
     ckpt_dir = out / "ckpt"
     fit(
@@ -45,8 +45,8 @@ def resume(out: Path, world: int) -> None:
 def main() -> None:
     out = Path(sys.argv[1])
     world = int(os.environ["WORLD_SIZE"])
-    if sys.argv[2:] == ["resume"]:
-        resume(out, world)
+    if sys.argv[2:3] == ["resume"]:
+        resume(out, world, sys.argv[3] if len(sys.argv) > 3 else "ddp")
         return
     trainer, model, dm = fit(devices=world, strategy="ddp", accumulate=2, max_epochs=2)
     record = {
