@@ -19,6 +19,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The environment torch.distributed and Lightning read for one rank on this machine."""
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+    }
+
+
 def launch(
     script: str, world_size: int, out: Path, *args: str, timeout: float = 120.0
 ) -> list[dict[str, Any]]:
@@ -30,16 +44,7 @@ def launch(
     port = free_port()
     procs = []
     for rank in range(world_size):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
+        env = rank_env(rank, world_size, port)
         procs.append(
             subprocess.Popen(
                 [sys.executable, str(SCRIPTS / script), str(out), *args],

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.launch import SCRIPTS, free_port, launch
+from tests.launch import SCRIPTS, free_port, launch, rank_env
 from tests.scripts.datamodule_common import NUM_TRAIN
 
 WORLD = 2
@@ -51,16 +51,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     start = time.monotonic()
     procs = []
     for rank in range(WORLD):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(WORLD),
-            "LOCAL_WORLD_SIZE": str(WORLD),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
+        env = rank_env(rank, WORLD, port)
         log = (out / f"stdout{rank}.txt").open("w")
         procs.append(
             subprocess.Popen(
