@@ -164,7 +164,9 @@ class StepTimer(Callback):
         self.stamps.append(perf_counter())
 
     def step_times(self, warmup: int) -> list[float]:
-        return [b - a for a, b in zip(self.stamps[warmup:], self.stamps[warmup + 1 :])]
+        return [
+            b - a for a, b in zip(self.stamps[warmup:], self.stamps[warmup + 1 :], strict=False)
+        ]
 
 
 def wrap_hooks(callback: Callback, totals: dict[str, float]) -> None:
@@ -265,9 +267,9 @@ def run_once(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few steps, one round")
-    parser.add_argument("--steps", type=int, default=160, help="measured steps + warmup")
+    parser.add_argument("--steps", type=int, default=80, help="measured steps + warmup")
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--repeats", type=int, default=4, help="interleaved rounds")
     parser.add_argument("--max-tokens", type=int, default=2048)
     parser.add_argument("--length-scale", type=float, default=1.0)
     parser.add_argument("--examples", type=int, default=20000)
@@ -307,8 +309,9 @@ def main() -> None:
         f"| {'config':<24} | step median ms | step mean ms | end-to-end overhead "
         "(median, min..max) | hook us/step | direct overhead |"
     )
-    print(f"|{'-' * 26}|---------------:|-------------:|{'-' * 38}:|-------------:|"
-          "----------------:|")
+    print(
+        f"|{'-' * 26}|---------------:|-------------:|{'-' * 38}:|-------------:|----------------:|"
+    )
     verdict = True
     for config in "ABC":
         rs = of(config)
@@ -317,12 +320,8 @@ def main() -> None:
         if config == "A":
             e2e, hook, direct = "-", "-", "-"
         else:
-            ratios = [
-                r.mean / next(a.mean for a in of("A") if a.round == r.round) - 1 for r in rs
-            ]
-            e2e = (
-                f"{statistics.median(ratios):+.2%} ({min(ratios):+.2%}..{max(ratios):+.2%})"
-            )
+            ratios = [r.mean / next(a.mean for a in of("A") if a.round == r.round) - 1 for r in rs]
+            e2e = f"{statistics.median(ratios):+.2%} ({min(ratios):+.2%}..{max(ratios):+.2%})"
             per_step = sum(r.hook_s for r in rs) / sum(len(r.times) for r in rs)
             hook = f"{per_step * 1e6:.1f}"
             direct_ratio = per_step / base_median
