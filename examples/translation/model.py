@@ -1,0 +1,352 @@
+"""A pre-norm encoder-decoder Transformer for translation on token-budgeted batches.
+
+Batches come from :class:`~lightning_varbatch.TokenBudgetDataModule` with
+:class:`~lightning_varbatch.PaddingCollate`: ``source``/``target`` (B, S)/(B, T) long tensors,
+``source_mask``/``target_mask`` bool (True on real tokens) and ``step_ntokens``, the number of
+loss tokens of the whole optimizer step over all ranks and micro-batches. The training loss is
+the label-smoothed cross entropy summed over real target tokens and normalised with
+:func:`~lightning_varbatch.loss.step_token_mean`, so the gradient is the exact token mean of
+the optimizer step under DDP, FSDP and DeepSpeed.
+
+Logged metrics:
+
+============== ===============================================================
+``train/loss`` token-mean label-smoothed loss of the micro-batch
+``val/loss``   token-mean label-smoothed loss over the whole validation set
+``val/nll``    token-mean cross entropy (no smoothing) over the validation set
+``val/bleu``   SacreBLEU (0-100) of greedy decodes of the first validation batches
+``val/chrf``   chrF (0-100) of the same decodes
+============== ===============================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, cast
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor, nn
+from torchmetrics import MeanMetric
+from torchmetrics.text import CHRFScore, SacreBLEUScore
+
+from lightning_varbatch.loss import step_token_mean
+
+__all__ = ["TranslationModel"]
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+
+
+def sinusoidal_positions(length: int, dim: int) -> Tensor:
+    """The (length, dim) sinusoidal position table of Vaswani et al. (2017)."""
+    position = torch.arange(length, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq[: dim // 2])
+    return table
+
+
+class TranslationModel(LightningModule):
+    """Encoder-decoder Transformer (pre-norm, tied embeddings) trained on token budgets.
+
+    Args:
+        vocab_size: size of the shared source/target vocabulary.
+        d_model: model width.
+        nhead: attention heads.
+        num_encoder_layers: encoder layers.
+        num_decoder_layers: decoder layers.
+        dim_feedforward: width of the feed-forward layers.
+        dropout: dropout rate.
+        positions: ``"sinusoidal"`` or ``"learned"`` position embeddings.
+        max_positions: longest sequence the position table covers.
+        label_smoothing: label smoothing of the training loss.
+        lr: peak learning rate (reached after ``warmup_steps``).
+        warmup_steps: linear warmup steps, then inverse square-root decay.
+        betas: Adam betas.
+        weight_decay: Adam weight decay.
+        decode_batches: greedy-decode (for BLEU/chrF) only the first N validation batches of
+            each rank; 0 turns decoding off.
+        max_decode_extra: decode at most (source length + this) tokens.
+        max_decode_length: and never more than this many (greedy decoding recomputes the
+            prefix, so its cost grows with the square of the length).
+        num_samples: sample translations printed (rank 0) at each validation.
+        decode_fn: ``ids -> text`` (the tokenizer's decode); without it BLEU is not computed.
+
+    Attributes:
+        flops_per_token: about 6 x parameters, for ``TokenThroughputMonitor``.
+
+    Raises:
+        ValueError: for a bad ``positions``, ``d_model`` not divisible by ``nhead`` or a
+            non-positive size.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 128,
+        nhead: int = 4,
+        num_encoder_layers: int = 2,
+        num_decoder_layers: int = 2,
+        dim_feedforward: int = 256,
+        dropout: float = 0.1,
+        positions: Literal["sinusoidal", "learned"] = "sinusoidal",
+        max_positions: int = 512,
+        label_smoothing: float = 0.1,
+        lr: float = 1e-3,
+        warmup_steps: int = 100,
+        betas: Sequence[float] = (0.9, 0.98),
+        weight_decay: float = 0.0,
+        decode_batches: int = 2,
+        max_decode_extra: int = 20,
+        max_decode_length: int = 128,
+        num_samples: int = 3,
+        decode_fn: Callable[[list[int]], str] | None = None,
+    ) -> None:
+        super().__init__()
+        if positions not in ("sinusoidal", "learned"):
+            raise ValueError(f"positions must be 'sinusoidal' or 'learned', got {positions!r}.")
+        if d_model % nhead:
+            raise ValueError(f"d_model={d_model} must be divisible by nhead={nhead}.")
+        for name, value in (
+            ("vocab_size", vocab_size),
+            ("d_model", d_model),
+            ("max_positions", max_positions),
+            ("warmup_steps", warmup_steps),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be positive, got {value}.")
+        self.save_hyperparameters(ignore=["decode_fn"])
+        self.decode_fn = decode_fn
+        self.embed = nn.Embedding(vocab_size, d_model, padding_idx=PAD_ID)
+        nn.init.normal_(self.embed.weight, std=d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[PAD_ID].zero_()
+        self.learned_positions = (
+            nn.Embedding(max_positions, d_model) if positions == "learned" else None
+        )
+        self.register_buffer(
+            "sinusoids", sinusoidal_positions(max_positions, d_model), persistent=False
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(
+                d_model, nhead, dim_feedforward, dropout, batch_first=True, norm_first=True
+            ),
+            num_encoder_layers,
+            norm=nn.LayerNorm(d_model),
+            enable_nested_tensor=False,
+        )
+        self.decoder = nn.TransformerDecoder(
+            nn.TransformerDecoderLayer(
+                d_model, nhead, dim_feedforward, dropout, batch_first=True, norm_first=True
+            ),
+            num_decoder_layers,
+            norm=nn.LayerNorm(d_model),
+        )
+        self.val_loss = MeanMetric()
+        self.val_nll = MeanMetric()
+        self.bleu = SacreBLEUScore()
+        self.chrf = CHRFScore()
+        self.samples: list[tuple[str, str, str]] = []
+        self.flops_per_token = 6.0 * sum(p.numel() for p in self.parameters())
+
+    # -- network ---------------------------------------------------------------------------
+
+    def _embed(self, tokens: Tensor) -> Tensor:
+        length = tokens.shape[1]
+        if length > self.hparams["max_positions"]:
+            raise ValueError(
+                f"Sequence of {length} tokens exceeds max_positions="
+                f"{self.hparams['max_positions']}: raise model.max_positions or lower "
+                "data.max_length."
+            )
+        x = self.embed(tokens) * math.sqrt(self.hparams["d_model"])
+        if self.learned_positions is not None:
+            x = x + self.learned_positions.weight[:length]
+        else:
+            sinusoids: Tensor = self.sinusoids  # type: ignore[assignment]
+            x = x + sinusoids[:length].to(x.dtype)
+        return self.dropout(x)
+
+    def encode(self, source: Tensor, source_mask: Tensor) -> Tensor:
+        """Encoder states (B, S, d_model); ``source_mask`` is True on real tokens."""
+        return self.encoder(self._embed(source), src_key_padding_mask=~source_mask)
+
+    def decode_step(
+        self, memory: Tensor, source_mask: Tensor, prefix: Tensor, prefix_mask: Tensor
+    ) -> Tensor:
+        """Logits (B, T, vocab) for every position of the target ``prefix``."""
+        length = prefix.shape[1]
+        causal = torch.triu(
+            torch.ones(length, length, dtype=torch.bool, device=prefix.device), diagonal=1
+        )
+        hidden = self.decoder(
+            self._embed(prefix),
+            memory,
+            tgt_mask=causal,
+            tgt_key_padding_mask=~prefix_mask,
+            memory_key_padding_mask=~source_mask,
+        )
+        return hidden @ self.embed.weight.t()  # tied output projection
+
+    def forward(self, batch: dict[str, Any]) -> Tensor:
+        """Teacher-forced logits (B, T-1, vocab) predicting ``target[:, 1:]``."""
+        memory = self.encode(batch["source"], batch["source_mask"])
+        return self.decode_step(
+            memory, batch["source_mask"], batch["target"][:, :-1], batch["target_mask"][:, :-1]
+        )
+
+    def _losses(self, batch: dict[str, Any], smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
+        """(smoothed loss sum, plain NLL sum, loss-token count) over real target tokens."""
+        logits = self(batch).float()
+        labels = batch["target"][:, 1:]
+        real = batch["target_mask"][:, 1:]
+        flat_logits, flat_labels = logits[real], labels[real]
+        loss_sum = F.cross_entropy(
+            flat_logits, flat_labels, reduction="sum", label_smoothing=smoothing
+        )
+        nll_sum = F.cross_entropy(flat_logits.detach(), flat_labels, reduction="sum")
+        return loss_sum, nll_sum, real.sum()
+
+    # -- training --------------------------------------------------------------------------
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        loss_sum, _, ntokens = self._losses(batch, self.hparams["label_smoothing"])
+        self.log(
+            "train/loss",
+            loss_sum.detach() / ntokens.clamp(min=1),
+            prog_bar=True,
+            batch_size=int(ntokens),
+        )
+        return step_token_mean(loss_sum, batch, self.trainer)
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.Adam(
+            self.parameters(),
+            lr=self.hparams["lr"],
+            betas=tuple(self.hparams["betas"]),
+            weight_decay=self.hparams["weight_decay"],
+        )
+        warmup = self.hparams["warmup_steps"]
+
+        def inverse_sqrt(step: int) -> float:
+            step += 1
+            return min(step / warmup, math.sqrt(warmup / step))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        # Lightning's FSDP precision plugin refuses norm clipping; FSDP's own clip_grad_norm_
+        # computes the norm over all shards.
+        wrapped: Any = getattr(self.trainer.strategy, "model", None)
+        if gradient_clip_val and callable(getattr(wrapped, "clip_grad_norm_", None)):
+            if gradient_clip_algorithm not in (None, "norm"):
+                raise ValueError(
+                    f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported "
+                    "under FSDP; use 'norm'."
+                )
+            wrapped.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+    # -- evaluation ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def greedy_decode(self, source: Tensor, source_mask: Tensor, max_extra: int) -> list[list[int]]:
+        """Greedy translations (token ids without BOS/EOS) of a padded source batch."""
+        memory = self.encode(source, source_mask)
+        limit = min(
+            int(source_mask.sum(1).max()) + max_extra,
+            self.hparams["max_decode_length"],
+            self.hparams["max_positions"] - 1,
+        )
+        batch = source.shape[0]
+        prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=source.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=source.device)
+        for _ in range(limit):
+            prefix_mask = torch.ones_like(prefix, dtype=torch.bool)
+            logits = self.decode_step(memory, source_mask, prefix, prefix_mask)[:, -1]
+            token = logits.argmax(-1).masked_fill(done, PAD_ID)
+            prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
+            done |= token == EOS_ID
+            if bool(done.all()):
+                break
+        outputs = []
+        for row in prefix[:, 1:].tolist():
+            ids = [t for t in row if t != PAD_ID]
+            outputs.append(ids[: ids.index(EOS_ID)] if EOS_ID in ids else ids)
+        return outputs
+
+    def _evaluate(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss_sum, nll_sum, ntokens = self._losses(batch, self.hparams["label_smoothing"])
+        count = ntokens.clamp(min=1).float()
+        self.val_loss.update(loss_sum / count, weight=count)
+        self.val_nll.update(nll_sum / count, weight=count)
+        if self.decode_fn is None or batch_idx >= self.hparams["decode_batches"]:
+            return
+        hyps = self.greedy_decode(
+            batch["source"], batch["source_mask"], self.hparams["max_decode_extra"]
+        )
+        refs = [
+            self._strip(row, mask)
+            for row, mask in zip(batch["target"], batch["target_mask"], strict=True)
+        ]
+        hyp_text = [self.decode_fn(h) for h in hyps]
+        ref_text = [self.decode_fn(r) for r in refs]
+        self.bleu.update(hyp_text, [[r] for r in ref_text])
+        self.chrf.update(hyp_text, [[r] for r in ref_text])
+        if batch_idx == 0:
+            sources = [
+                self.decode_fn(self._strip(row, mask))
+                for row, mask in zip(batch["source"], batch["source_mask"], strict=True)
+            ]
+            self.samples = list(zip(sources, hyp_text, ref_text, strict=True))[
+                : self.hparams["num_samples"]
+            ]
+
+    @staticmethod
+    def _strip(row: Tensor, mask: Tensor) -> list[int]:
+        return [t for t in row[mask].tolist() if t not in (BOS_ID, EOS_ID)]
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx)
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, batch_idx)
+
+    def _epoch_end(self, stage: str) -> None:
+        # compute() all-reduces the metric states: every rank takes part and gets the same value.
+        self.log(f"{stage}/loss", self.val_loss.compute(), prog_bar=True)
+        self.log(f"{stage}/nll", self.val_nll.compute())
+        self.val_loss.reset()
+        self.val_nll.reset()
+        if self.decode_fn is not None and self.hparams["decode_batches"] > 0:
+            bleu = 100.0 * cast(Tensor, self.bleu.compute())
+            chrf = 100.0 * cast(Tensor, self.chrf.compute())
+            self.log(f"{stage}/bleu", bleu, prog_bar=True)
+            self.log(f"{stage}/chrf", chrf)
+            self.bleu.reset()
+            self.chrf.reset()
+            lines = [f"[{stage} step {self.global_step}] BLEU {bleu:.2f} chrF {chrf:.2f}"]
+            for src, hyp, ref in self.samples:
+                lines.append(f"  src: {src}\n  hyp: {hyp}\n  ref: {ref}")
+            rank_zero_info("\n".join(lines))
+
+    def on_validation_epoch_end(self) -> None:
+        self._epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._epoch_end("test")

@@ -1,0 +1,99 @@
+"""``train(cfg)`` end to end: one process, and two processes under DDP, FSDP and DeepSpeed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from examples.translation.train import CONF_DIR, train
+from tests.launch import launch
+
+SMALL = [
+    "data.num_pairs=1500",
+    "data.valid=40",
+    "data.test=0",
+    "data.vocab_size=400",
+    "data.max_length=32",
+    "data.max_tokens=1024",
+    "model.d_model=32",
+    "model.nhead=2",
+    "model.dim_feedforward=64",
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+    "model.max_decode_length=12",
+    "model.decode_batches=1",
+    "trainer.enable_progress_bar=false",
+    "trainer.enable_model_summary=false",
+    "trainer.log_every_n_steps=1",
+]
+
+
+def test_single_process_reports_bleu(tmp_path: Path) -> None:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(
+            "config",
+            overrides=[
+                *SMALL,
+                "trainer.max_steps=4",
+                "trainer.val_check_interval=4",
+                "callbacks.checkpoint.every_n_train_steps=4",
+                f"output_dir={tmp_path}",
+            ],
+        )
+    metrics = train(cfg)
+    assert metrics["global_step"] == 4
+    assert metrics["bleu"] is not None and 0.0 <= metrics["bleu"] <= 100.0
+    assert 0.0 <= metrics["val/chrf"] <= 100.0 and metrics["val/loss"] > 0
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+    assert (tmp_path / "tokenizer.json").exists()
+    assert list((tmp_path / "logs").rglob("metrics.csv"))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
+def test_two_processes(strategy: str, tmp_path: Path) -> None:
+    records = launch(
+        "translation_train.py",
+        2,
+        tmp_path,
+        *SMALL,
+        f"strategy={strategy}",
+        "trainer.accumulate_grad_batches=2",
+        "trainer.max_steps=2",
+        "trainer.val_check_interval=4",
+        "callbacks.checkpoint.enabled=false",
+        timeout=150,
+    )
+    assert [r["rank"] for r in records] == [0, 1]
+    for record in records:
+        metrics = record["metrics"]
+        assert metrics["global_step"] == 2 and metrics["world_size"] == 2
+        assert metrics["bleu"] is not None
+    assert records[0]["metrics"]["tokenizer_sha"] == records[1]["metrics"]["tokenizer_sha"]
+    # Both ranks evaluated the same (all-reduced) validation metrics.
+    assert records[0]["metrics"]["val/bleu"] == pytest.approx(records[1]["metrics"]["val/bleu"])
+    assert records[0]["metrics"]["val/loss"] == pytest.approx(records[1]["metrics"]["val/loss"])
+
+
+def test_resume_from_checkpoint(tmp_path: Path) -> None:
+    def run(*overrides: str) -> dict[str, object]:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(
+                "config",
+                overrides=[
+                    *SMALL,
+                    "trainer.val_check_interval=1000",
+                    "callbacks.checkpoint.every_n_train_steps=2",
+                    "logger=csv",
+                    f"output_dir={tmp_path}",
+                    *overrides,
+                ],
+            )
+        return train(cfg)
+
+    first = run("trainer.max_steps=2")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert first["global_step"] == 2 and last.exists()
+    second = run("trainer.max_steps=4", f"ckpt_path={last}")
+    assert second["global_step"] == 4
