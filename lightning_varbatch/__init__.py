@@ -17,17 +17,21 @@ from lightning_varbatch.datamodule import (
     TokenBudgetDataModule,
     token_budget_dataloader,
 )
+from lightning_varbatch.mixing import MixturePlanner
 from lightning_varbatch.planning import EpochPlan, EpochPlanner, plan_epoch
 from lightning_varbatch.sampler import MicroBatch, TokenBudgetBatchSampler
+from lightning_varbatch.sources import DataSource
 from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
 
 __all__ = [
     "BatchInfoDataset",
     "BatchSizeLRScaler",
     "CollatedItems",
+    "DataSource",
     "EpochPlan",
     "EpochPlanner",
     "MicroBatch",
+    "MixturePlanner",
     "PaddingCollate",
     "PlanConfig",
     "TokenBudgetBatchSampler",

@@ -37,8 +37,8 @@ class CollatedItems(list[Any]):
 
     Attributes:
         info: ``epoch``, ``step``, ``micro``, ``ntokens``, ``step_ntokens``,
-            ``step_nexamples`` and ``dataset`` of the micro-batch, or ``None`` when the indices
-            were a plain list.
+            ``step_nexamples``, ``dataset`` and ``truncate_to`` (0: none) of the micro-batch,
+            or ``None`` when the indices were a plain list.
 
     Example:
         >>> items = CollatedItems([{"tokens": [1]}], info={"ntokens": 1})
@@ -65,6 +65,7 @@ def batch_info(indices: Sequence[int]) -> dict[str, int] | None:
         return None
     info = {name: int(getattr(indices, name)) for name in _INFO_FIELDS}
     info["dataset"] = int(getattr(indices, "dataset", 0))
+    info["truncate_to"] = int(getattr(indices, "truncate_to", None) or 0)  # 0: no truncation
     return info
 
 
@@ -133,7 +134,9 @@ class PaddingCollate:
         source_key: key of the source field of pairs.
         target_key: key of the target field of pairs.
         truncate_to: cut every field to this length (the sampler's ``truncate_to`` under
-            ``oversize="truncate"``; :class:`TokenBudgetDataModule` sets it).
+            ``oversize="truncate"``; :class:`TokenBudgetDataModule` sets it). A micro-batch
+            whose plan cuts shorter (a dataset of a mixture with its own budget) is cut to
+            the plan's length.
         check_ntokens: compare the real token count with the plan's; turn off when the sampler
             was given ``loss_lengths`` that differ from the target lengths.
 
@@ -217,13 +220,16 @@ class PaddingCollate:
         if len(items) == 0:
             raise ValueError("PaddingCollate got an empty micro-batch.")
         fields, loss_field = self._fields(items[0])
+        info = getattr(items, "info", None)
+        limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0]
+        truncate_to = min((x for x in limits if x), default=0)
         batch: dict[str, Any] = {}
         real: dict[str, int] = {}
         padded_slots = 0
         for field in fields:
             rows = [_as_tokens(item[field], field) for item in items]
-            if self.truncate_to is not None:
-                rows = [r[: self.truncate_to] for r in rows]
+            if truncate_to:
+                rows = [r[:truncate_to] for r in rows]
             padded, mask = self._pad(rows)
             batch[field], batch[f"{field}_mask"] = padded, mask
             real[field] = sum(len(r) for r in rows)
@@ -241,7 +247,6 @@ class PaddingCollate:
         batch[keys.NEXAMPLES] = torch.tensor(len(items))
         batch[keys.PADDED_TOKENS] = torch.tensor(padded_slots)
         batch[keys.INPUT_TOKENS] = torch.tensor(sum(real.values()))
-        info = getattr(items, "info", None)
         if info is not None:
             self._check(info, ntokens, len(items), loss_field)
             batch[keys.STEP_NTOKENS] = torch.tensor(info["step_ntokens"])

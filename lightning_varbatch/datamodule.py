@@ -38,11 +38,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import ConcatDataset, DataLoader, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from lightning_varbatch.collate import BatchInfoDataset, PaddingCollate
 from lightning_varbatch.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.sources import DataSource, MixingPolicy, Weights
 
 __all__ = ["TokenBudgetDataLoader", "TokenBudgetDataModule", "token_budget_dataloader"]
 
@@ -52,6 +53,34 @@ _SAMPLER_KWARGS = frozenset(inspect.signature(TokenBudgetBatchSampler.__init__).
     "self",
     *_FIXED,
 }
+
+
+def _as_sources(stage: str, data: Any, lengths: Any) -> list[DataSource] | None:
+    """``data`` as a list of data sources, or ``None`` when it is one plain dataset."""
+    if not isinstance(data, (list, tuple)) or not any(isinstance(d, DataSource) for d in data):
+        return None
+    if not all(isinstance(d, DataSource) for d in data):
+        raise TypeError(
+            f"{stage}_dataset mixes DataSource and other items: pass a list of DataSource "
+            "(one per dataset) or a single dataset."
+        )
+    if lengths is not None:
+        raise ValueError(
+            f"{stage}_lengths must be None when {stage}_dataset is a list of DataSource: each "
+            "DataSource carries its own lengths."
+        )
+    for i, source in enumerate(data):
+        if source.dataset is None:
+            raise ValueError(
+                f"{stage}_dataset[{i}] ({source.name or i!s}) has no dataset: set "
+                "DataSource(dataset=...) so that the loader can fetch its items."
+            )
+        if len(source.dataset) != len(np.asarray(source.lengths)):
+            raise ValueError(
+                f"{stage}_dataset[{i}] ({source.name or i!s}) has {len(source.dataset)} items "
+                f"but {len(np.asarray(source.lengths))} lengths: pass one length per item."
+            )
+    return list(data)
 
 
 class _EpochRelay(DistributedSampler[int]):
@@ -200,12 +229,27 @@ class TokenBudgetDataModule(LightningDataModule):
     Validation and test use ``shuffle=False, tail="spread"``: every example is evaluated exactly
     once across ranks. ``state_dict`` saves how far the epoch was *trained* (not prefetched).
 
+    Several datasets: pass a list of :class:`~lightning_varbatch.DataSource` (each with its
+    ``dataset``, ``lengths`` and optionally its own ``max_tokens``/``max_examples``) as
+    ``train_dataset`` (and ``val_dataset``/``test_dataset``), no ``*_lengths``, and choose the
+    mixing (see :mod:`lightning_varbatch.mixing`). Batches then carry ``keys.DATASET``, the
+    index of the dataset they come from; evaluation covers every example of every dataset
+    once.
+
     Args:
-        train_dataset: map-style training dataset (items for ``collate``).
+        train_dataset: map-style training dataset (items for ``collate``), or a list of
+            :class:`~lightning_varbatch.DataSource`.
         train_lengths: one length per item (``(n,)`` or ``(n, 2)`` source/target), or a
-            callable ``dataset -> lengths`` evaluated once.
+            callable ``dataset -> lengths`` evaluated once (``None`` with data sources).
         max_tokens: token budget of one training micro-batch on one rank.
-        val_dataset: optional validation dataset.
+        mixing: with several training datasets, ``"per_step"`` (every optimizer step on all
+            ranks from one dataset) or ``"per_batch"`` (every micro-batch from one dataset).
+        weights: with several training datasets, ``"size"`` or one weight per dataset
+            (needs ``steps_per_epoch``).
+        temperature: shares ``∝ weight ** (1 / temperature)`` (needs ``steps_per_epoch``).
+        steps_per_epoch: ``None`` for one pass over every training dataset, else the optimizer
+            steps of an epoch, sampled by weight.
+        val_dataset: optional validation dataset (or list of data sources).
         val_lengths: its lengths (or callable); required with ``val_dataset``.
         test_dataset: optional test dataset.
         test_lengths: its lengths (or callable); required with ``test_dataset``.
@@ -233,9 +277,13 @@ class TokenBudgetDataModule(LightningDataModule):
     def __init__(
         self,
         train_dataset: Any,
-        train_lengths: Lengths,
-        max_tokens: int,
+        train_lengths: Lengths | None = None,
+        max_tokens: int | None = None,
         *,
+        mixing: MixingPolicy = "per_step",
+        weights: Weights = "size",
+        temperature: float = 1.0,
+        steps_per_epoch: int | None = None,
         val_dataset: Any = None,
         val_lengths: Lengths | None = None,
         test_dataset: Any = None,
@@ -253,13 +301,28 @@ class TokenBudgetDataModule(LightningDataModule):
                 f"Unknown planner setting(s) {unknown} for TokenBudgetDataModule; valid: "
                 f"{sorted(_SAMPLER_KWARGS)}."
             )
+        if max_tokens is None:
+            raise TypeError("TokenBudgetDataModule needs max_tokens, the training budget.")
+        self.sources: dict[str, list[DataSource] | None] = {}
+        self.datasets = {}
         for name, data, lengths in (
+            ("train", train_dataset, train_lengths),
             ("val", val_dataset, val_lengths),
             ("test", test_dataset, test_lengths),
         ):
-            if data is not None and lengths is None:
+            self.sources[name] = _as_sources(name, data, lengths)
+            if self.sources[name] is None and data is not None and lengths is None:
                 raise ValueError(f"{name}_dataset was given without {name}_lengths.")
-        self.datasets = {"train": train_dataset, "val": val_dataset, "test": test_dataset}
+            sources = self.sources[name]
+            self.datasets[name] = (
+                data if sources is None else ConcatDataset([s.dataset for s in sources])
+            )
+        self.mixing: dict[str, Any] = {
+            "mixing": mixing,
+            "weights": weights,
+            "temperature": temperature,
+            "steps_per_epoch": steps_per_epoch,
+        }
         self._lengths_in: dict[str, Lengths | None] = {
             "train": train_lengths,
             "val": val_lengths,
@@ -303,18 +366,26 @@ class TokenBudgetDataModule(LightningDataModule):
         if sampler is None:
             kwargs = dict(self.sampler_kwargs)
             budget = self.max_tokens
+            mixing: dict[str, Any] = dict(self.mixing)
             if stage != "train":
                 # tail="pad" would evaluate some examples twice; "spread" evaluates each once.
                 kwargs.update(shuffle=False, tail="spread")
                 budget = self.val_max_tokens
-            sampler = TokenBudgetBatchSampler(
-                self._lengths(stage),
-                budget,
-                rank=rank,
-                world_size=world,
-                accumulate_grad_batches=accumulate,
-                **kwargs,
-            )
+                mixing = {"mixing": "per_batch"}  # one pass over every dataset
+            topology: dict[str, Any] = {
+                "rank": rank,
+                "world_size": world,
+                "accumulate_grad_batches": accumulate,
+            }
+            sources = self.sources[stage]
+            if sources is None:
+                sampler = TokenBudgetBatchSampler(
+                    self._lengths(stage), budget, **topology, **kwargs
+                )
+            else:
+                sampler = TokenBudgetBatchSampler.from_sources(
+                    sources, budget, **mixing, **topology, **kwargs
+                )
             self.samplers[stage] = sampler
         elif rank is not None and world is not None:
             sampler.set_distributed(rank, world, accumulate)

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -67,6 +68,8 @@ class EpochPlan:
         num_duplicated: examples repeated by ``tail="pad"`` this epoch.
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
+        tile_dataset: the dataset of every tile when several are mixed
+            (:class:`~lightning_varbatch.mixing.MixturePlanner`); ``None`` means dataset 0.
     """
 
     epoch: int
@@ -81,6 +84,7 @@ class EpochPlan:
     num_duplicated: int = 0
     num_skipped: int = 0
     num_truncated: int = 0
+    tile_dataset: np.ndarray | None = None
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
 
@@ -109,6 +113,13 @@ class EpochPlan:
         return self.tile_tokens[self.assign].sum(axis=(1, 2))
 
     @cached_property
+    def step_dataset(self) -> np.ndarray:
+        """``(num_steps, world_size, accumulate_grad_batches)`` dataset of every micro-batch."""
+        if self.tile_dataset is None:
+            return np.zeros(self.assign.shape, dtype=np.int64)
+        return self.tile_dataset[self.assign]
+
+    @cached_property
     def step_examples(self) -> np.ndarray:
         """``(num_steps,)`` examples in each optimizer step, summed over ranks and micros."""
         return self.tile_size[self.assign].sum(axis=(1, 2))
@@ -135,12 +146,10 @@ class EpochPlan:
     def example_ids(self, rank: int | None = None) -> np.ndarray:
         """All example ids this epoch (of one rank, or of all), in run order."""
         tiles = self.assign.reshape(-1) if rank is None else self.rank_tiles(rank)
-        if tiles.size == 0:
-            return np.zeros(0, dtype=self.order.dtype)
-        return np.concatenate([self.tile_ids(int(t)) for t in tiles])
+        return self.ids_of_tiles(tiles)
 
-    def consumed_ids(self, micro_batches: int) -> np.ndarray:
-        """Ids of all ranks' first ``micro_batches`` micro-batches (what a resume skips).
+    def consumed_tiles(self, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tiles of all ranks' first ``micro_batches`` micro-batches, and the tiles after them.
 
         Raises:
             ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
@@ -151,14 +160,26 @@ class EpochPlan:
                 f"consumed micro-batches must be in [0, {total}] for this epoch, "
                 f"got {micro_batches}."
             )
-        acc = self.accumulate_grad_batches
-        steps, micros = divmod(micro_batches, acc)
-        picked = self.assign[:steps].reshape(-1)
-        if micros:
-            picked = np.concatenate([picked, self.assign[steps, :, :micros].reshape(-1)])
-        if picked.size == 0:
+        steps, micros = divmod(micro_batches, self.accumulate_grad_batches)
+        done, rest = self.assign[:steps].reshape(-1), self.assign[steps + 1 :].reshape(-1)
+        if steps < self.num_steps:
+            done = np.concatenate([done, self.assign[steps, :, :micros].reshape(-1)])
+            rest = np.concatenate([self.assign[steps, :, micros:].reshape(-1), rest])
+        return done, rest
+
+    def ids_of_tiles(self, tiles: np.ndarray) -> np.ndarray:
+        """Example ids of ``tiles``, concatenated in that order."""
+        if tiles.size == 0:
             return np.zeros(0, dtype=self.order.dtype)
-        return np.concatenate([self.tile_ids(int(t)) for t in picked])
+        return np.concatenate([self.tile_ids(int(t)) for t in tiles])
+
+    def consumed_ids(self, micro_batches: int) -> np.ndarray:
+        """Ids of all ranks' first ``micro_batches`` micro-batches (what a resume skips).
+
+        Raises:
+            ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
+        """
+        return self.ids_of_tiles(self.consumed_tiles(micro_batches)[0])
 
 
 _SUM_CHUNK = 1 << 20
@@ -225,6 +246,25 @@ class EpochPlanner:
         """Examples that take part in every epoch (all but the skipped ones)."""
         kept = self.prepared.kept
         return self.num_examples if kept is None else int(kept.shape[0])
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches of one pass before the tail policy (the data's size in budgets)."""
+        return self._layout(1).num_tiles
+
+    @property
+    def truncate_to(self) -> int | None:
+        """Length over-budget examples are cut to (``oversize="truncate"``), else ``None``."""
+        return self.prepared.truncate_to
+
+    def dataset_truncate_to(self, dataset: int) -> int | None:
+        """Truncation length of ``dataset`` (a single dataset: always :attr:`truncate_to`)."""
+        del dataset
+        return self.truncate_to
+
+    def fingerprint(self) -> str:
+        """A short hash of the settings that change the plan (for checkpoint checks)."""
+        return self.config.fingerprint()
 
     @property
     def groups(self) -> SortedGroups:
@@ -342,6 +382,36 @@ class EpochPlanner:
             num_truncated=prep.num_truncated,
             _loss=prep.loss,
             _exact_tokens=layout.total if self._exact_totals else None,
+        )
+
+    def plan_resumed(
+        self,
+        epoch: int,
+        world_size: int,
+        accumulate_grad_batches: int,
+        history: Sequence[tuple[int, int, int]] = (),
+    ) -> EpochPlan:
+        """Plan what is left of ``epoch`` after topology changes.
+
+        Args:
+            epoch: the epoch.
+            world_size: the current number of ranks.
+            accumulate_grad_batches: the current accumulation.
+            history: ``(world_size, accumulate_grad_batches, consumed micro-batches per rank)``
+                of each earlier topology of this epoch, oldest first.
+
+        Returns:
+            The plan of the examples the earlier topologies did not consume (the whole epoch
+            when ``history`` is empty).
+        """
+        exclude: np.ndarray | None = None
+        for depth, (world, acc, consumed) in enumerate(history):
+            done = self.plan(epoch, world, acc, exclude=exclude, salt=depth)
+            if exclude is None:
+                exclude = np.zeros(self.num_examples, dtype=bool)
+            exclude[done.consumed_ids(consumed)] = True
+        return self.plan(
+            epoch, world_size, accumulate_grad_batches, exclude=exclude, salt=len(history)
         )
 
     def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:

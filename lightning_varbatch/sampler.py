@@ -13,16 +13,19 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from lightning_varbatch.config import OversizePolicy, PlanConfig, TailPolicy
 from lightning_varbatch.costs import CostFn, CostName
+from lightning_varbatch.mixing import MixturePlanner
 from lightning_varbatch.planning import EpochPlan, EpochPlanner
+from lightning_varbatch.sources import DataSource, MixingPolicy, Weights
+
+Planner = EpochPlanner | MixturePlanner
 
 STATE_VERSION = 1
 _STATE_KEYS = frozenset(
@@ -52,6 +55,8 @@ class MicroBatch(list[int]):
         step_ntokens: loss tokens of the whole optimizer step, over all ranks and micros:
             the exact normaliser of a token-mean loss.
         step_nexamples: examples of the whole optimizer step, over all ranks and micros.
+        dataset: index of the dataset the micro-batch comes from (0 unless several are mixed).
+        truncate_to: length its examples are cut to (``oversize="truncate"``), else ``None``.
 
     Example:
         >>> batch = MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9,
@@ -71,6 +76,8 @@ class MicroBatch(list[int]):
         ntokens: int,
         step_ntokens: int,
         step_nexamples: int,
+        dataset: int = 0,
+        truncate_to: int | None = None,
     ) -> None:
         super().__init__(ids)
         self.epoch = epoch
@@ -80,6 +87,8 @@ class MicroBatch(list[int]):
         self.ntokens = ntokens
         self.step_ntokens = step_ntokens
         self.step_nexamples = step_nexamples
+        self.dataset = dataset
+        self.truncate_to = truncate_to
 
     @property
     def nexamples(self) -> int:
@@ -191,9 +200,73 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.set_epoch(epoch)
 
     @classmethod
+    def from_sources(
+        cls,
+        sources: Sequence[DataSource | npt.ArrayLike],
+        max_tokens: int,
+        *,
+        mixing: MixingPolicy = "per_step",
+        weights: Weights = "size",
+        temperature: float = 1.0,
+        steps_per_epoch: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        accumulate_grad_batches: int = 1,
+        epoch: int = 0,
+        **settings: Any,
+    ) -> TokenBudgetBatchSampler:
+        """A sampler over several datasets (see :mod:`lightning_varbatch.mixing`).
+
+        Batch indices are global: dataset ``i``'s items follow those of datasets ``0..i-1``,
+        as in a :class:`torch.utils.data.ConcatDataset` of them. Each :class:`MicroBatch`
+        says which dataset it is from (``.dataset``).
+
+        Args:
+            sources: the datasets' lengths (:class:`~lightning_varbatch.DataSource`, which may
+                set its own ``max_tokens`` / ``max_examples``, or plain arrays).
+            max_tokens: the common budget of one micro-batch.
+            mixing: ``"per_step"`` (a step's micro-batches on all ranks come from one
+                dataset) or ``"per_batch"``.
+            weights: ``"size"`` or one weight per dataset (needs ``steps_per_epoch``).
+            temperature: shares ``∝ weight ** (1 / temperature)`` (needs ``steps_per_epoch``).
+            steps_per_epoch: ``None`` for one pass over everything, else optimizer steps per
+                epoch, sampled by weight.
+            rank: this rank (default: from torch.distributed or the environment).
+            world_size: number of ranks (default: as ``rank``).
+            accumulate_grad_batches: micro-batches per rank per optimizer step.
+            epoch: the starting epoch.
+            **settings: other :class:`PlanConfig` settings (``cost``, ``seed``, ``tail``, ...).
+
+        Raises:
+            ValueError: for bad datasets, weights or settings; the message names them.
+
+        Example:
+            >>> import numpy as np
+            >>> s = TokenBudgetBatchSampler.from_sources(
+            ...     [np.full(16, 2048), np.full(8, 4096)], 16384, rank=0, world_size=2)
+            >>> [(b.dataset, len(b)) for b in s]
+            [(1, 4), (0, 8)]
+        """
+        planner = MixturePlanner(
+            sources,
+            PlanConfig(max_tokens=max_tokens, **settings),
+            mixing=mixing,
+            weights=weights,
+            temperature=temperature,
+            steps_per_epoch=steps_per_epoch,
+        )
+        return cls.from_planner(
+            planner,
+            rank=rank,
+            world_size=world_size,
+            accumulate_grad_batches=accumulate_grad_batches,
+            epoch=epoch,
+        )
+
+    @classmethod
     def from_planner(
         cls,
-        planner: EpochPlanner,
+        planner: Planner,
         *,
         rank: int | None = None,
         world_size: int | None = None,
@@ -215,7 +288,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.set_epoch(epoch)
         return self
 
-    def _init(self, planner: EpochPlanner, rank: int | None, world_size: int | None) -> None:
+    def _init(self, planner: Planner, rank: int | None, world_size: int | None) -> None:
         self.planner = planner
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.accumulate_grad_batches = 1
@@ -240,7 +313,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     @property
     def truncate_to(self) -> int | None:
         """Length oversize examples were cut to (``oversize="truncate"``), else ``None``."""
-        return self.planner.prepared.truncate_to
+        return self.planner.truncate_to
 
     @property
     def epoch(self) -> int:
@@ -320,18 +393,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         key = (self._epoch, tuple(self._history), self.world_size, self.accumulate_grad_batches)
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
-        exclude: np.ndarray | None = None
-        for depth, (world, acc, consumed) in enumerate(self._history):
-            done = self.planner.plan(self._epoch, world, acc, exclude=exclude, salt=depth)
-            if exclude is None:
-                exclude = np.zeros(self.planner.num_examples, dtype=bool)
-            exclude[done.consumed_ids(consumed)] = True
-        plan = self.planner.plan(
-            self._epoch,
-            self.world_size,
-            self.accumulate_grad_batches,
-            exclude=exclude,
-            salt=len(self._history),
+        plan = self.planner.plan_resumed(
+            self._epoch, self.world_size, self.accumulate_grad_batches, self._history
         )
         self._cache = (key, plan)
         return plan
@@ -354,6 +417,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         starts = plan.tile_start[tiles].tolist()
         ends = (plan.tile_start[tiles] + plan.tile_size[tiles]).tolist()
         tokens = plan.tile_tokens[tiles].tolist()
+        datasets = plan.step_dataset[:, self.rank, :].reshape(-1).tolist()
+        truncate = self.planner.dataset_truncate_to
         step_tokens = plan.step_tokens.tolist()
         step_examples = plan.step_examples.tolist()
         order, acc, epoch, rank = plan.order, plan.accumulate_grad_batches, self._epoch, self.rank
@@ -369,6 +434,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 ntokens=tokens[j],
                 step_ntokens=step_tokens[step],
                 step_nexamples=step_examples[step],
+                dataset=datasets[j],
+                truncate_to=truncate(datasets[j]),
             )
 
     # -- checkpointing -------------------------------------------------------------------
@@ -399,7 +466,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             "epoch": self._epoch,
             "seed": self.config.seed,
             "num_examples": self.planner.num_examples,
-            "fingerprint": self.config.fingerprint(),
+            "fingerprint": self.planner.fingerprint(),
             "world_size": self.world_size,
             "accumulate_grad_batches": self.accumulate_grad_batches,
             "consumed": consumed,
@@ -423,7 +490,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             "version": STATE_VERSION,
             "seed": self.config.seed,
             "num_examples": self.planner.num_examples,
-            "fingerprint": self.config.fingerprint(),
+            "fingerprint": self.planner.fingerprint(),
         }
         wrong = [
             f"{k}: saved {state[k]!r}, now {v!r}" for k, v in expected.items() if state[k] != v
