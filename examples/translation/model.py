@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
@@ -35,7 +37,7 @@ from torchmetrics.text import CHRFScore, SacreBLEUScore
 
 from lightning_varbatch.loss import step_token_mean
 
-__all__ = ["TranslationModel"]
+__all__ = ["DecoderCache", "TranslationModel"]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -48,6 +50,58 @@ def sinusoidal_positions(length: int, dim: int) -> Tensor:
     table[:, 0::2] = torch.sin(position * freq)
     table[:, 1::2] = torch.cos(position * freq[: dim // 2])
     return table
+
+
+def _split_heads(x: Tensor, nhead: int) -> Tensor:
+    """(B, L, nhead * head_dim) -> (B, nhead, L, head_dim)."""
+    batch, length, width = x.shape
+    return x.view(batch, length, nhead, width // nhead).transpose(1, 2)
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    """(B, nhead, L, head_dim) -> (B, L, nhead * head_dim)."""
+    batch, nhead, length, head_dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, nhead * head_dim)
+
+
+def _in_projection(attn: nn.MultiheadAttention, x: Tensor, part: int) -> Tensor:
+    """Query (``part`` 0), key (1) or value (2) projection of ``x`` by ``attn``'s packed weights."""
+    width = attn.embed_dim
+    rows = slice(part * width, (part + 1) * width)
+    bias = attn.in_proj_bias[rows] if attn.in_proj_bias is not None else None
+    return F.linear(x, attn.in_proj_weight[rows], bias)
+
+
+def _attend(
+    attn: nn.MultiheadAttention, query: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None
+) -> Tensor:
+    """``attn`` (inference) for input ``query`` (B, L, D) over projected ``keys``/``values``."""
+    q = _split_heads(_in_projection(attn, query, 0), attn.num_heads)
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return cast(Tensor, attn.out_proj(_merge_heads(out)))
+
+
+@dataclass
+class DecoderCache:
+    """What incremental greedy decoding keeps between steps (one source batch).
+
+    Attributes:
+        memory_keys: per decoder layer, the cross-attention keys of the encoder memory,
+            (B, nhead, S, head_dim): computed once per batch instead of once per step.
+        memory_values: the matching cross-attention values.
+        memory_mask: (B, 1, 1, S), True on real source tokens.
+        keys: per decoder layer, a (B, nhead, max_length, head_dim) buffer of the
+            self-attention keys of the target positions decoded so far.
+        values: the matching self-attention values.
+        length: target positions decoded so far (filled buffer rows).
+    """
+
+    memory_keys: list[Tensor]
+    memory_values: list[Tensor]
+    memory_mask: Tensor
+    keys: list[Tensor]
+    values: list[Tensor]
+    length: int = 0
 
 
 class TranslationModel(LightningModule):
@@ -71,10 +125,12 @@ class TranslationModel(LightningModule):
         decode_batches: greedy-decode (for BLEU/chrF) only the first N validation batches of
             each rank; 0 turns decoding off.
         max_decode_extra: decode at most (source length + this) tokens.
-        max_decode_length: and never more than this many (greedy decoding recomputes the
-            prefix, so its cost grows with the square of the length).
+        max_decode_length: and never more than this many.
         num_samples: sample translations printed (rank 0) at each validation.
         decode_fn: ``ids -> text`` (the tokenizer's decode); without it BLEU is not computed.
+        seed: dropout masks of a training micro-batch are drawn from
+            ``(seed, global_step, batch_idx, rank)`` alone (see :meth:`training_step`), so a run
+            resumed from a checkpoint trains exactly like an uninterrupted one.
 
     Attributes:
         flops_per_token: about 6 x parameters, for ``TokenThroughputMonitor``.
@@ -105,6 +161,7 @@ class TranslationModel(LightningModule):
         max_decode_length: int = 128,
         num_samples: int = 3,
         decode_fn: Callable[[list[int]], str] | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if positions not in ("sinusoidal", "learned"):
@@ -156,8 +213,9 @@ class TranslationModel(LightningModule):
 
     # -- network ---------------------------------------------------------------------------
 
-    def _embed(self, tokens: Tensor) -> Tensor:
-        length = tokens.shape[1]
+    def _embed(self, tokens: Tensor, offset: int = 0) -> Tensor:
+        """Scaled token embeddings plus the positions ``offset, offset + 1, ...``."""
+        length = offset + tokens.shape[1]
         if length > self.hparams["max_positions"]:
             raise ValueError(
                 f"Sequence of {length} tokens exceeds max_positions="
@@ -166,10 +224,10 @@ class TranslationModel(LightningModule):
             )
         x = self.embed(tokens) * math.sqrt(self.hparams["d_model"])
         if self.learned_positions is not None:
-            x = x + self.learned_positions.weight[:length]
+            x = x + self.learned_positions.weight[offset:length]
         else:
             sinusoids: Tensor = self.sinusoids  # type: ignore[assignment]
-            x = x + sinusoids[:length].to(x.dtype)
+            x = x + sinusoids[offset:length].to(x.dtype)
         return self.dropout(x)
 
     def encode(self, source: Tensor, source_mask: Tensor) -> Tensor:
@@ -193,6 +251,56 @@ class TranslationModel(LightningModule):
         )
         return hidden @ self.embed.weight.t()  # tied output projection
 
+    def init_cache(self, memory: Tensor, source_mask: Tensor, max_length: int) -> DecoderCache:
+        """An empty :class:`DecoderCache` for up to ``max_length`` target positions."""
+        batch, source_length, _ = memory.shape
+        nhead = self.hparams["nhead"]
+        head_dim = self.hparams["d_model"] // nhead
+        memory_keys, memory_values, keys, values = [], [], [], []
+        for layer in self.decoder.layers:
+            attn = layer.multihead_attn
+            memory_keys.append(_split_heads(_in_projection(attn, memory, 1), nhead))
+            memory_values.append(_split_heads(_in_projection(attn, memory, 2), nhead))
+            keys.append(memory.new_empty(batch, nhead, max_length, head_dim))
+            values.append(memory.new_empty(batch, nhead, max_length, head_dim))
+        mask = source_mask.view(batch, 1, 1, source_length)
+        return DecoderCache(memory_keys, memory_values, mask, keys, values)
+
+    def decode_next(self, cache: DecoderCache, token: Tensor) -> Tensor:
+        """Logits (B, vocab) after feeding one more target token (B,); updates ``cache``.
+
+        The same computation as the decoder's (pre-norm) layers in :meth:`decode_step`, for the
+        newest position only: its self-attention reads the cached keys/values of the earlier
+        positions (causal by construction), its cross-attention the cached memory keys/values.
+        """
+        t = cache.length
+        if t >= cache.keys[0].shape[2]:
+            raise RuntimeError(f"The decoder cache holds {t} positions and is full.")
+        x = self._embed(token.unsqueeze(1), offset=t)  # (B, 1, D)
+        nhead = self.hparams["nhead"]
+        for i, layer in enumerate(self.decoder.layers):
+            attn = layer.self_attn
+            h = layer.norm1(x)
+            cache.keys[i][:, :, t : t + 1] = _split_heads(_in_projection(attn, h, 1), nhead)
+            cache.values[i][:, :, t : t + 1] = _split_heads(_in_projection(attn, h, 2), nhead)
+            keys, values = cache.keys[i][:, :, : t + 1], cache.values[i][:, :, : t + 1]
+            x = x + layer.dropout1(_attend(attn, h, keys, values, None))
+            h = layer.norm2(x)
+            x = x + layer.dropout2(
+                _attend(
+                    layer.multihead_attn,
+                    h,
+                    cache.memory_keys[i],
+                    cache.memory_values[i],
+                    cache.memory_mask,
+                )
+            )
+            h = layer.norm3(x)
+            x = x + layer.dropout3(layer.linear2(layer.dropout(layer.activation(layer.linear1(h)))))
+        cache.length = t + 1
+        hidden = self.decoder.norm(x)[:, 0]
+        return hidden @ self.embed.weight.t()  # tied output projection
+
     def forward(self, batch: dict[str, Any]) -> Tensor:
         """Teacher-forced logits (B, T-1, vocab) predicting ``target[:, 1:]``."""
         memory = self.encode(batch["source"], batch["source_mask"])
@@ -214,7 +322,18 @@ class TranslationModel(LightningModule):
 
     # -- training --------------------------------------------------------------------------
 
+    def seed_dropout(self, batch_idx: int) -> None:
+        """Seed torch's RNG from ``(seed, global_step, batch_idx, global_rank)``.
+
+        Lightning's checkpoints do not hold RNG states, so a run resumed from a checkpoint
+        would otherwise draw other dropout masks than the uninterrupted run. With the masks a
+        function of the position in training, resuming is exact (every rank, any strategy).
+        """
+        key = (self.hparams["seed"], self.global_step, batch_idx, self.global_rank)
+        torch.manual_seed(int(np.random.SeedSequence(key).generate_state(1)[0]))
+
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        self.seed_dropout(batch_idx)
         loss_sum, _, ntokens = self._losses(batch, self.hparams["label_smoothing"])
         self.log(
             "train/loss",
@@ -265,8 +384,19 @@ class TranslationModel(LightningModule):
     # -- evaluation ------------------------------------------------------------------------
 
     @torch.no_grad()
-    def greedy_decode(self, source: Tensor, source_mask: Tensor, max_extra: int) -> list[list[int]]:
-        """Greedy translations (token ids without BOS/EOS) of a padded source batch."""
+    def greedy_decode(
+        self, source: Tensor, source_mask: Tensor, max_extra: int, use_cache: bool = True
+    ) -> list[list[int]]:
+        """Greedy translations (token ids without BOS/EOS) of a padded source batch.
+
+        Args:
+            source: (B, S) source ids.
+            source_mask: (B, S), True on real tokens.
+            max_extra: decode at most (longest source + ``max_extra``) tokens.
+            use_cache: decode incrementally with a :class:`DecoderCache` (one position per
+                step); ``False`` re-runs the decoder on the whole prefix at every step (the
+                reference the cache is tested against; quadratic in the length).
+        """
         memory = self.encode(source, source_mask)
         limit = min(
             int(source_mask.sum(1).max()) + max_extra,
@@ -274,11 +404,16 @@ class TranslationModel(LightningModule):
             self.hparams["max_positions"] - 1,
         )
         batch = source.shape[0]
-        prefix = torch.full((batch, 1), BOS_ID, dtype=torch.long, device=source.device)
+        token = torch.full((batch,), BOS_ID, dtype=torch.long, device=source.device)
+        prefix = token.unsqueeze(1)
         done = torch.zeros(batch, dtype=torch.bool, device=source.device)
+        cache = self.init_cache(memory, source_mask, limit) if use_cache else None
         for _ in range(limit):
-            prefix_mask = torch.ones_like(prefix, dtype=torch.bool)
-            logits = self.decode_step(memory, source_mask, prefix, prefix_mask)[:, -1]
+            if cache is not None:
+                logits = self.decode_next(cache, token)
+            else:
+                prefix_mask = torch.ones_like(prefix, dtype=torch.bool)
+                logits = self.decode_step(memory, source_mask, prefix, prefix_mask)[:, -1]
             token = logits.argmax(-1).masked_fill(done, PAD_ID)
             prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
             done |= token == EOS_ID

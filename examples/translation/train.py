@@ -33,8 +33,10 @@ if str(ROOT) not in sys.path:
 import hydra  # noqa: E402
 import numpy as np  # noqa: E402
 from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
+from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
 from lightning.pytorch.loggers import Logger  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, Strategy  # noqa: E402
+from lightning.pytorch.utilities import rank_zero_info  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from examples.translation import data as corpus  # noqa: E402
@@ -201,7 +203,11 @@ def build_strategy(cfg: DictConfig) -> Strategy | str:
 
 
 def build_callbacks(cfg: DictConfig) -> list[Callback]:
-    """The enabled callbacks of ``cfg.callbacks`` (each entry has an ``enabled`` switch)."""
+    """The enabled callbacks of ``cfg.callbacks`` (each entry has an ``enabled`` switch).
+
+    The learning-rate monitor is left out when there is no logger (``~logger``): Lightning
+    refuses it then.
+    """
     callbacks: list[Callback] = []
     for name, spec in (cfg.callbacks or {}).items():
         if spec is None:
@@ -212,7 +218,11 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
             continue
         if "_target_" not in spec:
             raise ConfigError(f"callbacks.{name} has no _target_.")
-        callbacks.append(hydra.utils.instantiate(spec))
+        callback = hydra.utils.instantiate(spec)
+        if isinstance(callback, LearningRateMonitor) and cfg.get("logger") is None:
+            rank_zero_info(f"callbacks.{name} (LearningRateMonitor) is off: there is no logger.")
+            continue
+        callbacks.append(callback)
     return callbacks
 
 

@@ -132,3 +132,9 @@ def test_cli_errors_exit_nonzero_and_write_nothing(tmp_path: Path) -> None:
         assert proc.returncode != 0, proc.stdout
         assert expected in proc.stderr, proc.stderr[-2000:]
         assert not run.exists()
+
+
+def test_no_logger_leaves_out_the_lr_monitor() -> None:
+    """Lightning refuses a LearningRateMonitor without a logger; ``~logger`` must still train."""
+    names = [type(c).__name__ for c in build_callbacks(make("~logger"))]
+    assert names == ["BatchSizeLRScaler", "TokenThroughputMonitor", "ModelCheckpoint"]

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from examples.translation.train import CONF_DIR, train
+from tests.examples.recorder import read_records
 from tests.launch import launch
 
 SMALL = [
@@ -76,24 +79,57 @@ def test_two_processes(strategy: str, tmp_path: Path) -> None:
     assert records[0]["metrics"]["val/loss"] == pytest.approx(records[1]["metrics"]["val/loss"])
 
 
-def test_resume_from_checkpoint(tmp_path: Path) -> None:
-    def run(*overrides: str) -> dict[str, object]:
+def _params(ckpt: Path) -> dict[str, torch.Tensor]:
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
+
+
+def test_resume_mid_epoch_is_exact(tmp_path: Path) -> None:
+    """Uninterrupted N steps == N/2 steps, stop, resume from the checkpoint to N: same weights.
+
+    With 8 micro-batches an epoch, the checkpoint is mid-epoch 0 and the resumed run crosses
+    into epoch 1. Dropout is on (0.1): its masks follow (seed, step, micro-batch, rank).
+    """
+
+    def run(out: Path, *overrides: str) -> dict[str, Any]:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(
                 "config",
                 overrides=[
                     *SMALL,
+                    "data.num_pairs=400",
+                    "data.max_tokens=2048",
                     "trainer.val_check_interval=1000",
-                    "callbacks.checkpoint.every_n_train_steps=2",
-                    "logger=csv",
-                    f"output_dir={tmp_path}",
+                    "callbacks.checkpoint.every_n_train_steps=5",
+                    "~logger",
+                    "+callbacks.record._target_=tests.examples.recorder.RecordBatches",
+                    f"+callbacks.record.path={out / 'batches.jsonl'}",
+                    f"output_dir={out}",
                     *overrides,
                 ],
             )
         return train(cfg)
 
-    first = run("trainer.max_steps=2")
-    last = tmp_path / "checkpoints" / "last.ckpt"
-    assert first["global_step"] == 2 and last.exists()
-    second = run("trainer.max_steps=4", f"ckpt_path={last}")
-    assert second["global_step"] == 4
+    steps, stop = 12, 5
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run(straight, f"trainer.max_steps={steps}")["global_step"] == steps
+    first = run(resumed, f"trainer.max_steps={stop}")
+    assert first["global_step"] == stop
+    second = run(
+        resumed, f"trainer.max_steps={steps}", f"ckpt_path={resumed / 'checkpoints' / 'last.ckpt'}"
+    )
+    assert second["global_step"] == steps
+
+    expected, got = (
+        read_records(straight / "batches.jsonl"),
+        read_records(resumed / "batches.jsonl"),
+    )
+    assert [r["batch_idx"] for r in expected].count(0) == 2, "the run should cross an epoch"
+    assert 0 < expected[stop]["batch_idx"], "the checkpoint should be mid-epoch"
+    assert got == expected  # the same examples, in the same micro-batches, at the same steps
+    a, b = (
+        _params(straight / "checkpoints" / "last.ckpt"),
+        _params(resumed / "checkpoints" / "last.ckpt"),
+    )
+    assert a.keys() == b.keys()
+    different = [name for name in a if not torch.equal(a[name], b[name])]
+    assert not different, f"parameters differ after resuming: {different}"

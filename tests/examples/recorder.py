@@ -1,0 +1,41 @@
+"""A callback for tests: appends what every training micro-batch holds to a JSON-lines file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from typing_extensions import override
+
+
+class RecordBatches(Callback):
+    """Append ``{"step", "batch_idx", "sources"}`` per training micro-batch to ``path``.
+
+    ``sources`` are the real (unpadded) source ids of each example, in batch order: the trained
+    examples, in the order they were trained. Appending lets a resumed run continue the record.
+
+    Args:
+        path: the JSON-lines file.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        sources = [
+            row[mask].tolist()
+            for row, mask in zip(batch["source"], batch["source_mask"], strict=True)
+        ]
+        record = {"step": trainer.global_step, "batch_idx": batch_idx, "sources": sources}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records :class:`RecordBatches` wrote to ``path``."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
