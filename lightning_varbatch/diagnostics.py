@@ -25,7 +25,10 @@ from typing import Literal
 
 import numpy as np
 
+from lightning_varbatch.mixing import MixturePlanner
 from lightning_varbatch.planning import EpochPlan, EpochPlanner
+
+Planner = EpochPlanner | MixturePlanner
 
 __all__ = ["LoadModel", "PlanDiagnostics", "diagnose", "rank_loads"]
 
@@ -50,7 +53,8 @@ class PlanDiagnostics:
         padded_tokens: token slots after padding: per micro-batch, examples × longest padded
             planning length.
         padding_efficiency: ``real_tokens / padded_tokens``.
-        budget_fill: mean micro-batch cost under the planner's cost model / ``max_tokens``.
+        budget_fill: mean micro-batch cost under the planner's cost model / ``max_tokens``
+            (each micro-batch over its own dataset's budget in a mixture).
         examples_per_batch_min: fewest examples in a micro-batch.
         examples_per_batch_mean: mean examples per micro-batch.
         examples_per_batch_p50: median examples per micro-batch.
@@ -183,7 +187,7 @@ class _Tiles:
     real: np.ndarray  # summed planning lengths, int64
 
 
-def _tiles(planner: EpochPlanner, plan: EpochPlan) -> _Tiles:
+def _tiles(planner: Planner, plan: EpochPlan) -> _Tiles:
     size = np.asarray(plan.tile_size, dtype=np.int64)
     if size.size == 0:
         zero = np.zeros(0, dtype=np.int64)
@@ -202,7 +206,7 @@ def _tiles(planner: EpochPlanner, plan: EpochPlan) -> _Tiles:
     return _Tiles(size=size, longest=-(-longest // p) * p, real=real)
 
 
-def _tile_load(planner: EpochPlanner, tiles: _Tiles, model: LoadModel) -> np.ndarray:
+def _tile_load(planner: Planner, tiles: _Tiles, model: LoadModel) -> np.ndarray:
     n = tiles.size.astype(np.float64)
     length = tiles.longest.astype(np.float64)
     if model == "linear":
@@ -212,7 +216,7 @@ def _tile_load(planner: EpochPlanner, tiles: _Tiles, model: LoadModel) -> np.nda
     raise ValueError(f"Unknown load model={model!r}; choose 'linear' or 'quadratic'.")
 
 
-def rank_loads(planner: EpochPlanner, plan: EpochPlan, model: LoadModel = "linear") -> np.ndarray:
+def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -> np.ndarray:
     """Every rank's load in every optimizer step, in run order.
 
     Args:
@@ -238,6 +242,14 @@ def rank_loads(planner: EpochPlanner, plan: EpochPlan, model: LoadModel = "linea
     return load[plan.assign].sum(axis=2)
 
 
+def _budgets(planner: Planner, plan: EpochPlan) -> np.ndarray:
+    """Every tile's budget (its dataset's ``max_tokens`` in a mixture)."""
+    if isinstance(planner, MixturePlanner) and plan.tile_dataset is not None:
+        budgets = np.array([planner.budget(d) for d in range(planner.num_datasets)], float)
+        return budgets[plan.tile_dataset]
+    return np.full(plan.tile_cost.shape, float(planner.config.max_tokens))
+
+
 def _imbalance(loads: np.ndarray) -> tuple[float, float]:
     if loads.shape[0] == 0:
         return 1.0, 1.0
@@ -246,7 +258,7 @@ def _imbalance(loads: np.ndarray) -> tuple[float, float]:
     return float(ratio.mean()), float(ratio.max())
 
 
-def _coverage(planner: EpochPlanner, plan: EpochPlan, run_tiles: np.ndarray) -> int:
+def _coverage(planner: Planner, plan: EpochPlan, run_tiles: np.ndarray) -> int:
     """Distinct example ids in the run tiles (robust to repeated tiles and repeated ids)."""
     if run_tiles.size == 0:
         return 0
@@ -259,7 +271,7 @@ def _coverage(planner: EpochPlanner, plan: EpochPlan, run_tiles: np.ndarray) -> 
     return int(np.count_nonzero(seen))
 
 
-def diagnose(planner: EpochPlanner, plan: EpochPlan) -> PlanDiagnostics:
+def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
     """Compute the diagnostics of one epoch plan.
 
     Micro-batches that a ``tail="pad"`` plan runs twice count twice (padding, fill, examples
@@ -306,7 +318,9 @@ def diagnose(planner: EpochPlanner, plan: EpochPlan) -> PlanDiagnostics:
         real_tokens=real,
         padded_tokens=padded,
         padding_efficiency=real / padded if padded else 0.0,
-        budget_fill=0.0 if empty else float(plan.tile_cost[run].mean()) / cfg.max_tokens,
+        budget_fill=0.0
+        if empty
+        else float((plan.tile_cost[run] / _budgets(planner, plan)[run]).mean()),
         examples_per_batch_min=0 if empty else int(size.min()),
         examples_per_batch_mean=0.0 if empty else float(size.mean()),
         examples_per_batch_p50=0.0 if empty else float(np.percentile(size, 50)),

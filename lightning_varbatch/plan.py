@@ -4,10 +4,14 @@ Usage::
 
     python -m lightning_varbatch.plan --synthetic wmt --max-tokens 16384 --world-size 8
     python -m lightning_varbatch.plan --lengths lengths.npy --max-tokens 4096 --json --no-png
+    python -m lightning_varbatch.plan --lengths wmt.npy --lengths news.npy --max-tokens 16384 \
+        --world-size 8 --mixing per_step --weights 3 1 --steps-per-epoch 1000
 
 Prints a :class:`~lightning_varbatch.diagnostics.PlanDiagnostics` report (or its JSON with
 ``--json``) and writes a PNG with the examples-per-micro-batch histogram and every rank's token
-load over the optimizer steps. Bad settings print one ``error: ...`` line and exit with code 2.
+load over the optimizer steps. Several ``--lengths`` plan a mixture of datasets
+(:class:`~lightning_varbatch.MixturePlanner`) and add a per-dataset table (shares, tokens,
+steps, repeats). Bad settings print one ``error: ...`` line and exit with code 2.
 
 Example:
     >>> import contextlib, io, json
@@ -32,7 +36,10 @@ import numpy as np
 from lightning_varbatch.config import OVERSIZE_POLICIES, TAIL_POLICIES, PlanConfig
 from lightning_varbatch.costs import COST_NAMES
 from lightning_varbatch.diagnostics import PlanDiagnostics, diagnose, rank_loads
+from lightning_varbatch.mixing import MixturePlanner
+from lightning_varbatch.mixture_report import dataset_breakdown, format_breakdown
 from lightning_varbatch.planning import EpochPlan, EpochPlanner
+from lightning_varbatch.sources import MIXING_POLICIES, DataSource
 from lightning_varbatch.synthetic import wmt_like_lengths
 
 __all__ = ["main"]
@@ -46,7 +53,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Plan one epoch of token-budgeted micro-batches and report its diagnostics.",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--lengths", type=Path, metavar="FILE.npy", help="(n,) or (n, 2) lengths")
+    src.add_argument(
+        "--lengths",
+        type=Path,
+        action="append",
+        metavar="FILE.npy",
+        help="(n,) or (n, 2) lengths; repeat for a mixture of datasets",
+    )
     src.add_argument("--synthetic", choices=["wmt"], help="built-in synthetic lengths")
     p.add_argument("--num-examples", type=int, default=4_500_000, help="for --synthetic")
     p.add_argument("--max-tokens", type=int, required=True, help="budget of one micro-batch")
@@ -61,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--oversize", choices=OVERSIZE_POLICIES, default="error")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
+    mix = p.add_argument_group("several --lengths (a mixture of datasets)")
+    mix.add_argument("--mixing", choices=MIXING_POLICIES, default="per_step")
+    mix.add_argument("--weights", type=float, nargs="+", default=None, help="one per dataset")
+    mix.add_argument("--temperature", type=float, default=1.0)
+    mix.add_argument("--steps-per-epoch", type=int, default=None)
+    mix.add_argument(
+        "--dataset-max-tokens", type=int, nargs="+", default=None, help="one per dataset"
+    )
     png = p.add_mutually_exclusive_group()
     png.add_argument("--png", type=Path, default=Path("plan_report.png"), help="figure path")
     png.add_argument("--no-png", action="store_true", help="do not write the figure")
@@ -68,20 +89,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _load_lengths(args: argparse.Namespace) -> tuple[np.ndarray, str]:
+def _load_lengths(args: argparse.Namespace) -> tuple[list[np.ndarray], str]:
     if args.synthetic is not None:
         if args.num_examples < 1:
             raise ValueError(f"--num-examples must be >= 1, got {args.num_examples}.")
         lengths = wmt_like_lengths(args.num_examples, seed=0)
-        return lengths, f"synthetic {args.synthetic} lengths"
-    path: Path = args.lengths
+        return [lengths], f"synthetic {args.synthetic} lengths"
+    paths: list[Path] = args.lengths
+    return [_load_one(path) for path in paths], ", ".join(str(p) for p in paths)
+
+
+def _load_one(path: Path) -> np.ndarray:
     try:
         lengths = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot read --lengths {str(path)!r} as a .npy array: {err}") from None
     if not isinstance(lengths, np.ndarray):
         raise ValueError(f"--lengths {str(path)!r} holds several arrays; save one with np.save.")
-    return lengths, str(path)
+    return lengths
 
 
 def _write_png(path: Path, diag: PlanDiagnostics, sizes: np.ndarray, loads: np.ndarray) -> None:
@@ -132,9 +157,35 @@ def _write_png(path: Path, diag: PlanDiagnostics, sizes: np.ndarray, loads: np.n
     plt.close(fig)
 
 
+def _planner(
+    args: argparse.Namespace, lengths: list[np.ndarray], config: PlanConfig
+) -> EpochPlanner | MixturePlanner:
+    mixed = (args.weights, args.steps_per_epoch, args.dataset_max_tokens)
+    if len(lengths) == 1 and all(v is None for v in mixed) and args.temperature == 1:
+        return EpochPlanner(lengths[0], config)
+    budgets = args.dataset_max_tokens or [None] * len(lengths)
+    if len(budgets) != len(lengths):
+        raise ValueError(
+            f"--dataset-max-tokens has {len(budgets)} values for {len(lengths)} --lengths "
+            "files: give one per dataset."
+        )
+    sources = [
+        DataSource(x, max_tokens=b, name=Path(p).stem if args.lengths else str(i))
+        for i, (x, b, p) in enumerate(zip(lengths, budgets, args.lengths or [""], strict=False))
+    ]
+    return MixturePlanner(
+        sources,
+        config,
+        mixing=args.mixing,
+        weights="size" if args.weights is None else args.weights,
+        temperature=args.temperature,
+        steps_per_epoch=args.steps_per_epoch,
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    lengths, source = _load_lengths(args)
+    all_lengths, source = _load_lengths(args)
     config = PlanConfig(
         max_tokens=args.max_tokens,
         max_examples=args.max_examples,
@@ -146,16 +197,22 @@ def _run(args: argparse.Namespace) -> int:
         tail=args.tail,
         oversize=args.oversize,
     )
-    planner = EpochPlanner(lengths, config)
+    planner = _planner(args, all_lengths, config)
     plan: EpochPlan = planner.plan(args.epoch, args.world_size, args.accumulate_grad_batches)
     diag = diagnose(planner, plan)
+    shares = dataset_breakdown(planner, plan) if isinstance(planner, MixturePlanner) else None
     elapsed = time.perf_counter() - start
     note = sys.stderr if args.json else sys.stdout
     if args.json:
-        print(json.dumps(diag.to_dict(), indent=2))
+        report: dict[str, object] = dict(diag.to_dict())
+        if shares is not None:
+            report["datasets"] = [row.to_dict() for row in shares]
+        print(json.dumps(report, indent=2))
     else:
         print(f"{source}: planned and diagnosed in {elapsed:.2f} s")
         print(diag.format())
+        if shares is not None:
+            print(format_breakdown(shares))
     if not args.no_png:
         sizes = plan.tile_size[plan.assign.reshape(-1)]
         _write_png(args.png, diag, sizes, rank_loads(planner, plan, "linear"))

@@ -32,3 +32,10 @@ def test_per_step_mixing_is_identical_on_every_rank(tmp_path: Path) -> None:
             assert row["step_ntokens"] == 4 * 128
     assert set(totals.values()) == {4 * 128}
     assert records[0]["weights"] == records[1]["weights"]
+    # the throughput monitor found the datasets by itself and summed both ranks' tokens
+    by_dataset = [0, 0]
+    for record in records:
+        for row in record["trained"]:
+            by_dataset[row["dataset"]] += row["ntokens"]
+    assert records[0]["monitor_dataset_tokens"] == by_dataset
+    assert records[1]["monitor_dataset_tokens"] == by_dataset

@@ -245,3 +245,34 @@ def test_temperature_flattens_shares() -> None:
     assert natural.tolist() == pytest.approx([0.9, 0.1])
     assert flat[1] == pytest.approx(100**0.2 / (900**0.2 + 100**0.2))
     assert mixture_probabilities(sizes, [0, 3]).tolist() == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("steps", [None, 9])
+@pytest.mark.parametrize("mixing", ["per_step", "per_batch"])
+def test_sampler_state_resumes_on_another_world_size(steps: int | None, mixing: str) -> None:
+    rng = np.random.default_rng(3)
+    sources = [
+        DataSource(rng.integers(1, 40, size=300), name="a"),
+        DataSource(rng.integers(20, 60, size=(90, 2)), name="b", max_tokens=120),
+    ]
+    weights = "size" if steps is None else [1.0, 2.0]
+    planner = MixturePlanner(
+        sources,
+        PlanConfig(max_tokens=200, seed=4),
+        mixing=mixing,
+        weights=weights,
+        steps_per_epoch=steps,
+    )
+    old = [
+        TokenBudgetBatchSampler.from_planner(planner, rank=r, world_size=2, epoch=1)
+        for r in range(2)
+    ]
+    full = Counter(i for s in old for b in s for i in b)
+    consumed = Counter(i for s in old for b in list(s)[:3] for i in b)
+    state = old[0].state_dict(consumed=3)
+    new = TokenBudgetBatchSampler.from_planner(planner, rank=0, world_size=1)
+    new.load_state_dict(state)
+    rest = Counter(i for b in new for i in b)
+    assert new.epoch == 1
+    assert not (full - consumed - rest), "an example of the epoch was lost on resume"
+    assert sum((consumed + rest - full).values()) == new.plan.num_duplicated

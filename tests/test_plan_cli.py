@@ -150,3 +150,30 @@ def test_module_entry_point_exit_code() -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: max_tokens must be > 0")
     assert "Traceback" not in proc.stderr
+
+
+def test_mixture_report_breaks_down_by_dataset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    short, long = tmp_path / "short.npy", tmp_path / "long.npy"
+    np.save(short, np.full(4000, 16))  # 8 per micro-batch at 128 tokens
+    np.save(long, np.full(96, 64))  # 4 per micro-batch at its own 256: 12 whole steps
+    args = ["--lengths", str(short), "--lengths", str(long), "--max-tokens", "128"]
+    more = ["--world-size", "2", "--weights", "3", "1", "--steps-per-epoch", "40"]
+    code = main([*args, *more, "--dataset-max-tokens", "128", "256", "--json", "--no-png"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["equal_counts"]
+    rows = {row["name"]: row for row in report["datasets"]}
+    assert (rows["short"]["steps"], rows["long"]["steps"]) == (30, 10)
+    assert rows["long"]["max_tokens"] == 256 and rows["long"]["budget_fill"] == 1.0
+    assert rows["long"]["examples"] == 10 * 2 * 4  # 10 steps x 2 ranks x 4 examples
+    assert rows["long"]["repeats"] == 0 and rows["long"]["passes"] == pytest.approx(80 / 96)
+    assert rows["short"]["token_share"] == pytest.approx(30 * 128 / (30 * 128 + 10 * 256))
+    assert report["budget_fill"] == 1.0  # each micro-batch over its own dataset's budget
+
+    code = main([*args, "--weights", "3", "1", "--no-png"])
+    assert code == 2
+    assert "set steps_per_epoch" in capsys.readouterr().err
+    code = main([*args, "--dataset-max-tokens", "128", "--no-png"])
+    assert code == 2
+    assert "--dataset-max-tokens has 1 values for 2 --lengths" in capsys.readouterr().err

@@ -33,8 +33,10 @@ from lightning_varbatch.callbacks.lr_scaling import (
 __all__ = ["TokenThroughputMonitor"]
 
 PaddingFn = Callable[[Any], "tuple[int | float | torch.Tensor, int | float | torch.Tensor]"]
-# Per-rank window vector, in this order (gathered from every rank).
+# Per-rank window vector, in this order (gathered from every rank), then per dataset d:
+# its loss tokens at _WIDTH + 2d and its micro-batches at _WIDTH + 2d + 1.
 _TOKENS, _EXAMPLES, _REAL, _PADDED, _BUSY, _ELAPSED, _NO_PADDING = range(7)
+_WIDTH = 7
 
 
 class TokenThroughputMonitor(Callback):
@@ -63,6 +65,9 @@ class TokenThroughputMonitor(Callback):
         flops_per_token: model FLOPs (forward + backward) per loss token.
         peak_flops: peak FLOP/s of one device, for ``train/mfu``.
         prog_bar: show ``tokens_per_sec`` in the progress bar.
+        dataset_names: names of the mixed datasets, for the per-dataset metrics (batches'
+            ``keys.DATASET`` indexes them). Default: the training sampler's
+            (:class:`~lightning_varbatch.MixturePlanner`), else no per-dataset metrics.
 
     Raises:
         ValueError: for a non-positive interval, ``flops_per_token`` or ``peak_flops``.
@@ -88,7 +93,14 @@ class TokenThroughputMonitor(Callback):
     ``train/flops_per_sec``             FLOP/s, all ranks (with FLOPs per token)
     ``train/device/flops_per_sec``      the same per device
     ``train/mfu``                       device FLOP/s / ``peak_flops`` (0-1)
+    ``train/dataset/<name>/tokens_per_sec``  the dataset's loss tokens / s, all ranks
+    ``train/dataset/<name>/token_share``     its share of the window's loss tokens (0-1)
+    ``train/dataset/<name>/batch_share``     its share of the window's micro-batches (0-1;
+                                             under per-step mixing, its share of steps)
+    ``train/dataset/<name>/total_tokens``    its loss tokens since the start of training
     ==================================  ================================================
+
+    The ``train/dataset/...`` keys appear only when several datasets are mixed.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -105,6 +117,7 @@ class TokenThroughputMonitor(Callback):
         flops_per_token: float | None = None,
         peak_flops: float | None = None,
         prog_bar: bool = True,
+        dataset_names: list[str] | None = None,
     ) -> None:
         for name, value in (
             ("log_every_n_steps", log_every_n_steps),
@@ -117,13 +130,16 @@ class TokenThroughputMonitor(Callback):
         self.tokens_fn, self.examples_fn, self.padding_fn = tokens_fn, examples_fn, padding_fn
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.prog_bar = prog_bar
+        self.dataset_names = None if dataset_names is None else [str(n) for n in dataset_names]
         self.total_tokens = 0.0
         self.total_examples = 0.0
+        self.dataset_tokens: list[float] = []
         self.steps = 0
-        self._window = [0.0] * 7
+        self._window = [0.0] * _WIDTH
         self._steps_in_window = 0
         self._window_start: float | None = None
         self._batch_start = 0.0
+        self._names: list[str] = []
 
     def _padding(self, batch: Any) -> tuple[float, float] | None:
         if self.padding_fn is not None:
@@ -138,6 +154,18 @@ class TokenThroughputMonitor(Callback):
                 batch[keys.PADDED_TOKENS], "pad"
             )
         return None
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        names = self.dataset_names
+        if names is None:
+            sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+            found = getattr(getattr(sampler, "planner", None), "names", None)
+            names = list(found) if found is not None and len(found) > 1 else []
+        self._names = names
+        if len(self.dataset_tokens) != len(names):
+            self.dataset_tokens = [0.0] * len(names)
+        self._window = [0.0] * (_WIDTH + 2 * len(names))
 
     @override
     def on_train_batch_start(
@@ -157,6 +185,16 @@ class TokenThroughputMonitor(Callback):
         else:
             w[_REAL] += padding[0]
             w[_PADDED] += padding[1]
+        if self._names:
+            d = int(batch[keys.DATASET]) if isinstance(batch, Mapping) else 0
+            if not 0 <= d < len(self._names):
+                raise RuntimeError(
+                    f"A batch says it is from dataset {d} but {name} knows "
+                    f"{len(self._names)} datasets ({self._names}): set dataset_names."
+                )
+            tokens = read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
+            w[_WIDTH + 2 * d] += tokens
+            w[_WIDTH + 2 * d + 1] += 1.0
 
     @override
     def on_train_batch_end(
@@ -181,6 +219,7 @@ class TokenThroughputMonitor(Callback):
         self.total_tokens += float(gathered[:, _TOKENS].sum())
         self.total_examples += float(gathered[:, _EXAMPLES].sum())
         metrics["train/total_tokens"] = self.total_tokens
+        metrics.update(self._dataset_metrics(gathered, metrics))
         log_rank_zero(trainer, metrics, trainer.global_step - 1)
         if self.prog_bar:
             pl_module.log(
@@ -191,9 +230,29 @@ class TokenThroughputMonitor(Callback):
                 on_step=True,
                 on_epoch=False,
             )
-        self._window = [0.0] * 7
+        self._window = [0.0] * len(self._window)
         self._steps_in_window = 0
         self._window_start = now
+
+    def _dataset_metrics(
+        self, gathered: torch.Tensor, metrics: dict[str, float]
+    ) -> dict[str, float]:
+        out: dict[str, float] = {}
+        total = gathered.sum(0)
+        tokens = float(total[_TOKENS])
+        batches = float(total[_WIDTH + 1 :: 2].sum())
+        rate = metrics["train/tokens_per_sec"] / tokens if tokens > 0 else 0.0
+        for d, name in enumerate(self._names):
+            d_tokens = float(total[_WIDTH + 2 * d])
+            self.dataset_tokens[d] += d_tokens
+            prefix = f"train/dataset/{name}/"
+            out[prefix + "tokens_per_sec"] = d_tokens * rate
+            out[prefix + "token_share"] = d_tokens / tokens if tokens > 0 else 0.0
+            out[prefix + "batch_share"] = (
+                float(total[_WIDTH + 2 * d + 1]) / batches if batches > 0 else 0.0
+            )
+            out[prefix + "total_tokens"] = self.dataset_tokens[d]
+        return out
 
     def _metrics(
         self, gathered: torch.Tensor, has_padding: bool, pl_module: LightningModule
@@ -242,6 +301,7 @@ class TokenThroughputMonitor(Callback):
             "steps": self.steps,
             "total_tokens": self.total_tokens,
             "total_examples": self.total_examples,
+            "dataset_tokens": list(self.dataset_tokens),
         }
 
     @override
@@ -255,3 +315,4 @@ class TokenThroughputMonitor(Callback):
         self.steps = int(state_dict["steps"])
         self.total_tokens = float(state_dict["total_tokens"])
         self.total_examples = float(state_dict["total_examples"])
+        self.dataset_tokens = [float(t) for t in state_dict["dataset_tokens"]]

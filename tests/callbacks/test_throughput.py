@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import lightning_varbatch.callbacks.throughput as throughput
+from lightning_varbatch import keys
 from lightning_varbatch.callbacks import TokenThroughputMonitor
 from tests.callbacks._common import FakeClock, Module, fit, micro_batches
 
@@ -47,7 +48,13 @@ def test_exact_metrics_with_accumulation(monkeypatch: pytest.MonkeyPatch) -> Non
         logged = {step_: m for step_, m in logger.calls if "train/tokens_per_sec" in m}[k]
         assert logged == pytest.approx(expected, rel=1e-12)
     assert trainer.progress_bar_metrics["tokens_per_sec"] == pytest.approx(25 / 40)
-    assert monitor.state_dict() == {"steps": 3, "total_tokens": 175.0, "total_examples": 12.0}
+    assert monitor.state_dict() == {
+        "steps": 3,
+        "total_tokens": 175.0,
+        "total_examples": 12.0,
+        "dataset_tokens": [],
+    }
+    assert not any("train/dataset/" in key for _, m in logger.calls for key in m)
 
 
 def test_interval_windows_and_tokens_fn(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,3 +80,29 @@ def test_unreadable_batch_names_the_argument() -> None:
         fit(module, [TokenThroughputMonitor()], max_steps=1)
     with pytest.raises(ValueError, match="peak_flops"):
         TokenThroughputMonitor(peak_flops=0)
+
+
+def test_per_dataset_breakdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(throughput, "perf_counter", FakeClock())
+    steps = [[30, 20], [60, 40], [10, 15]]
+    batches = micro_batches(steps)
+    for batch, dataset in zip(batches, [0, 1, 1, 1, 0, 0], strict=True):
+        batch[keys.DATASET] = torch.tensor(dataset)
+    monitor = TokenThroughputMonitor(log_every_n_steps=3, dataset_names=["wmt", "news"])
+    _, logger = fit(Module(batches), [monitor], max_steps=3, accumulate=2)
+    (step, logged), *_ = [(k, m) for k, m in logger.calls if "train/tokens_per_sec" in m]
+    wall = 110.0  # window: first batch start (10) to the last step's end (120)
+    assert step == 2
+    assert logged["train/dataset/wmt/tokens_per_sec"] == pytest.approx((30 + 10 + 15) / wall)
+    assert logged["train/dataset/news/tokens_per_sec"] == pytest.approx((20 + 60 + 40) / wall)
+    assert logged["train/dataset/wmt/token_share"] == pytest.approx(55 / 175)
+    assert logged["train/dataset/news/batch_share"] == pytest.approx(3 / 6)
+    assert logged["train/dataset/news/total_tokens"] == 120.0
+    assert monitor.state_dict()["dataset_tokens"] == [55.0, 120.0]
+
+
+def test_dataset_index_out_of_range_names_the_setting() -> None:
+    batches = micro_batches([[5]])
+    batches[0][keys.DATASET] = torch.tensor(2)
+    with pytest.raises(RuntimeError, match="set dataset_names"):
+        fit(Module(batches), [TokenThroughputMonitor(dataset_names=["a", "b"])], max_steps=1)

@@ -19,7 +19,7 @@ from lightning.pytorch import LightningModule, Trainer
 from teardown import shutdown
 from torch import nn
 
-from lightning_varbatch import DataSource, TokenBudgetDataModule
+from lightning_varbatch import DataSource, TokenBudgetDataModule, TokenThroughputMonitor
 from lightning_varbatch.loss import step_token_mean
 
 VOCAB = 16
@@ -73,7 +73,9 @@ def main() -> None:
         steps_per_epoch=6,
     )
     model = Model()
+    monitor = TokenThroughputMonitor(log_every_n_steps=3, prog_bar=False)
     trainer = Trainer(
+        callbacks=[monitor],
         accelerator="cpu",
         devices=2,
         strategy="ddp",
@@ -90,6 +92,7 @@ def main() -> None:
         "global_step": trainer.global_step,
         "trained": model.trained,
         "weights": [float(p.detach().sum()) for p in model.parameters()],
+        "monitor_dataset_tokens": monitor.dataset_tokens,
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
