@@ -3,7 +3,8 @@
 Run from the repository root (``-m`` puts the root on ``sys.path``)::
 
     python -m benchmarks.planning                 # full run: 4.5M and 100M examples
-    python -m benchmarks.planning --quick         # smoke test: 200k examples, no 100M row
+    python -m benchmarks.planning --quick         # smoke test: 200k examples, no 100M row,
+                                                  # no RSS child, small lhotse/DeepSpeed runs
     python -m benchmarks.planning --sizes 4500000 20000000 --ds-sizes 5000 10000
 
 Workload: WMT14 en-de-like (source, target) lengths from
@@ -66,6 +67,14 @@ Baselines:
   (``DistributedSampler(shuffle=False)``: micro-batch ``i`` to rank ``i % world``). It packs by
   *unpadded* tokens and is super-linear, so it runs on subsamples (``--ds-sizes``); its time is
   extrapolated to the main size with the exponent fitted on the two largest subsamples.
+* **lhotse** ``DynamicBucketingSampler`` (``TokenConstraint``), **Hugging Face**
+  ``LengthGroupedSampler`` (+ accelerate's ``BatchSamplerShard``) and **fairseq**
+  ``batch_by_size`` (not installable on Python 3.11): see :mod:`benchmarks.planning_others`.
+  lhotse runs on ``--lhotse-size`` examples (default 500k) next to our planner timed on the
+  same examples.
+
+The performance table's **x ours** column is the row's time over our planner's time at the
+same size, measured in the same run.
 """
 
 from __future__ import annotations
@@ -661,12 +670,14 @@ class Perf:
     held_bpe: float | None = None
     rss_bpe: float | None = None
     note: str = ""
+    ours_s: float | None = None
 
 
 def perf_rows(perfs: Sequence[Perf]) -> list[list[str]]:
     out = []
     for p in perfs:
         ratio = p.rank_s / p.floor_s if p.rank_s is not None and p.floor_s else None
+        vs_ours = p.rank_s / p.ours_s if p.rank_s is not None and p.ours_s else None
         nspe = None if p.rank_s is None else p.rank_s / p.n * 1e9
         out.append(
             [
@@ -676,6 +687,7 @@ def perf_rows(perfs: Sequence[Perf]) -> list[list[str]]:
                 _fmt(p.rank_s),
                 _fmt(p.rank_best_s),
                 _fmt(ratio, ".2f"),
+                _fmt(vs_ours, ".2f"),
                 _fmt(nspe, ".1f"),
                 _fmt(p.peak_bpe, ".1f"),
                 _fmt(p.held_bpe, ".1f"),
@@ -693,6 +705,7 @@ PERF_HEADERS = [
     "rank0 [s]",
     "best [s]",
     "x floor",
+    "x ours",
     "ns/ex",
     "peak B/ex",
     "held B/ex",
@@ -803,7 +816,7 @@ def run_size(
     dropped = plan0.num_dropped
     del b1, plan0, planner
     gc.collect()
-    rss = measure_rss(n, args, baselines)
+    rss = {} if args.quick else measure_rss(n, args, baselines)  # a child process: slow
     res = SizeResult(
         n=n,
         floor_s=statistics.median(floors),
@@ -832,6 +845,7 @@ def size_perfs(res: SizeResult) -> list[Perf]:
             rank_s=res.floor_s,
             rank_best_s=res.floor_best_s,
             floor_s=res.floor_s,
+            ours_s=res.ours_s,
             peak_bpe=res.floor_peak_bpe,
             rss_bpe=res.rss.get("floor"),
         ),
@@ -842,6 +856,7 @@ def size_perfs(res: SizeResult) -> list[Perf]:
             rank_s=res.ours_s,
             rank_best_s=res.ours_best_s,
             floor_s=res.floor_s,
+            ours_s=res.ours_s,
             peak_bpe=res.peak_bpe,
             held_bpe=res.held_bpe,
             rss_bpe=res.rss.get("ours"),
@@ -856,6 +871,7 @@ def size_perfs(res: SizeResult) -> list[Perf]:
                 rank_s=res.sampler_s,
                 rank_best_s=None,
                 floor_s=res.floor_s,
+                ours_s=res.ours_s,
                 note=res.sampler_note or "list() keeps all batches",
             )
         )
@@ -898,6 +914,7 @@ def run_baselines(
             floor_s=res.floor_s,
             peak_bpe=peak / n,
             rss_bpe=res.rss.get("dist"),
+            ours_s=res.ours_s,
             note="randperm tensor untraced",
         )
     )
@@ -922,6 +939,7 @@ def run_baselines(
             floor_s=res.floor_s,
             peak_bpe=peak / n,
             rss_bpe=res.rss.get("greedy"),
+            ours_s=res.ours_s,
         )
     )
     b0 = greedy_batches(key, budget, world, seed, 0)
@@ -931,7 +949,16 @@ def run_baselines(
     quals.append(qual_row(name, n, gq))
     del b0, b1
 
-    # (c) DeepSpeed batch_by_seqlens on subsamples
+    # (c) lhotse, Hugging Face, fairseq (benchmarks/planning_others.py)
+    from benchmarks.planning_others import run_others
+
+    config = PlanConfig(max_tokens=budget)  # as in main()
+    others = run_others(lengths, key, args, config, bsz, res.ours_s, res.floor_s)
+    perfs += others.perfs
+    quals += others.quals
+    info["others"] = others
+
+    # (d) DeepSpeed batch_by_seqlens on subsamples
     fn = deepspeed_fn() if args.ds_sizes else None
     if fn is None:
         perfs.append(Perf("DeepSpeed batch_by_seqlens", n, None, None, None, None, note="n/a"))
@@ -1120,7 +1147,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke test: 200k examples, no 100M row, one DeepSpeed subsample",
+        help="smoke test: 200k examples, no 100M row, no RSS child, small lhotse + DeepSpeed runs",
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=16384)
@@ -1140,14 +1167,60 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run the baselines at the main size only if it is at most this",
     )
     p.add_argument("--no-profile", action="store_true", help="skip the planner profile")
+    p.add_argument(
+        "--lhotse-size",
+        type=int,
+        default=None,
+        help="examples for lhotse's DynamicBucketingSampler (default 500000; --quick 20000; "
+        "0 skips it)",
+    )
+    p.add_argument(
+        "--lhotse-buckets",
+        type=int,
+        nargs="+",
+        default=[10, 30],
+        help="num_buckets values for lhotse (default: 10, its default, and 30)",
+    )
+    p.add_argument(
+        "--no-hf", action="store_true", help="skip Hugging Face's length-grouped sampler"
+    )
     p.add_argument("--rss-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--rss-baselines", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.sizes is None:
         args.sizes = [200_000] if args.quick else [MAIN_DEFAULT, BIG_DEFAULT]
+    if args.lhotse_size is None:
+        args.lhotse_size = 20_000 if args.quick else 500_000
+    if args.quick:
+        args.lhotse_buckets = args.lhotse_buckets[:1]
     if args.ds_sizes is None:
         args.ds_sizes = [5000] if args.quick else [5000, 10000, 20000]
     return args
+
+
+def _import_and_freeze(args: argparse.Namespace) -> None:
+    """Import the baselines' libraries now and move every object so far out of the collector.
+
+    The measurements call ``gc.collect()`` before each run (untimed); with deepspeed,
+    transformers and lhotse loaded a full collection takes ~0.2 s on this machine, which made
+    the smoke test slow. Frozen objects are never collected, so the calls stay cheap.
+    """
+    import importlib
+
+    names = ["torch"]
+    if args.ds_sizes:
+        names.append("deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr")
+    if args.lhotse_size:
+        names.append("lhotse.dataset.sampling.dynamic_bucketing")
+    if not args.no_hf:
+        names += ["transformers.trainer_pt_utils", "accelerate.data_loader"]
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # reported where the baseline runs
+            pass
+    gc.collect()
+    gc.freeze()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1155,6 +1228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rss_child is not None:
         print("RSS " + json.dumps(rss_child(args.rss_child, args)))
         return 0
+    _import_and_freeze(args)
     config = PlanConfig(max_tokens=args.max_tokens)
     shown = " ".join(sys.argv[1:] if argv is None else argv)
     print(f"command: python -m benchmarks.planning {shown}".rstrip())
@@ -1193,6 +1267,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(PERF_HEADERS, perf_rows(perfs))
     print("\nplan quality (epoch 0; d-order, d-comp compare epoch 0 with epoch 1)")
     print_table(QUAL_HEADERS, quals)
+    if "others" in info and info["others"].lines:
+        print("\nother libraries")
+        for line in info["others"].lines:
+            print("  " + line)
     for n, rows, rss in profiles:
         print(f"\nprofile of the planner at n={n:,} (one run per piece)")
         print_table(
