@@ -6,6 +6,7 @@ From the repository root (or from this folder as ``python train.py ...``)::
     python examples/translation/train.py strategy=deepspeed data.max_tokens=16384
     python examples/translation/train.py strategy=fsdp trainer.devices=2 model=base
     python examples/translation/train.py ckpt_path=outputs/.../checkpoints/last.ckpt
+    python examples/translation/train.py -m data.max_tokens=2048,4096   # output_dir/0, output_dir/1
 
 :func:`train` does the work (tests call it with a composed config); :func:`main` is the
 command-line entry. A bad setting (non-positive ``data.max_tokens``, a budget below the
@@ -298,6 +299,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return metrics
 
 
+def _use_job_dir(cfg: DictConfig) -> None:
+    """In a multirun (``-m``), point ``output_dir`` at this job's folder.
+
+    Hydra puts job ``n`` of a sweep in ``<hydra.sweep.dir>/<n>`` (``hydra.sweep.dir`` defaults
+    to ``output_dir``); without this every job would write its logs, checkpoints and
+    ``metrics.json`` into the same ``output_dir``.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        cfg.output_dir = hydra_cfg.runtime.output_dir
+
+
 def _drop_empty_run_dir() -> None:
     """Remove Hydra's fresh run folder when it holds nothing but its own config and log."""
     try:
@@ -315,6 +331,7 @@ def _drop_empty_run_dir() -> None:
 @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Command-line entry: ``python examples/translation/train.py [overrides]``."""
+    _use_job_dir(cfg)
     try:
         metrics = train(cfg)
     except ConfigError as error:

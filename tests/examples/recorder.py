@@ -11,10 +11,11 @@ from typing_extensions import override
 
 
 class RecordBatches(Callback):
-    """Append ``{"step", "batch_idx", "sources"}`` per training micro-batch to ``path``.
+    """Append ``{"step", "batch_idx", "sources", "target_lengths"}`` per micro-batch to ``path``.
 
     ``sources`` are the real (unpadded) source ids of each example, in batch order: the trained
-    examples, in the order they were trained. Appending lets a resumed run continue the record.
+    examples, in the order they were trained; ``target_lengths`` count BOS and EOS. Appending
+    lets a resumed run continue the record.
 
     Args:
         path: the JSON-lines file.
@@ -31,7 +32,12 @@ class RecordBatches(Callback):
             row[mask].tolist()
             for row, mask in zip(batch["source"], batch["source_mask"], strict=True)
         ]
-        record = {"step": trainer.global_step, "batch_idx": batch_idx, "sources": sources}
+        record = {
+            "step": trainer.global_step,
+            "batch_idx": batch_idx,
+            "sources": sources,
+            "target_lengths": batch["target_mask"].sum(1).tolist(),
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
 from hydra import compose, initialize_config_dir
 
-from examples.translation.train import CONF_DIR, train
+from examples.translation.train import CONF_DIR, ROOT, train
 from tests.examples.recorder import read_records
 from tests.launch import launch
 
@@ -133,3 +138,52 @@ def test_resume_mid_epoch_is_exact(tmp_path: Path) -> None:
     assert a.keys() == b.keys()
     different = [name for name in a if not torch.equal(a[name], b[name])]
     assert not different, f"parameters differ after resuming: {different}"
+
+
+def _planned_cost(record: dict[str, Any]) -> int:
+    """Padded cost of a recorded micro-batch as planned: examples x longest (source, target[1:])."""
+    longest = max(max(len(s) for s in record["sources"]), max(record["target_lengths"]) - 1)
+    return len(record["sources"]) * longest
+
+
+def test_multirun_jobs_get_their_own_folders(tmp_path: Path) -> None:
+    """``-m data.max_tokens=A,B``: two jobs, each trains with its budget in <sweep dir>/<n>."""
+    sweep, cwd = tmp_path / "sweep", tmp_path / "cwd"
+    cwd.mkdir()
+    budgets = (384, 1024)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "translation" / "train.py"),
+            "-m",
+            *SMALL,
+            f"data.max_tokens={budgets[0]},{budgets[1]}",  # after SMALL's data.max_tokens
+            f"hydra.sweep.dir={sweep}",
+            "trainer.max_steps=3",
+            "trainer.val_check_interval=1000",
+            "+callbacks.record._target_=tests.examples.recorder.RecordBatches",
+            "+callbacks.record.path=${output_dir}/batches.jsonl",
+        ],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(cwd.iterdir()) == [], "the multirun wrote outside hydra.sweep.dir"
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    costs = []
+    for job, budget in enumerate(budgets):
+        job_dir = sweep / str(job)
+        metrics = json.loads((job_dir / "metrics.json").read_text())
+        assert metrics["global_step"] == 3 and metrics["output_dir"] == str(job_dir)
+        assert (job_dir / "checkpoints" / "last.ckpt").exists()
+        assert (job_dir / "tokenizer.json").exists()
+        config = yaml.safe_load((job_dir / ".hydra" / "config.yaml").read_text())
+        assert config["data"]["max_tokens"] == budget
+        records = read_records(job_dir / "batches.jsonl")
+        assert len(records) == 3
+        costs.append(max(_planned_cost(r) for r in records))
+        assert costs[-1] <= budget
+    assert costs[1] > budgets[0], "the second job should have used its larger budget"
