@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -21,6 +20,7 @@ from torch.utils.data import Sampler
 
 from lightning_varbatch.config import OversizePolicy, PlanConfig, TailPolicy
 from lightning_varbatch.costs import CostFn, CostName
+from lightning_varbatch.micro_batch import MicroBatch, resolve_rank_world
 from lightning_varbatch.mixing import MixturePlanner
 from lightning_varbatch.planning import EpochPlan, EpochPlanner
 from lightning_varbatch.sources import DataSource, MixingPolicy, Weights
@@ -41,86 +41,6 @@ _STATE_KEYS = frozenset(
         "history",
     }
 )
-
-
-class MicroBatch(list[int]):
-    """Example ids of one micro-batch, with where it sits in the plan.
-
-    Attributes:
-        epoch: the epoch.
-        step: optimizer step within the current plan of the epoch.
-        micro: micro-batch within the step (``0 .. accumulate_grad_batches - 1``).
-        rank: the rank that runs it.
-        ntokens: its loss tokens (target tokens for pairs).
-        step_ntokens: loss tokens of the whole optimizer step, over all ranks and micros:
-            the exact normaliser of a token-mean loss.
-        step_nexamples: examples of the whole optimizer step, over all ranks and micros.
-        dataset: index of the dataset the micro-batch comes from (0 unless several are mixed).
-        truncate_to: length its examples are cut to (``oversize="truncate"``), else ``None``.
-
-    Example:
-        >>> batch = MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9,
-        ...                    step_ntokens=30, step_nexamples=7)
-        >>> batch, batch.nexamples, batch.step_ntokens
-        ([4, 2], 2, 30)
-    """
-
-    def __init__(
-        self,
-        ids: list[int],
-        *,
-        epoch: int,
-        step: int,
-        micro: int,
-        rank: int,
-        ntokens: int,
-        step_ntokens: int,
-        step_nexamples: int,
-        dataset: int = 0,
-        truncate_to: int | None = None,
-    ) -> None:
-        super().__init__(ids)
-        self.epoch = epoch
-        self.step = step
-        self.micro = micro
-        self.rank = rank
-        self.ntokens = ntokens
-        self.step_ntokens = step_ntokens
-        self.step_nexamples = step_nexamples
-        self.dataset = dataset
-        self.truncate_to = truncate_to
-
-    @property
-    def nexamples(self) -> int:
-        """Examples in this micro-batch."""
-        return len(self)
-
-
-def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size: the arguments, else torch.distributed, else ``RANK``/``WORLD_SIZE``.
-
-    Raises:
-        ValueError: when the rank is not in ``[0, world_size)``.
-
-    Example:
-        >>> resolve_rank_world(1, 4)
-        (1, 4)
-    """
-    if rank is None or world_size is None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            found_rank, found_world = dist.get_rank(), dist.get_world_size()
-        else:
-            found_rank = int(os.environ.get("RANK", "0"))
-            found_world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = found_rank if rank is None else rank
-        world_size = found_world if world_size is None else world_size
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive integer, got {world_size!r}.")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}.")
-    return rank, world_size
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
