@@ -397,23 +397,52 @@ def split_corpus(
 
 
 def _read_lines(path: str | Path) -> list[str]:
-    with open(path, encoding="utf-8", newline="") as f:
-        return f.read().splitlines()
+    """The lines of a UTF-8 text file.
+
+    Only ``\\n`` (or ``\\r\\n``) ends a line, as in fairseq: ``str.splitlines`` would also
+    split at U+0085, U+2028, form feeds, ..., which occur inside sentences of crawled corpora
+    and would misalign parallel files.
+
+    Raises:
+        ValueError: when the file is not UTF-8, naming the file and line.
+    """
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text ({error.reason}).") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()  # the final line end (or an empty file)
+    return [line.removesuffix("\r") for line in lines]
 
 
 def load_parallel_text(src_path: str | Path, tgt_path: str | Path) -> list[Pair]:
-    """Read fairseq-style parallel files (one sentence per line, aligned by line)."""
+    """Read fairseq-style parallel files (one sentence per line, aligned by line).
+
+    Raises:
+        ValueError: when the files differ in line count (naming the first unmatched line) or
+            are not UTF-8.
+    """
     src, tgt = _read_lines(src_path), _read_lines(tgt_path)
     if len(src) != len(tgt):
+        longer, shorter = (src_path, tgt_path) if len(src) > len(tgt) else (tgt_path, src_path)
         raise ValueError(
             f"parallel files differ in line count: {src_path} has {len(src)} lines, "
-            f"{tgt_path} has {len(tgt)} lines"
+            f"{tgt_path} has {len(tgt)}; {longer}:{min(len(src), len(tgt)) + 1} is the first "
+            f"line without a counterpart in {shorter}. The files must be aligned line by line."
         )
     return list(zip(src, tgt, strict=True))
 
 
 def load_tsv(path: str | Path) -> list[Pair]:
-    """Read ``source<TAB>target`` lines; blank lines are skipped."""
+    """Read ``source<TAB>target`` lines; blank lines are skipped.
+
+    Raises:
+        ValueError: for a line without exactly one tab, or a file that is not UTF-8, naming
+            the file and line.
+    """
     out: list[Pair] = []
     for lineno, line in enumerate(_read_lines(path), start=1):
         if not line.strip():

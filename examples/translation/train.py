@@ -99,19 +99,40 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"data.tail must be one of spread, drop, pad; got {cfg.data.tail!r}.")
     if (cfg.data.src_path is None) != (cfg.data.tgt_path is None):
         raise ConfigError("data.src_path and data.tgt_path must be given together.")
+    if cfg.data.get("tsv_path") and cfg.data.src_path is not None:
+        raise ConfigError(
+            "Give either data.tsv_path or data.src_path/data.tgt_path, not both; got "
+            f"data.tsv_path={cfg.data.tsv_path} and data.src_path={cfg.data.src_path}."
+        )
+    if cfg.get("test") and not cfg.data.test:
+        raise ConfigError(f"test=true needs a test split: set data.test > 0 (got {cfg.data.test}).")
     accumulate = cfg.trainer.get("accumulate_grad_batches", 1)
     if not isinstance(accumulate, int) or accumulate < 1:
         raise ConfigError(f"trainer.accumulate_grad_batches must be >= 1, got {accumulate!r}.")
 
 
 def load_pairs(cfg: DictConfig) -> list[tuple[str, str]]:
-    """The parallel corpus: the configured files, else the synthetic en->de corpus."""
+    """The parallel corpus: the configured files, else the synthetic en->de corpus.
+
+    Raises:
+        ConfigError: for a missing or unreadable file, a TSV line without exactly one tab,
+            parallel files of different lengths or non-UTF-8 text; the message names the
+            setting, the file and the line.
+    """
     data = cfg.data
     if data.get("tsv_path"):
-        return list(corpus.load_tsv(data.tsv_path))
-    if data.src_path is not None:
-        return list(corpus.load_parallel_text(data.src_path, data.tgt_path))
-    return corpus.build_corpus(num_pairs=data.num_pairs, seed=data.seed, cache_dir=data.cache_dir)
+        setting, read = f"data.tsv_path={data.tsv_path}", partial(corpus.load_tsv, data.tsv_path)
+    elif data.src_path is not None:
+        setting = f"data.src_path={data.src_path} / data.tgt_path={data.tgt_path}"
+        read = partial(corpus.load_parallel_text, data.src_path, data.tgt_path)
+    else:
+        return corpus.build_corpus(
+            num_pairs=data.num_pairs, seed=data.seed, cache_dir=data.cache_dir
+        )
+    try:
+        return read()
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"Cannot read the corpus of {setting}: {error}") from error
 
 
 def _loss_lengths(lengths: np.ndarray) -> np.ndarray:
@@ -132,6 +153,12 @@ def build_datamodule(
     """
     data = cfg.data
     pairs = load_pairs(cfg)
+    if data.valid < 1 or data.test < 0 or data.valid + data.test >= len(pairs):
+        raise ConfigError(
+            f"data.valid={data.valid} and data.test={data.test} must leave training pairs "
+            f"(data.valid >= 1, data.test >= 0) of the {len(pairs)} pairs of the corpus: lower "
+            "them, or raise data.num_pairs (or give a larger corpus)."
+        )
     splits = corpus.split_corpus(pairs, valid=data.valid, test=data.test, seed=data.seed)
     train_pairs = splits["train"]
     texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
@@ -234,11 +261,16 @@ def build_logger(cfg: DictConfig) -> Logger | bool:
     return hydra.utils.instantiate(cfg.logger)
 
 
+def _scalar_metrics(trainer: Trainer) -> dict[str, Any]:
+    return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Build data, tokenizer, model, strategy, callbacks and logger; fit; return the metrics.
 
     Returns:
-        The final logged metrics as floats (``val/bleu``, ``val/chrf``, ``val/loss``, ...) plus
+        The final logged metrics as floats (``val/bleu``, ``val/chrf``, ``val/loss``, ...; with
+        ``test=true`` also ``test/bleu``, ``test/chrf``, ``test/loss``, ``test/nll``) plus
         ``bleu`` (None without a validation), ``global_step``, ``log_dir``, ``ckpt_dir``,
         ``output_dir``, ``seconds`` and the split sizes.
 
@@ -270,11 +302,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         output_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(str(output_dir / "tokenizer.json"))
     trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
+    metrics = _scalar_metrics(trainer)
     if cfg.get("test"):
         trainer.test(model, dm)
-    metrics: dict[str, Any] = {
-        k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1
-    }
+        metrics.update(_scalar_metrics(trainer))  # test() replaced the callback metrics
     checkpoint = trainer.checkpoint_callback
     metrics.update(
         bleu=metrics.get("val/bleu"),
@@ -288,11 +319,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tokenizer_sha=hashlib.sha256(tokenizer.to_str().encode()).hexdigest(),
     )
     if trainer.global_rank == 0:
-        bleu = metrics["bleu"]
+        bleu = "n/a (no validation ran)" if metrics["bleu"] is None else f"{metrics['bleu']:.2f}"
+        if "test/bleu" in metrics:
+            bleu += f", test BLEU {metrics['test/bleu']:.2f}"
         print(
             f"Done: {metrics['global_step']} steps in {metrics['seconds']:.0f}s on "
-            f"{trainer.world_size} process(es); final BLEU "
-            f"{'n/a (no validation ran)' if bleu is None else f'{bleu:.2f}'}\n"
+            f"{trainer.world_size} process(es); final BLEU {bleu}\n"
             f"  logs:        {metrics['log_dir']}\n  checkpoints: {metrics['ckpt_dir']}\n"
             f"  tokenizer:   {output_dir / 'tokenizer.json'}"
         )

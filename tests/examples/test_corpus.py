@@ -146,3 +146,26 @@ def test_tokenizer_roundtrip_and_cache(tmp_path: Path, small: list[tuple[str, st
     # a different vocab size invalidates the cache
     other = train_or_load_tokenizer(texts, vocab_size=600, cache_path=cache)
     assert other.get_vocab_size() <= 600
+
+
+def test_only_newline_ends_a_line(tmp_path: Path) -> None:
+    """U+0085 / U+2028 / form feed inside a sentence must not split it (and misalign pairs)."""
+    src, tgt = tmp_path / "a.src", tmp_path / "a.tgt"
+    src.write_bytes("one\u2028two\r\nthree\x85four\n\x0cfive\n".encode())
+    tgt.write_bytes(b"eins\r\ndrei\nfuenf")  # no final line end
+    assert load_parallel_text(src, tgt) == [
+        ("one\u2028two", "eins"),
+        ("three\x85four", "drei"),
+        ("\x0cfive", "fuenf"),
+    ]
+
+
+def test_unmatched_and_non_utf8_lines_are_named(tmp_path: Path) -> None:
+    src, tgt = tmp_path / "a.src", tmp_path / "a.tgt"
+    src.write_text("a\nb\nc\n", encoding="utf-8")
+    tgt.write_text("x\ny\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{src}:3 is the first line without a counterpart"):
+        load_parallel_text(src, tgt)
+    tgt.write_bytes(b"x\ny\n\xe4\n")  # latin-1 'ä'
+    with pytest.raises(ValueError, match=rf"{tgt}:3: not UTF-8"):
+        load_parallel_text(src, tgt)
