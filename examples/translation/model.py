@@ -22,7 +22,8 @@ Logged metrics:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -64,6 +65,19 @@ def _merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, nhead * head_dim)
 
 
+# The cached decoding below reads parameters directly (functional ops, no module calls): under
+# DeepSpeed ZeRO-3 a module call gathers its parameters with a collective, and the ranks run
+# different numbers of decoding steps. Decoding is inference only: no dropout.
+
+
+def _linear(linear: nn.Linear, x: Tensor) -> Tensor:
+    return F.linear(x, linear.weight, linear.bias)
+
+
+def _layer_norm(norm: nn.LayerNorm, x: Tensor) -> Tensor:
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
 def _in_projection(attn: nn.MultiheadAttention, x: Tensor, part: int) -> Tensor:
     """Query (``part`` 0), key (1) or value (2) projection of ``x`` by ``attn``'s packed weights."""
     width = attn.embed_dim
@@ -78,7 +92,7 @@ def _attend(
     """``attn`` (inference) for input ``query`` (B, L, D) over projected ``keys``/``values``."""
     q = _split_heads(_in_projection(attn, query, 0), attn.num_heads)
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-    return cast(Tensor, attn.out_proj(_merge_heads(out)))
+    return _linear(attn.out_proj, _merge_heads(out))
 
 
 @dataclass
@@ -223,12 +237,14 @@ class TranslationModel(LightningModule):
                 "data.max_length."
             )
         x = self.embed(tokens) * math.sqrt(self.hparams["d_model"])
+        return self.dropout(x + self._positions(offset, length).to(x.dtype))
+
+    def _positions(self, start: int, stop: int) -> Tensor:
+        """Position embeddings (stop - start, d_model) of positions ``start, ..., stop - 1``."""
         if self.learned_positions is not None:
-            x = x + self.learned_positions.weight[offset:length]
-        else:
-            sinusoids: Tensor = self.sinusoids  # type: ignore[assignment]
-            x = x + sinusoids[offset:length].to(x.dtype)
-        return self.dropout(x)
+            return self.learned_positions.weight[start:stop]
+        sinusoids: Tensor = self.sinusoids  # type: ignore[assignment]
+        return sinusoids[start:stop]
 
     def encode(self, source: Tensor, source_mask: Tensor) -> Tensor:
         """Encoder states (B, S, d_model); ``source_mask`` is True on real tokens."""
@@ -269,37 +285,46 @@ class TranslationModel(LightningModule):
     def decode_next(self, cache: DecoderCache, token: Tensor) -> Tensor:
         """Logits (B, vocab) after feeding one more target token (B,); updates ``cache``.
 
-        The same computation as the decoder's (pre-norm) layers in :meth:`decode_step`, for the
-        newest position only: its self-attention reads the cached keys/values of the earlier
-        positions (causal by construction), its cross-attention the cached memory keys/values.
+        The computation of the decoder's (pre-norm) layers in :meth:`decode_step`, in eval mode,
+        for the newest position only: its self-attention reads the cached keys/values of the
+        earlier positions (causal by construction), its cross-attention the cached memory
+        keys/values.
         """
         t = cache.length
         if t >= cache.keys[0].shape[2]:
             raise RuntimeError(f"The decoder cache holds {t} positions and is full.")
-        x = self._embed(token.unsqueeze(1), offset=t)  # (B, 1, D)
+        if t + 1 > self.hparams["max_positions"]:
+            raise ValueError(f"Position {t} is beyond max_positions: raise model.max_positions.")
+        x = F.embedding(token.unsqueeze(1), self.embed.weight) * math.sqrt(self.hparams["d_model"])
+        x = x + self._positions(t, t + 1).to(x.dtype)  # (B, 1, D)
         nhead = self.hparams["nhead"]
         for i, layer in enumerate(self.decoder.layers):
             attn = layer.self_attn
-            h = layer.norm1(x)
+            h = _layer_norm(layer.norm1, x)
             cache.keys[i][:, :, t : t + 1] = _split_heads(_in_projection(attn, h, 1), nhead)
             cache.values[i][:, :, t : t + 1] = _split_heads(_in_projection(attn, h, 2), nhead)
             keys, values = cache.keys[i][:, :, : t + 1], cache.values[i][:, :, : t + 1]
-            x = x + layer.dropout1(_attend(attn, h, keys, values, None))
-            h = layer.norm2(x)
-            x = x + layer.dropout2(
-                _attend(
-                    layer.multihead_attn,
-                    h,
-                    cache.memory_keys[i],
-                    cache.memory_values[i],
-                    cache.memory_mask,
-                )
-            )
-            h = layer.norm3(x)
-            x = x + layer.dropout3(layer.linear2(layer.dropout(layer.activation(layer.linear1(h)))))
+            x = x + _attend(attn, h, keys, values, None)
+            h = _layer_norm(layer.norm2, x)
+            memory_keys, memory_values = cache.memory_keys[i], cache.memory_values[i]
+            x = x + _attend(layer.multihead_attn, h, memory_keys, memory_values, cache.memory_mask)
+            h = _layer_norm(layer.norm3, x)
+            x = x + _linear(layer.linear2, layer.activation(_linear(layer.linear1, h)))
         cache.length = t + 1
-        hidden = self.decoder.norm(x)[:, 0]
+        hidden = _layer_norm(self.decoder.norm, x)[:, 0]
         return hidden @ self.embed.weight.t()  # tied output projection
+
+    @contextmanager
+    def _gathered_parameters(self) -> Iterator[None]:
+        """Under DeepSpeed ZeRO-3 (parameters partitioned over ranks), the full parameters."""
+        partitioned = [p for p in self.parameters() if hasattr(p, "ds_id")]
+        if not partitioned:
+            yield
+            return
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(partitioned):  # a collective: on every rank
+            yield
 
     def forward(self, batch: dict[str, Any]) -> Tensor:
         """Teacher-forced logits (B, T-1, vocab) predicting ``target[:, 1:]``."""
@@ -396,7 +421,14 @@ class TranslationModel(LightningModule):
             use_cache: decode incrementally with a :class:`DecoderCache` (one position per
                 step); ``False`` re-runs the decoder on the whole prefix at every step (the
                 reference the cache is tested against; quadratic in the length).
+
+        Raises:
+            RuntimeError: for ``use_cache=False`` under DeepSpeed ZeRO-3: its per-module
+                parameter gathers are collectives, and ranks stop decoding after different
+                numbers of steps.
         """
+        if not use_cache and any(hasattr(p, "ds_id") for p in self.parameters()):
+            raise RuntimeError("greedy_decode(use_cache=False) cannot run under ZeRO stage 3.")
         memory = self.encode(source, source_mask)
         limit = min(
             int(source_mask.sum(1).max()) + max_extra,
@@ -407,18 +439,19 @@ class TranslationModel(LightningModule):
         token = torch.full((batch,), BOS_ID, dtype=torch.long, device=source.device)
         prefix = token.unsqueeze(1)
         done = torch.zeros(batch, dtype=torch.bool, device=source.device)
-        cache = self.init_cache(memory, source_mask, limit) if use_cache else None
-        for _ in range(limit):
-            if cache is not None:
-                logits = self.decode_next(cache, token)
-            else:
-                prefix_mask = torch.ones_like(prefix, dtype=torch.bool)
-                logits = self.decode_step(memory, source_mask, prefix, prefix_mask)[:, -1]
-            token = logits.argmax(-1).masked_fill(done, PAD_ID)
-            prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
-            done |= token == EOS_ID
-            if bool(done.all()):
-                break
+        with self._gathered_parameters():
+            cache = self.init_cache(memory, source_mask, limit) if use_cache else None
+            for _ in range(limit):
+                if cache is not None:
+                    logits = self.decode_next(cache, token)
+                else:
+                    prefix_mask = torch.ones_like(prefix, dtype=torch.bool)
+                    logits = self.decode_step(memory, source_mask, prefix, prefix_mask)[:, -1]
+                token = logits.argmax(-1).masked_fill(done, PAD_ID)
+                prefix = torch.cat([prefix, token.unsqueeze(1)], dim=1)
+                done |= token == EOS_ID
+                if bool(done.all()):
+                    break
         outputs = []
         for row in prefix[:, 1:].tolist():
             ids = [t for t in row if t != PAD_ID]

@@ -91,8 +91,8 @@ def test_cached_greedy_equals_uncached_with_early_stops() -> None:
     model = small_model(0)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     generator = torch.Generator().manual_seed(5)
-    for step in range(60):
-        lengths = torch.randint(1, 11, (32,), generator=generator).tolist()
+    for step in range(30):
+        lengths = torch.randint(1, 11, (16,), generator=generator).tolist()
         loss_sum, _, ntokens = model._losses(copy_batch(lengths, seed=100 + step), 0.0)
         optimizer.zero_grad()
         (loss_sum / ntokens).backward()

@@ -59,14 +59,24 @@ def test_single_process_reports_bleu(tmp_path: Path) -> None:
     assert list((tmp_path / "logs").rglob("metrics.csv"))
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
-def test_two_processes(strategy: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [
+        ("ddp", []),
+        ("fsdp", []),
+        ("deepspeed", []),  # ZeRO stage 2
+        ("deepspeed", ["strategy.stage=3", "strategy.offload_optimizer=true"]),
+    ],
+    ids=["ddp", "fsdp", "deepspeed", "deepspeed-stage3-offload"],
+)
+def test_two_processes(strategy: str, options: list[str], tmp_path: Path) -> None:
     records = launch(
         "translation_train.py",
         2,
         tmp_path,
         *SMALL,
         f"strategy={strategy}",
+        *options,
         "trainer.accumulate_grad_batches=2",
         "trainer.max_steps=2",
         "trainer.val_check_interval=4",
@@ -165,7 +175,7 @@ def test_multirun_jobs_get_their_own_folders(tmp_path: Path) -> None:
             "+callbacks.record.path=${output_dir}/batches.jsonl",
         ],
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=240,
