@@ -92,7 +92,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -1167,6 +1167,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="run the baselines at the main size only if it is at most this",
     )
     p.add_argument("--no-profile", action="store_true", help="skip the planner profile")
+    p.add_argument("--json", default=None, help="also write the tables to this JSON file")
     p.add_argument(
         "--lhotse-size",
         type=int,
@@ -1283,6 +1284,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_res = results[0]
     big = results[-1] if len(results) > 1 and results[-1].n > main_res.n else None
     print_targets(main_res, big, args, info)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "performance": [asdict(p) for p in perfs],
+                    "quality": [dict(zip(QUAL_HEADERS, row, strict=True)) for row in quals],
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -1,0 +1,99 @@
+"""Run every CPU benchmark, one after the other, and draw the plots.
+
+Run from the repository root (venv active)::
+
+    python -m benchmarks                        # all CPU benchmarks, defaults (~20 min)
+    python -m benchmarks --quick                # every benchmark's smoke test (~1-2 min)
+    python -m benchmarks --only training_throughput straggler
+
+Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
+own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
+``--out benchmarks/results``, not committed). Every benchmark prints its own table with ratios
+against baselines measured in the same run. Afterwards :mod:`benchmarks.plots` draws the PNGs
+from the JSON files (``--plots-dir``, default ``benchmarks/``, or the ``--out`` folder with
+``--quick`` so that smoke tests never overwrite the committed plots; ``--no-plots`` skips them).
+``uptime`` is printed before and after each benchmark: the machine's load is part of the result.
+The GPU benchmark (:mod:`benchmarks.gpu_throughput`) is not run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+BENCHMARKS = ("planning", "training_throughput", "straggler", "callback_overhead")
+WITH_JSON = ("planning", "training_throughput", "straggler")
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(
+            ["uptime"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+    except OSError:
+        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_one(name: str, quick: bool, out_dir: str, root: str) -> int:
+    cmd = [sys.executable, "-m", f"benchmarks.{name}"]
+    if quick:
+        cmd.append("--quick")
+    if name in WITH_JSON:
+        cmd += ["--json", os.path.join(out_dir, f"{name}.json")]
+    log_path = os.path.join(out_dir, f"{name}.txt")
+    print(f"\n===== {' '.join(cmd[1:])}\nuptime before: {uptime()}", flush=True)
+    t0 = time.perf_counter()
+    with open(log_path, "w") as log:
+        log.write(f"$ python {' '.join(cmd[1:])}\nuptime before: {uptime()}\n")
+        proc = subprocess.Popen(
+            cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            log.write(line)
+        rc = proc.wait()
+        after = uptime()
+        log.write(f"uptime after: {after}\nexit code {rc}, {time.perf_counter() - t0:.0f} s\n")
+    print(f"uptime after: {after}\n===== {name}: exit code {rc}, {time.perf_counter() - t0:.0f} s")
+    return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Run all CPU benchmarks (see the module docstring).")
+    p.add_argument("--quick", action="store_true", help="each benchmark's --quick smoke test")
+    p.add_argument("--only", nargs="+", choices=BENCHMARKS, default=None)
+    p.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    p.add_argument(
+        "--plots-dir",
+        default=None,
+        help="where the PNGs go (default: benchmarks/, or --out with --quick)",
+    )
+    p.add_argument("--no-plots", action="store_true")
+    args = p.parse_args(argv)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out_dir = os.path.join(root, args.out) if not os.path.isabs(args.out) else args.out
+    os.makedirs(out_dir, exist_ok=True)
+    failed = []
+    for name in args.only or BENCHMARKS:
+        if run_one(name, args.quick, out_dir, root) != 0:
+            failed.append(name)
+    if not args.no_plots:
+        from benchmarks.plots import draw_all
+
+        plots_dir = args.plots_dir or (out_dir if args.quick else os.path.join(root, "benchmarks"))
+        plots_dir = plots_dir if os.path.isabs(plots_dir) else os.path.join(root, plots_dir)
+        for path in draw_all(out_dir, plots_dir):
+            print(f"plot: {os.path.relpath(path, root)} ({os.path.getsize(path) // 1024} KB)")
+    if failed:
+        print(f"failed: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
