@@ -66,6 +66,8 @@ def batch_info(indices: Sequence[int]) -> dict[str, int] | None:
     info = {name: int(getattr(indices, name)) for name in _INFO_FIELDS}
     info["dataset"] = int(getattr(indices, "dataset", 0))
     info["truncate_to"] = int(getattr(indices, "truncate_to", None) or 0)  # 0: no truncation
+    for name in ("world_size", "accumulate_grad_batches"):  # the plan's topology; 0: unknown
+        info[name] = int(getattr(indices, name, None) or 0)
     return info
 
 
@@ -252,6 +254,9 @@ class PaddingCollate:
             batch[keys.STEP_NTOKENS] = torch.tensor(info["step_ntokens"])
             batch[keys.STEP_NEXAMPLES] = torch.tensor(info["step_nexamples"])
             batch[keys.DATASET] = torch.tensor(info.get("dataset", 0))
+            if info.get("world_size"):
+                batch[keys.PLAN_WORLD_SIZE] = torch.tensor(info["world_size"])
+                batch[keys.PLAN_ACCUMULATE] = torch.tensor(info["accumulate_grad_batches"])
         return batch
 
     def _check(self, info: Mapping[str, int], ntokens: int, nexamples: int, field: str) -> None:

@@ -302,10 +302,14 @@ class TokenBudgetDataModule(LightningDataModule):
             self._pending_state = None
         return self._loader("train")
 
-    def val_dataloader(self) -> TokenBudgetDataLoader:
-        """The validation loader of this rank: every example exactly once across ranks."""
+    def val_dataloader(self) -> TokenBudgetDataLoader | list[Any]:
+        """The validation loader of this rank: every example exactly once across ranks.
+
+        Without a ``val_dataset`` it is an empty list: ``fit`` skips validation, as it does
+        for a DataModule that defines no ``val_dataloader``.
+        """
         if self.datasets["val"] is None:
-            raise ValueError("TokenBudgetDataModule has no val_dataset.")
+            return []
         self._sampler("val")
         return self._loader("val")
 

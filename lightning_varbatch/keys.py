@@ -31,3 +31,9 @@ STEP_NEXAMPLES = "step_nexamples"
 
 DATASET = "dataset"
 """Index of the dataset the micro-batch came from (0 when there is only one)."""
+
+PLAN_WORLD_SIZE = "plan_world_size"
+"""Number of ranks the batch's plan was made for (``step_ntokens`` sums over them)."""
+
+PLAN_ACCUMULATE = "plan_accumulate_grad_batches"
+"""Micro-batches per rank per optimizer step the batch's plan was made for."""

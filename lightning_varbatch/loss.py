@@ -131,16 +131,27 @@ def step_token_mean(loss_sum: torch.Tensor, batch: Mapping[str, Any], trainer: A
 
     Raises:
         KeyError: when the batch does not carry ``step_ntokens``; the message says how to get it.
+        RuntimeError: when the batch's plan was made for another world size or accumulation
+            than the trainer runs (its ``step_ntokens`` would be the wrong normaliser).
     """
+    world, accumulate = int(trainer.world_size), int(trainer.accumulate_grad_batches)
+    if keys.PLAN_WORLD_SIZE in batch and (
+        int(batch[keys.PLAN_WORLD_SIZE]),
+        int(batch[keys.PLAN_ACCUMULATE]),
+    ) != (world, accumulate):
+        raise RuntimeError(
+            f"The batch was planned for world_size={int(batch[keys.PLAN_WORLD_SIZE])} and "
+            f"accumulate_grad_batches={int(batch[keys.PLAN_ACCUMULATE])}, but the Trainer runs "
+            f"world_size={world} and accumulate_grad_batches={accumulate}: step_ntokens would "
+            "normalise the loss wrongly. Build the sampler with the Trainer's values "
+            "(TokenBudgetDataModule does), or call sampler.set_distributed("
+            "trainer.global_rank, trainer.world_size, trainer.accumulate_grad_batches) in "
+            "train_dataloader()."
+        )
     if keys.STEP_NTOKENS not in batch:
         raise KeyError(
             f"The batch has no {keys.STEP_NTOKENS!r} entry: build the DataLoader with "
             "TokenBudgetDataModule (or PaddingCollate over a TokenBudgetBatchSampler), or call "
             "token_mean_loss(loss_sum, step_ntokens, world_size, accumulate_grad_batches)."
         )
-    return token_mean_loss(
-        loss_sum,
-        batch[keys.STEP_NTOKENS],
-        int(trainer.world_size),
-        int(trainer.accumulate_grad_batches),
-    )
+    return token_mean_loss(loss_sum, batch[keys.STEP_NTOKENS], world, accumulate)

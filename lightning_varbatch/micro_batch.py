@@ -28,6 +28,8 @@ class MicroBatch(list[int]):
         step_nexamples: examples of the whole optimizer step, over all ranks and micros.
         dataset: index of the dataset the micro-batch comes from (0 unless several are mixed).
         truncate_to: length its examples are cut to (``oversize="truncate"``), else ``None``.
+        world_size: the number of ranks the plan was made for (``None``: unknown).
+        accumulate_grad_batches: the accumulation the plan was made for (``None``: unknown).
 
     Example:
         >>> batch = MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9,
@@ -49,6 +51,8 @@ class MicroBatch(list[int]):
         step_nexamples: int,
         dataset: int = 0,
         truncate_to: int | None = None,
+        world_size: int | None = None,
+        accumulate_grad_batches: int | None = None,
     ) -> None:
         super().__init__(ids)
         self.epoch = epoch
@@ -60,6 +64,8 @@ class MicroBatch(list[int]):
         self.step_nexamples = step_nexamples
         self.dataset = dataset
         self.truncate_to = truncate_to
+        self.world_size = world_size
+        self.accumulate_grad_batches = accumulate_grad_batches
 
     @property
     def nexamples(self) -> int:

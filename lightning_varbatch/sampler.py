@@ -210,6 +210,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def _init(self, planner: Planner, rank: int | None, world_size: int | None) -> None:
         self.planner = planner
+        # Found in the environment (not given): re-read from the process group once it exists.
+        self._inferred = rank is None or world_size is None
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.accumulate_grad_batches = 1
         self._epoch = 0
@@ -319,8 +321,34 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self._cache = (key, plan)
         return plan
 
+    def _sync_with_process_group(self) -> None:
+        """Follow torch.distributed's rank and world size, or refuse a contradiction.
+
+        A sampler built before the launcher started the ranks (e.g. at the top of a script
+        that Lightning re-executes per rank) resolved its topology too early: left as it was,
+        ranks would plan for different world sizes and hang at the epoch's end.
+        """
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        found = (dist.get_rank(), dist.get_world_size())
+        if found == (self.rank, self.world_size):
+            return
+        if self._inferred:
+            self.set_distributed(*found)
+            return
+        raise RuntimeError(
+            f"TokenBudgetBatchSampler was built for rank {self.rank} of world_size "
+            f"{self.world_size}, but torch.distributed runs rank {found[0]} of {found[1]}: "
+            "every rank must plan for the real topology or the ranks get different batches "
+            "and hang. Pass rank/world_size of the process group (in a LightningModule or "
+            "DataModule: trainer.global_rank and trainer.world_size), or leave them unset."
+        )
+
     def __len__(self) -> int:
         """Micro-batches the next iteration yields (the rest of the epoch after a resume)."""
+        self._sync_with_process_group()
         total = self.plan.num_micro_batches_per_rank
         if self._consumed >= total and not self._restored:
             return total  # a finished epoch iterated again starts over
@@ -328,6 +356,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         """Yield this rank's :class:`MicroBatch` es from the current position."""
+        self._sync_with_process_group()
         plan = self.plan
         total = plan.num_micro_batches_per_rank
         if self._consumed >= total and not self._restored:
@@ -356,6 +385,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 step_nexamples=step_examples[step],
                 dataset=datasets[j],
                 truncate_to=truncate(datasets[j]),
+                world_size=plan.world_size,
+                accumulate_grad_batches=acc,
             )
 
     # -- checkpointing -------------------------------------------------------------------

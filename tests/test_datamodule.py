@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from lightning.pytorch import Trainer
 
 from lightning_varbatch.datamodule import (
     TokenBudgetDataLoader,
@@ -14,7 +15,14 @@ from lightning_varbatch.datamodule import (
 )
 from lightning_varbatch.sampler import TokenBudgetBatchSampler
 from tests.launch import launch
-from tests.scripts.datamodule_common import NUM_TRAIN, NUM_VAL, fit, make_pairs, pair_lengths
+from tests.scripts.datamodule_common import (
+    NUM_TRAIN,
+    NUM_VAL,
+    Model,
+    fit,
+    make_pairs,
+    pair_lengths,
+)
 
 
 def trained_ids(records: list[dict[str, Any]], epoch: int) -> list[int]:
@@ -168,3 +176,21 @@ def test_token_budget_dataloader_len_after_restore() -> None:
     resumed = token_budget_dataloader(data, other)
     assert len(resumed) == len(first)  # the whole epoch, as Lightning counts it
     assert [b["id"].tolist() for b in resumed] == first[2:]
+
+
+def test_without_val_dataset_fit_skips_validation() -> None:
+    data = make_pairs(NUM_TRAIN, 1)
+    dm = TokenBudgetDataModule(data, pair_lengths(data), 40)
+    model = Model()  # has a validation_step
+    trainer = Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    assert trainer.global_step > 0 and model.validated == []
+    with pytest.raises(ValueError, match="has no test_dataset"):
+        dm.test_dataloader()
