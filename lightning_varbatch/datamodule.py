@@ -31,12 +31,14 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import ConcatDataset
 
@@ -81,6 +83,47 @@ def _as_sources(stage: str, data: Any, lengths: Any) -> list[DataSource] | None:
                 f"but {len(np.asarray(source.lengths))} lengths: pass one length per item."
             )
     return list(data)
+
+
+def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
+    """A 63-bit digest of everything a plan depends on: lengths, loss lengths, settings.
+
+    Example:
+        >>> a = TokenBudgetBatchSampler([3, 4, 5], 8, rank=0, world_size=1)
+        >>> b = TokenBudgetBatchSampler([3, 4, 6], 8, rank=0, world_size=1)
+        >>> plan_digest(a) == plan_digest(a), plan_digest(a) == plan_digest(b)
+        (True, False)
+    """
+    prepared = sampler.planner.prepared
+    h = hashlib.blake2b(digest_size=8)
+    h.update(np.ascontiguousarray(prepared.key).tobytes())
+    h.update(np.ascontiguousarray(prepared.loss).tobytes())
+    h.update(sampler.planner.fingerprint().encode())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) -> None:
+    """Every rank must plan from the same data and settings, else the ranks would hang.
+
+    One all-gather of an 8-byte digest, on every rank (Lightning builds the training loader on
+    all of them), so every rank raises together instead of some waiting forever.
+    """
+    if int(trainer.world_size) < 2:
+        return
+    mine = torch.tensor(
+        [plan_digest(sampler)], dtype=torch.int64, device=trainer.strategy.root_device
+    )
+    digests = trainer.strategy.all_gather(mine).reshape(-1).tolist()
+    if len(set(digests)) > 1:
+        groups: dict[int, list[int]] = {}
+        for rank, digest in enumerate(digests):
+            groups.setdefault(digest, []).append(rank)
+        raise RuntimeError(
+            "The ranks planned from different training data or settings (ranks grouped by "
+            f"what they planned: {sorted(groups.values())}): every rank must see the same "
+            "lengths, max_tokens, seed and planner settings, or they get different batches "
+            "and hang. Check that the data is loaded and tokenized identically on every rank."
+        )
 
 
 class TokenBudgetDataModule(LightningDataModule):
@@ -297,6 +340,7 @@ class TokenBudgetDataModule(LightningDataModule):
             # Lightning sets the epoch only after its first iter() of the loader (FitLoop.setup_data
             # then on_advance_start): set it now so that a prefetch starts in the right epoch.
             sampler.set_epoch(int(trainer.fit_loop.epoch_progress.current.processed))
+            _check_same_plan_everywhere(trainer, sampler)
         if self._pending_state is not None:
             sampler.load_state_dict(self._pending_state)
             self._pending_state = None

@@ -194,3 +194,11 @@ def test_without_val_dataset_fit_skips_validation() -> None:
     assert trainer.global_step > 0 and model.validated == []
     with pytest.raises(ValueError, match="has no test_dataset"):
         dm.test_dataloader()
+
+
+def test_ranks_with_different_data_fail_together_instead_of_hanging(tmp_path: Path) -> None:
+    records = launch("mismatched_data.py", 2, tmp_path, timeout=120)
+    for record in records:
+        assert "error" in record, f"rank {record['rank']} trained on mismatched data"
+        assert "planned from different training data" in record["error"]
+        assert "[[0], [1]]" in record["error"]
