@@ -33,6 +33,7 @@ if str(ROOT) not in sys.path:
 
 import hydra  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
 from lightning.pytorch.loggers import Logger  # noqa: E402
@@ -106,6 +107,11 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.get("test") and not cfg.data.test:
         raise ConfigError(f"test=true needs a test split: set data.test > 0 (got {cfg.data.test}).")
+    threads = cfg.get("cpu_threads")
+    if threads is not None and (
+        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+    ):
+        raise ConfigError(f"cpu_threads must be a positive integer or null, got {threads!r}.")
     accumulate = cfg.trainer.get("accumulate_grad_batches", 1)
     if not isinstance(accumulate, int) or accumulate < 1:
         raise ConfigError(f"trainer.accumulate_grad_batches must be >= 1, got {accumulate!r}.")
@@ -280,6 +286,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     check_config(cfg)
     seed_everything(cfg.seed, workers=True, verbose=False)
+    if cfg.get("cpu_threads"):
+        torch.set_num_threads(cfg.cpu_threads)
+        # Processes Lightning launches inherit it, and Lightning's DDP keeps it.
+        os.environ["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
     output_dir = Path(cfg.output_dir).resolve()
     dm, tokenizer, sizes = build_datamodule(cfg, output_dir)
     model = hydra.utils.instantiate(  # plain containers: checkpoints load with weights_only

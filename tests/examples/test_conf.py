@@ -34,7 +34,7 @@ def make(*overrides: str) -> DictConfig:
 def test_defaults_compose() -> None:
     cfg = make()
     assert cfg.strategy._target_.endswith("DDPStrategy")
-    assert cfg.model.d_model == 128 and cfg.data.max_tokens == 4096
+    assert cfg.model.d_model == 128 and cfg.data.max_tokens == 2048
     assert cfg.trainer.devices == 1 and cfg.ckpt_path is None
     check_config(cfg)
 
@@ -138,3 +138,9 @@ def test_no_logger_leaves_out_the_lr_monitor() -> None:
     """Lightning refuses a LearningRateMonitor without a logger; ``~logger`` must still train."""
     names = [type(c).__name__ for c in build_callbacks(make("~logger"))]
     assert names == ["BatchSizeLRScaler", "TokenThroughputMonitor", "ModelCheckpoint"]
+
+
+@pytest.mark.parametrize("value", [0, "two", True])
+def test_bad_cpu_threads(value: object) -> None:
+    with pytest.raises(ConfigError, match="cpu_threads must be a positive integer or null"):
+        check_config(make(f"cpu_threads={value}"))

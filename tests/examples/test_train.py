@@ -38,7 +38,9 @@ SMALL = [
 ]
 
 
-def test_single_process_reports_bleu(tmp_path: Path) -> None:
+def test_single_process_reports_bleu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # restored after the test
+    torch.set_num_threads(2)  # (the conftest fixture restores its own setting)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(
             "config",
@@ -47,10 +49,13 @@ def test_single_process_reports_bleu(tmp_path: Path) -> None:
                 "trainer.max_steps=4",
                 "trainer.val_check_interval=4",
                 "callbacks.checkpoint.every_n_train_steps=4",
+                "cpu_threads=1",
                 f"output_dir={tmp_path}",
             ],
         )
     metrics = train(cfg)
+    assert torch.get_num_threads() == 1
+    assert os.environ["OMP_NUM_THREADS"] == "1"  # for processes Lightning would launch
     assert metrics["global_step"] == 4
     assert metrics["bleu"] is not None and 0.0 <= metrics["bleu"] <= 100.0
     assert 0.0 <= metrics["val/chrf"] <= 100.0 and metrics["val/loss"] > 0
