@@ -104,10 +104,10 @@ def _params(ckpt: Path) -> dict[str, torch.Tensor]:
 
 
 def test_resume_mid_epoch_is_exact(tmp_path: Path) -> None:
-    """Uninterrupted N steps == N/2 steps, stop, resume from the checkpoint to N: same weights.
+    """12 steps straight == 5 steps, stop, resume from the checkpoint to 12: same weights.
 
-    With 8 micro-batches an epoch, the checkpoint is mid-epoch 0 and the resumed run crosses
-    into epoch 1. Dropout is on (0.1): its masks follow (seed, step, micro-batch, rank).
+    With 6 micro-batches an epoch, the checkpoint (step 5) is mid-epoch 0 and the resumed run
+    crosses into epoch 1. Dropout is on (0.1): its masks follow (seed, step, micro-batch, rank).
     """
 
     def run(out: Path, *overrides: str) -> dict[str, Any]:
