@@ -86,6 +86,13 @@ def plot_straggler(data: dict[str, Any], path: str) -> str:
     return path
 
 
+def _label(method: str, n: int) -> str:
+    if "n=" in method:
+        return method
+    size = f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}k"
+    return f"{method} (n={size})"
+
+
 def plot_planning(data: dict[str, Any], path: str) -> str:
     plt = _plt()
     perf = [
@@ -94,25 +101,26 @@ def plot_planning(data: dict[str, Any], path: str) -> str:
         if p.get("rank_s") is not None and p.get("ours_s") and not p["method"].startswith("floor")
     ]
     qual = [q for q in data["quality"] if q.get("pad eff") not in (None, "-")]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
-    names = [f"{p['method']}" for p in perf]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     ratios = [p["rank_s"] / p["ours_s"] for p in perf]
     ax1.barh(range(len(perf)), ratios, color="#1f77b4")
     ax1.set_xscale("log")
     ax1.axvline(1.0, color="k", lw=0.8)
-    ax1.set_yticks(range(len(perf)), names, fontsize=7)
+    ax1.set_yticks(range(len(perf)), [_label(p["method"], p["n"]) for p in perf], fontsize=7)
     ax1.invert_yaxis()
-    ax1.set_xlabel("one rank's epoch: time / ours (same n, same run)")
-    qnames = [q["method"] for q in qual]
+    ax1.set_xlabel("one rank's epoch: time / ours (same n, same run)", fontsize=8)
     y = range(len(qual))
     ax2.barh([i - 0.2 for i in y], [float(q["pad eff"]) for q in qual], 0.4, label="pad eff")
     imb = [float(q["imb quad"]) if q["imb quad"] != "-" else 0.0 for q in qual]
-    ax2.barh([i + 0.2 for i in y], [v - 1.0 for v in imb], 0.4, label="imbalance (quad) - 1")
-    ax2.set_yticks(list(y), qnames, fontsize=7)
+    ax2.barh(
+        [i + 0.2 for i in y], [v - 1.0 for v in imb], 0.4, label="per-step imbalance (quad) - 1"
+    )
+    labels = [_label(q["method"], int(str(q["n"]).replace(",", ""))) for q in qual]
+    ax2.set_yticks(list(y), labels, fontsize=7)
     ax2.invert_yaxis()
-    ax2.legend(fontsize=7, loc="lower right")
-    ax2.set_xlabel("padding efficiency / excess imbalance")
-    fig.suptitle("Planning an epoch, WMT-like lengths, 8 ranks, 16384 tokens", fontsize=10)
+    ax2.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    ax2.set_xlabel("padding efficiency; excess imbalance", fontsize=8)
+    fig.suptitle("Planning an epoch: WMT-like lengths, 8 ranks, 16384 tokens", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
