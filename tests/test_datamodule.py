@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lightning.pytorch import Trainer
 
 from lightning_varbatch.datamodule import (
     TokenBudgetDataLoader,
@@ -22,6 +21,7 @@ from tests.scripts.datamodule_common import (
     fit,
     make_pairs,
     pair_lengths,
+    quiet_trainer,
 )
 
 
@@ -182,14 +182,7 @@ def test_without_val_dataset_fit_skips_validation() -> None:
     data = make_pairs(NUM_TRAIN, 1)
     dm = TokenBudgetDataModule(data, pair_lengths(data), 40)
     model = Model()  # has a validation_step
-    trainer = Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=1)
     trainer.fit(model, dm)
     assert trainer.global_step > 0 and model.validated == []
     with pytest.raises(ValueError, match="has no test_dataset"):

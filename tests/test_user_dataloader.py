@@ -10,11 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from lightning.pytorch import Trainer
 
 from lightning_varbatch import TokenBudgetBatchSampler, token_budget_dataloader
 from tests.launch import SCRIPTS, launch
-from tests.scripts.datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_lengths
+from tests.scripts.datamodule_common import (
+    MAX_TOKENS,
+    NUM_TRAIN,
+    Model,
+    make_pairs,
+    pair_lengths,
+    quiet_trainer,
+)
 
 _RANK_VARIABLES = {
     "RANK",
@@ -64,15 +70,7 @@ def test_sampler_built_before_lightning_launches_the_ranks(tmp_path: Path) -> No
 def test_sampler_planned_for_another_accumulation_is_refused() -> None:
     items = make_pairs(NUM_TRAIN, 1)
     sampler = TokenBudgetBatchSampler(pair_lengths(items), MAX_TOKENS, rank=0, world_size=1)
-    trainer = Trainer(
-        accelerator="cpu",
-        accumulate_grad_batches=2,
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(accumulate_grad_batches=2, max_steps=1)
     with pytest.raises(
         RuntimeError, match="planned for world_size=1 and accumulate_grad_batches=1"
     ):

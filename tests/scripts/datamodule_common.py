@@ -86,6 +86,18 @@ class Model(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
 
 
+def quiet_trainer(**settings: Any) -> Trainer:
+    """A CPU Trainer without logger, checkpoints, progress bar or summary; ``settings`` win."""
+    defaults: dict[str, Any] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    return Trainer(**{**defaults, **settings})
+
+
 def make_datamodule(num_workers: int = 0, with_val: bool = True) -> TokenBudgetDataModule:
     train = make_pairs(NUM_TRAIN, 1)
     val = make_pairs(NUM_VAL, 2) if with_val else None

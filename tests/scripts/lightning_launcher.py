@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import torch.distributed as dist
-from datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_lengths
-from lightning.pytorch import Trainer
+from datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_lengths, quiet_trainer
 
 from lightning_varbatch import TokenBudgetBatchSampler, token_budget_dataloader
 
@@ -24,16 +23,7 @@ def main() -> None:
     items = make_pairs(NUM_TRAIN, 1)
     sampler = TokenBudgetBatchSampler(pair_lengths(items), MAX_TOKENS)  # no rank yet
     model = Model()
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(devices=2, strategy="ddp", max_epochs=1)
     trainer.fit(model, train_dataloaders=token_budget_dataloader(items, sampler))
     record = {
         "rank": trainer.global_rank,

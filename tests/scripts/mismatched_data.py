@@ -11,8 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_lengths
-from lightning.pytorch import Trainer
+from datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_lengths, quiet_trainer
 from teardown import shutdown
 
 from lightning_varbatch import TokenBudgetDataModule
@@ -22,16 +21,7 @@ def main() -> None:
     out, rank = Path(sys.argv[1]), int(os.environ["RANK"])
     items = make_pairs(NUM_TRAIN - rank, 1)  # rank 1 lost the last example
     dm = TokenBudgetDataModule(items, pair_lengths, MAX_TOKENS)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(devices=2, strategy="ddp", max_epochs=1)
     record: dict[str, object] = {"rank": rank}
     try:
         trainer.fit(Model(), dm)

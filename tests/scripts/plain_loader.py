@@ -11,8 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_lengths
-from lightning.pytorch import Trainer
+from datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_lengths, quiet_trainer
 from teardown import shutdown
 from torch.utils.data import DataLoader
 
@@ -34,16 +33,7 @@ def main() -> None:
         )
     else:
         loader = token_budget_dataloader(items, sampler)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy="ddp",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(devices=2, strategy="ddp", max_epochs=1)
     record: dict[str, object] = {"rank": sampler.rank}
     try:
         trainer.fit(Model(), train_dataloaders=loader)
