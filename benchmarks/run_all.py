@@ -2,9 +2,11 @@
 
 Run from the repository root (venv active)::
 
-    python -m benchmarks                        # all CPU benchmarks, defaults (~20 min)
+    python -m benchmarks                        # all CPU benchmarks, defaults (~30 min on 2
+                                                # shared cores: planning 7, training 2,
+                                                # straggler 3, callback_overhead 18)
     python -m benchmarks --quick                # every benchmark's smoke test (~1-2 min)
-    python -m benchmarks --only training_throughput straggler
+    python -m benchmarks --only planning training_throughput straggler   # issue 6's (~12 min)
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
 own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
