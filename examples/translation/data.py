@@ -33,6 +33,7 @@ from num2words import num2words
 
 __all__ = [
     "CORPUS_VERSION",
+    "DOMAINS",
     "Pair",
     "build_corpus",
     "corpus_stats",
@@ -298,14 +299,21 @@ def _paragraph(rng: random.Random) -> Pair:
     return " ".join(p[0] for p in parts), " ".join(p[1] for p in parts)
 
 
-_KINDS: tuple[tuple[float, Callable[[random.Random], Pair]], ...] = (
-    (0.30, _bare_expression),
-    (0.40, _sentence),
-    (1.00, _paragraph),
-)
+_Kinds = tuple[tuple[float, Callable[[random.Random], Pair]], ...]
+
+# Cumulative probabilities of the generators of each domain. "sentences" keeps the 1 : 6 ratio
+# of sentences to paragraphs of "mixed".
+_DOMAINS: dict[str, _Kinds] = {
+    "mixed": ((0.30, _bare_expression), (0.40, _sentence), (1.00, _paragraph)),
+    "expressions": ((1.00, _bare_expression),),
+    "sentences": ((1 / 7, _sentence), (1.00, _paragraph)),
+}
+#: The domains :func:`build_corpus` can generate.
+DOMAINS: tuple[str, ...] = tuple(_DOMAINS)
 
 
-def _generate(num_pairs: int, seed: int) -> list[Pair]:
+def _generate(num_pairs: int, seed: int, domain: str = "mixed") -> list[Pair]:
+    kinds = _DOMAINS[domain]
     rng = random.Random(seed)
     seen: set[Pair] = set()
     out: list[Pair] = []
@@ -315,7 +323,7 @@ def _generate(num_pairs: int, seed: int) -> list[Pair]:
         if attempts > max_attempts:
             raise RuntimeError(f"could not generate {num_pairs} unique pairs")
         r = rng.random()
-        gen = next(g for threshold, g in _KINDS if r < threshold)
+        gen = next(g for threshold, g in kinds if r < threshold)
         pair = gen(rng)
         if pair not in seen:
             seen.add(pair)
@@ -324,28 +332,41 @@ def _generate(num_pairs: int, seed: int) -> list[Pair]:
 
 
 def build_corpus(
-    num_pairs: int = 120_000, seed: int = 0, cache_dir: str | Path | None = None
+    num_pairs: int = 120_000,
+    seed: int = 0,
+    cache_dir: str | Path | None = None,
+    domain: str = "mixed",
 ) -> list[Pair]:
     """Generate the embedded English→German corpus.
 
     Args:
         num_pairs: Number of (unique) pairs.
-        seed: RNG seed; the same ``(num_pairs, seed)`` always gives the same list.
+        seed: RNG seed; the same ``(num_pairs, seed, domain)`` always gives the same list.
         cache_dir: Optional directory; the corpus is stored there as JSON keyed by
-            ``(CORPUS_VERSION, num_pairs, seed)`` and reloaded on the next call.
+            ``(CORPUS_VERSION, num_pairs, seed, domain)`` and reloaded on the next call.
+        domain: ``"mixed"`` (bare expressions, sentences and paragraphs), ``"expressions"``
+            (bare numbers, dates, times and money amounts: a few tokens each) or
+            ``"sentences"`` (sentences and multi-sentence paragraphs: the long tail).
 
     Returns:
         A list of ``(english, german)`` pairs, no duplicates.
+
+    Raises:
+        ValueError: for a negative ``num_pairs`` or an unknown ``domain``.
     """
     if num_pairs < 0:
         raise ValueError(f"num_pairs must be >= 0, got {num_pairs}")
+    if domain not in _DOMAINS:
+        raise ValueError(f"Unknown domain {domain!r}; choose one of {', '.join(DOMAINS)}.")
     cache_file: Path | None = None
     if cache_dir is not None:
-        cache_file = Path(cache_dir) / f"corpus-v{CORPUS_VERSION}-n{num_pairs}-s{seed}.json"
+        suffix = "" if domain == "mixed" else f"-{domain}"
+        name = f"corpus-v{CORPUS_VERSION}-n{num_pairs}-s{seed}{suffix}.json"
+        cache_file = Path(cache_dir) / name
         if cache_file.exists():
             with cache_file.open(encoding="utf-8") as f:
                 return [(s, t) for s, t in json.load(f)]
-    pairs = _generate(num_pairs, seed)
+    pairs = _generate(num_pairs, seed, domain)
     if cache_file is not None:
         cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_suffix(".tmp")

@@ -10,13 +10,18 @@ the optimizer step under DDP, FSDP and DeepSpeed.
 
 Logged metrics:
 
-============== ===============================================================
-``train/loss`` token-mean label-smoothed loss of the micro-batch
-``val/loss``   token-mean label-smoothed loss over the whole validation set
-``val/nll``    token-mean cross entropy (no smoothing) over the validation set
-``val/bleu``   SacreBLEU (0-100) of greedy decodes of the first validation batches
-``val/chrf``   chrF (0-100) of the same decodes
-============== ===============================================================
+===================== ========================================================================
+``train/loss``        token-mean label-smoothed loss of the micro-batch
+``train/<name>/loss`` the same, logged only for micro-batches of dataset ``<name>``
+``val/loss``          token-mean label-smoothed loss over the whole validation set
+``val/<name>/loss``   the same over the validation examples of dataset ``<name>``
+``val/nll``           token-mean cross entropy (no smoothing) over the validation set
+``val/bleu``          SacreBLEU (0-100) of greedy decodes of the first validation batches
+``val/chrf``          chrF (0-100) of the same decodes
+===================== ========================================================================
+
+The ``<name>`` keys are logged when the model is given ``dataset_names`` (a mixture of
+datasets: ``batch["dataset"]`` indexes the names); ``test/`` keys mirror the ``val/`` ones.
 """
 
 from __future__ import annotations
@@ -145,6 +150,9 @@ class TranslationModel(LightningModule):
         seed: dropout masks of a training micro-batch are drawn from
             ``(seed, global_step, batch_idx, rank)`` alone (see :meth:`training_step`), so a run
             resumed from a checkpoint trains exactly like an uninterrupted one.
+        dataset_names: the datasets of a mixture, in the order ``batch["dataset"]`` indexes
+            them: the loss is then also logged per dataset (``train/<name>/loss``,
+            ``val/<name>/loss``, ``test/<name>/loss``).
 
     Attributes:
         flops_per_token: about 6 x parameters, for ``TokenThroughputMonitor``.
@@ -176,6 +184,7 @@ class TranslationModel(LightningModule):
         num_samples: int = 3,
         decode_fn: Callable[[list[int]], str] | None = None,
         seed: int = 0,
+        dataset_names: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         if positions not in ("sinusoidal", "learned"):
@@ -220,6 +229,8 @@ class TranslationModel(LightningModule):
         )
         self.val_loss = MeanMetric()
         self.val_nll = MeanMetric()
+        self.dataset_names = list(dataset_names or [])
+        self.dataset_loss = nn.ModuleList(MeanMetric() for _ in self.dataset_names)
         self.bleu = SacreBLEUScore()
         self.chrf = CHRFScore()
         self.samples: list[tuple[str, str, str]] = []
@@ -360,12 +371,11 @@ class TranslationModel(LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         self.seed_dropout(batch_idx)
         loss_sum, _, ntokens = self._losses(batch, self.hparams["label_smoothing"])
-        self.log(
-            "train/loss",
-            loss_sum.detach() / ntokens.clamp(min=1),
-            prog_bar=True,
-            batch_size=int(ntokens),
-        )
+        loss = loss_sum.detach() / ntokens.clamp(min=1)
+        self.log("train/loss", loss, prog_bar=True, batch_size=int(ntokens))
+        if self.dataset_names:
+            name = self.dataset_names[int(batch["dataset"])]
+            self.log(f"train/{name}/loss", loss, batch_size=int(ntokens))
         return step_token_mean(loss_sum, batch, self.trainer)
 
     def configure_optimizers(self) -> Any:
@@ -463,6 +473,9 @@ class TranslationModel(LightningModule):
         count = ntokens.clamp(min=1).float()
         self.val_loss.update(loss_sum / count, weight=count)
         self.val_nll.update(nll_sum / count, weight=count)
+        if self.dataset_names:
+            metric = cast(MeanMetric, self.dataset_loss[int(batch["dataset"])])
+            metric.update(loss_sum / count, weight=count)
         if self.decode_fn is None or batch_idx >= self.hparams["decode_batches"]:
             return
         hyps = self.greedy_decode(
@@ -501,6 +514,10 @@ class TranslationModel(LightningModule):
         self.log(f"{stage}/nll", self.val_nll.compute())
         self.val_loss.reset()
         self.val_nll.reset()
+        for name, module in zip(self.dataset_names, self.dataset_loss, strict=True):
+            metric = cast(MeanMetric, module)
+            self.log(f"{stage}/{name}/loss", metric.compute())
+            metric.reset()
         if self.decode_fn is not None and self.hparams["decode_batches"] > 0:
             bleu = 100.0 * cast(Tensor, self.bleu.compute())
             chrf = 100.0 * cast(Tensor, self.chrf.compute())

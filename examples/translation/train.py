@@ -7,6 +7,7 @@ From the repository root (or from this folder as ``python train.py ...``)::
     python examples/translation/train.py strategy=fsdp trainer.devices=2 model=base
     python examples/translation/train.py ckpt_path=outputs/.../checkpoints/last.ckpt
     python examples/translation/train.py -m data.max_tokens=2048,4096   # output_dir/0, output_dir/1
+    python examples/translation/train.py data=mixture data.corpora.sentences.weight=3
 
 :func:`train` does the work (tests call it with a composed config); :func:`main` is the
 command-line entry. A bad setting (non-positive ``data.max_tokens``, a budget below the
@@ -43,7 +44,14 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from examples.translation import data as corpus  # noqa: E402
 from examples.translation import tokenizer as tok  # noqa: E402
+from examples.translation.corpora import (  # noqa: E402
+    ConfigError,
+    Corpus,
+    mixture_settings,
+    read_corpora,
+)
 from lightning_varbatch import (  # noqa: E402
+    DataSource,
     PaddingCollate,
     TokenBudgetBatchSampler,
     TokenBudgetDataModule,
@@ -54,10 +62,6 @@ CONF_DIR = ROOT / "conf"
 STRATEGIES = sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
 
 __all__ = ["CONF_DIR", "ConfigError", "main", "train"]
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the setting to change."""
 
 
 def _rank() -> int:
@@ -98,15 +102,11 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.data.tail not in ("spread", "drop", "pad"):
         raise ConfigError(f"data.tail must be one of spread, drop, pad; got {cfg.data.tail!r}.")
-    if (cfg.data.src_path is None) != (cfg.data.tgt_path is None):
-        raise ConfigError("data.src_path and data.tgt_path must be given together.")
-    if cfg.data.get("tsv_path") and cfg.data.src_path is not None:
-        raise ConfigError(
-            "Give either data.tsv_path or data.src_path/data.tgt_path, not both; got "
-            f"data.tsv_path={cfg.data.tsv_path} and data.src_path={cfg.data.src_path}."
-        )
-    if cfg.get("test") and not cfg.data.test:
-        raise ConfigError(f"test=true needs a test split: set data.test > 0 (got {cfg.data.test}).")
+    corpora = read_corpora(cfg.data)
+    mixture_settings(cfg.data, corpora)
+    for c in corpora:
+        if cfg.get("test") and not c.test:
+            raise ConfigError(f"test=true needs a test split: set {c.setting}.test > 0 (got 0).")
     threads = cfg.get("cpu_threads")
     if threads is not None and (
         isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
@@ -117,30 +117,6 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.accumulate_grad_batches must be >= 1, got {accumulate!r}.")
 
 
-def load_pairs(cfg: DictConfig) -> list[tuple[str, str]]:
-    """The parallel corpus: the configured files, else the synthetic en->de corpus.
-
-    Raises:
-        ConfigError: for a missing or unreadable file, a TSV line without exactly one tab,
-            parallel files of different lengths or non-UTF-8 text; the message names the
-            setting, the file and the line.
-    """
-    data = cfg.data
-    if data.get("tsv_path"):
-        setting, read = f"data.tsv_path={data.tsv_path}", partial(corpus.load_tsv, data.tsv_path)
-    elif data.src_path is not None:
-        setting = f"data.src_path={data.src_path} / data.tgt_path={data.tgt_path}"
-        read = partial(corpus.load_parallel_text, data.src_path, data.tgt_path)
-    else:
-        return corpus.build_corpus(
-            num_pairs=data.num_pairs, seed=data.seed, cache_dir=data.cache_dir
-        )
-    try:
-        return read()
-    except (OSError, ValueError) as error:
-        raise ConfigError(f"Cannot read the corpus of {setting}: {error}") from error
-
-
 def _loss_lengths(lengths: np.ndarray) -> np.ndarray:
     # The loss predicts target[1:] (everything after BOS): plan with that count as the target
     # length so that the batch's step_ntokens is exactly the step's number of loss tokens.
@@ -149,34 +125,63 @@ def _loss_lengths(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
+def _split(c: Corpus, pairs: list[tuple[str, str]], seed: int) -> dict[str, list[Any]]:
+    """``c``'s pairs split into train/valid/test by its own ``valid`` and ``test`` sizes."""
+    if c.valid < 1 or c.test < 0 or c.valid + c.test >= len(pairs):
+        raise ConfigError(
+            f"{c.setting}.valid={c.valid} and {c.setting}.test={c.test} must leave training "
+            f"pairs ({c.setting}.valid >= 1, {c.setting}.test >= 0) of the {len(pairs)} pairs "
+            f"of the corpus: lower them, or raise {c.setting}.num_pairs (or give a larger corpus)."
+        )
+    return corpus.split_corpus(pairs, valid=c.valid, test=c.test, seed=seed)
+
+
 def build_datamodule(
     cfg: DictConfig, output_dir: Path
-) -> tuple[TokenBudgetDataModule, Any, dict[str, int]]:
+) -> tuple[TokenBudgetDataModule, Any, dict[str, Any]]:
     """The tokenizer and the token-budgeted DataModule over train/valid/test splits.
 
+    Each corpus is split on its own and one BPE tokenizer is trained on every training split.
+    With ``data.corpora`` each split is a list of :class:`~lightning_varbatch.DataSource`, one
+    per corpus (named, with its own ``max_tokens``/``max_examples``), mixed by ``data.mixing``,
+    ``data.corpora.<name>.weight``, ``data.temperature`` and ``data.steps_per_epoch``;
+    validation and test cover every example of every corpus once.
+
+    Returns:
+        The DataModule, the tokenizer and the split sizes (``train``/``valid``/``test``, plus
+        ``corpora``: the sizes per corpus, for a mixture).
+
     Raises:
-        ConfigError: when the budget cannot hold the data under the oversize policy.
+        ConfigError: for a corpus that cannot be read or split, or a budget that cannot hold
+            the data under the oversize policy.
     """
     data = cfg.data
-    pairs = load_pairs(cfg)
-    if data.valid < 1 or data.test < 0 or data.valid + data.test >= len(pairs):
-        raise ConfigError(
-            f"data.valid={data.valid} and data.test={data.test} must leave training pairs "
-            f"(data.valid >= 1, data.test >= 0) of the {len(pairs)} pairs of the corpus: lower "
-            "them, or raise data.num_pairs (or give a larger corpus)."
-        )
-    splits = corpus.split_corpus(pairs, valid=data.valid, test=data.test, seed=data.seed)
-    train_pairs = splits["train"]
+    corpora = read_corpora(data)
+    mixture = mixture_settings(data, corpora)
+    splits = [_split(c, c.load(data.cache_dir), data.seed) for c in corpora]
+    train_pairs = [pair for sp in splits for pair in sp["train"]]
     texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
     cache = None
     if data.cache_dir is not None and _world() == 1:
         cache = Path(data.cache_dir) / f"tokenizer-{data.vocab_size}.json"
     # Several ranks train the same (deterministic) tokenizer in memory: no shared-file race.
     tokenizer = tok.train_or_load_tokenizer(texts, vocab_size=data.vocab_size, cache_path=cache)
-    encoded = {}
-    for split in ("train", "valid", "test"):
-        items, lengths = tok.encode_pairs(tokenizer, splits[split], max_length=data.max_length)
-        encoded[split] = (items, _loss_lengths(lengths))
+    encoded: list[dict[str, tuple[list[dict[str, list[int]]], np.ndarray]]] = []
+    for sp in splits:
+        encoded.append({})
+        for split in ("train", "valid", "test"):
+            items, lengths = tok.encode_pairs(tokenizer, sp[split], max_length=data.max_length)
+            encoded[-1][split] = (items, _loss_lengths(lengths))
+
+    def stage(split: str) -> tuple[Any, Any]:  # (dataset, lengths) of one split
+        if not mixture:
+            return encoded[0][split]
+        own = [{"max_tokens": c.max_tokens, "max_examples": c.max_examples} for c in corpora]
+        return [
+            DataSource(e[split][1], dataset=e[split][0], name=c.name, **kw)
+            for c, e, kw in zip(corpora, encoded, own, strict=True)
+        ], None
+
     planner_kwargs: dict[str, Any] = {
         "bucket_width": data.bucket_width,
         "tail": data.tail,
@@ -188,37 +193,54 @@ def build_datamodule(
         ("train", data.max_tokens),
         ("valid", data.val_max_tokens or data.max_tokens),
     ):
-        lengths = encoded[split][1]
-        if len(lengths) == 0:
-            raise ConfigError(f"The {split} split is empty: raise data.num_pairs or data.{split}.")
+        one: dict[str, Any] = {"rank": 0, "world_size": 1, **planner_kwargs}
         try:  # plan once here so that a bad budget fails before the Trainer writes anything
-            _ = TokenBudgetBatchSampler(
-                lengths, budget, rank=0, world_size=1, **planner_kwargs
-            ).plan
+            if mixture:
+                mixing = mixture if split == "train" else {"mixing": "per_batch"}
+                sampler = TokenBudgetBatchSampler.from_sources(
+                    stage(split)[0], budget, **mixing, **one
+                )
+            else:
+                sampler = TokenBudgetBatchSampler(stage(split)[1], budget, **one)
+            _ = sampler.plan
         except ValueError as error:
-            longest = int(lengths.max(1).max())
+            longest = max(int(e[split][1].max()) for e in encoded)
+            own = " (or data.corpora.<name>.max_tokens)" if mixture else ""
+            budgets = [f"data.max_tokens={budget}"] + [
+                f"{c.setting}.max_tokens={c.max_tokens}" for c in corpora if c.max_tokens
+            ]
             raise ConfigError(
-                f"data.max_tokens={budget} cannot batch the {split} split (longest example "
+                f"{' / '.join(budgets)} cannot batch the {split} split (longest example "
                 f"{longest} tokens per side, padded source+target cost): {error} Raise "
-                "data.max_tokens, lower data.max_length, or set data.oversize=skip|truncate."
+                f"data.max_tokens{own}, lower data.max_length, or set data.oversize=skip|truncate."
             ) from error
     collate = PaddingCollate(
         pad_id=tok.PAD_ID, pad_to_multiple_of=data.pad_to_multiple_of, check_ntokens=False
     )
+    train_data, train_lengths = stage("train")
+    test = stage("test") if all(c.test for c in corpora) else (None, None)
     dm = TokenBudgetDataModule(
-        encoded["train"][0],
-        encoded["train"][1],
+        train_data,
+        train_lengths,
         data.max_tokens,
-        val_dataset=encoded["valid"][0],
-        val_lengths=encoded["valid"][1],
-        test_dataset=encoded["test"][0] if encoded["test"][0] else None,
-        test_lengths=encoded["test"][1] if encoded["test"][0] else None,
+        val_dataset=stage("valid")[0],
+        val_lengths=stage("valid")[1],
+        test_dataset=test[0],
+        test_lengths=test[1],
         val_max_tokens=data.val_max_tokens,
         collate=collate,
         num_workers=data.num_workers,
+        **mixture,
         **planner_kwargs,
     )
-    sizes = {split: len(encoded[split][0]) for split in encoded}
+    sizes: dict[str, Any] = {
+        split: sum(len(e[split][0]) for e in encoded) for split in ("train", "valid", "test")
+    }
+    if mixture:
+        sizes["corpora"] = {
+            c.name: {split: len(items) for split, (items, _) in e.items()}
+            for c, e in zip(corpora, encoded, strict=True)
+        }
     return dm, tokenizer, sizes
 
 
@@ -296,6 +318,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         cfg.model,
         vocab_size=tokenizer.get_vocab_size(),
         decode_fn=partial(tok.decode, tokenizer),
+        dataset_names=list(sizes.get("corpora", [])) or None,  # per-corpus loss keys
         _convert_="all",
     )
     strategy = build_strategy(cfg)

@@ -11,8 +11,9 @@ from typing_extensions import override
 
 
 class RecordBatches(Callback):
-    """Append ``{"step", "batch_idx", "sources", "target_lengths"}`` per micro-batch to ``path``.
+    """Append ``{"step", "batch_idx", "dataset", "sources", "target_lengths"}`` per micro-batch.
 
+    ``dataset`` is the batch's dataset index (``batch["dataset"]``, 0 without a mixture);
     ``sources`` are the real (unpadded) source ids of each example, in batch order: the trained
     examples, in the order they were trained; ``target_lengths`` count BOS and EOS. Appending
     lets a resumed run continue the record.
@@ -35,6 +36,7 @@ class RecordBatches(Callback):
         record = {
             "step": trainer.global_step,
             "batch_idx": batch_idx,
+            "dataset": int(batch["dataset"]),
             "sources": sources,
             "target_lengths": batch["target_mask"].sum(1).tolist(),
         }

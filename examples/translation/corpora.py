@@ -1,0 +1,289 @@
+"""The corpora of a translation run, read from the ``data`` config, and their mixing settings.
+
+Without ``data.corpora`` (the default) the run has one corpus, set by ``data.*``: the embedded
+corpus (``data.num_pairs``, ``data.seed``), parallel files (``data.src_path`` +
+``data.tgt_path``) or a TSV file (``data.tsv_path``). With ``data.corpora``, a mapping from
+a name to an entry, the run mixes several corpora (see ``conf/data/mixture.yaml``)::
+
+    data:
+      corpora:
+        news: {kind: tsv, tsv_path: news.tsv, weight: 3}
+        synthetic: {kind: synthetic, num_pairs: 20000, weight: 1}
+      mixing: per_step         # per_step | per_batch
+      temperature: 1.0
+      steps_per_epoch: 500     # null: an epoch is one pass over every corpus
+
+Every check here raises :class:`ConfigError` naming the setting to change.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from examples.translation import data as corpus_io
+from lightning_varbatch.sources import MIXING_POLICIES
+
+__all__ = ["KINDS", "ConfigError", "Corpus", "mixture_settings", "read_corpora"]
+
+#: The kinds of corpus a ``data.corpora`` entry can be, and the settings each one reads.
+KINDS: dict[str, tuple[str, ...]] = {
+    "synthetic": ("num_pairs", "seed", "domain"),
+    "parallel": ("src_path", "tgt_path"),
+    "tsv": ("tsv_path",),
+}
+_COMMON = ("kind", "weight", "max_tokens", "max_examples", "valid", "test")
+_ENTRY_KEYS = (*_COMMON, *(key for keys in KINDS.values() for key in keys))
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the setting to change."""
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One parallel corpus of the run, with its own split sizes and optional budget.
+
+    Attributes:
+        name: the name under ``data.corpora`` (``None`` for the single corpus of ``data.*``).
+        setting: where its settings live, for messages: ``data`` or ``data.corpora.<name>``.
+        kind: ``synthetic``, ``parallel`` or ``tsv``.
+        source: the kind's settings (``num_pairs``/``seed``/``domain``, ``src_path`` and
+            ``tgt_path``, or ``tsv_path``).
+        valid: validation pairs split off this corpus.
+        test: test pairs split off this corpus.
+        weight: its mixing weight (``None``: shares by size).
+        max_tokens: its own micro-batch budget (``None``: ``data.max_tokens``).
+        max_examples: its own cap on examples per micro-batch.
+    """
+
+    name: str | None
+    setting: str
+    kind: str
+    source: dict[str, Any]
+    valid: int
+    test: int
+    weight: float | None = None
+    max_tokens: int | None = None
+    max_examples: int | None = None
+
+    def describe(self) -> str:
+        """Its source settings as ``key=value`` (e.g. ``data.corpora.news.tsv_path=news.tsv``)."""
+        return " / ".join(f"{self.setting}.{k}={v}" for k, v in self.source.items())
+
+    def load(self, cache_dir: str | None = None) -> list[tuple[str, str]]:
+        """Its ``(source, target)`` pairs.
+
+        Raises:
+            ConfigError: for a missing or unreadable file, a TSV line without exactly one
+                tab, parallel files of different lengths, non-UTF-8 text or no pairs at all;
+                the message names the setting, the file and the line.
+        """
+        src = self.source
+        if self.kind == "synthetic":
+            return corpus_io.build_corpus(
+                src["num_pairs"], seed=src["seed"], cache_dir=cache_dir, domain=src["domain"]
+            )
+        if self.kind == "tsv":
+            read = partial(corpus_io.load_tsv, src["tsv_path"])
+        else:
+            read = partial(corpus_io.load_parallel_text, src["src_path"], src["tgt_path"])
+        try:
+            pairs = read()
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"Cannot read the corpus of {self.describe()}: {error}") from error
+        if not pairs:
+            raise ConfigError(f"The corpus of {self.describe()} is empty: it holds no pairs.")
+        return pairs
+
+
+def _is_int(value: Any, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _check_int(setting: str, value: Any, minimum: int, nullable: bool = True) -> None:
+    if (value is None and nullable) or _is_int(value, minimum):
+        return
+    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    raise ConfigError(f"{setting} must be {what}{' or null' if nullable else ''}, got {value!r}.")
+
+
+def _single(data: DictConfig) -> Corpus:
+    """The one corpus of ``data.*`` (no ``data.corpora``), as the example always read it."""
+    if (data.src_path is None) != (data.tgt_path is None):
+        raise ConfigError("data.src_path and data.tgt_path must be given together.")
+    if data.get("tsv_path") and data.src_path is not None:
+        raise ConfigError(
+            "Give either data.tsv_path or data.src_path/data.tgt_path, not both; got "
+            f"data.tsv_path={data.tsv_path} and data.src_path={data.src_path}."
+        )
+    if data.get("tsv_path"):
+        kind, source = "tsv", {"tsv_path": data.tsv_path}
+    elif data.src_path is not None:
+        kind, source = "parallel", {"src_path": data.src_path, "tgt_path": data.tgt_path}
+    else:
+        kind, source = "synthetic", {"num_pairs": data.num_pairs, "seed": data.seed}
+        source["domain"] = "mixed"
+    return Corpus(None, "data", kind, source, valid=data.valid, test=data.test)
+
+
+def _entry(data: DictConfig, name: str, entry: Any) -> Corpus:
+    """The corpus of ``data.corpora.<name>``, its settings checked."""
+    setting = f"data.corpora.{name}"
+    if not isinstance(entry, Mapping):
+        raise ConfigError(
+            f"{setting} must be a mapping of settings (kind, ...), got {entry!r}; e.g. "
+            f"+{setting}={{kind: tsv, tsv_path: my.tsv}}."
+        )
+    unknown = sorted(set(entry) - set(_ENTRY_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{setting} has unknown setting(s) {unknown}; valid: {', '.join(_ENTRY_KEYS)}."
+        )
+    kind = entry.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(
+            f"{setting}.kind must be one of {', '.join(KINDS)}; got {kind!r} "
+            f"(synthetic: the embedded corpus; parallel: src_path + tgt_path; tsv: tsv_path)."
+        )
+    foreign = sorted(
+        k for k, v in entry.items() if v is not None and k not in _COMMON + KINDS[kind]
+    )
+    if foreign:
+        raise ConfigError(
+            f"{setting}: {', '.join(foreign)} do(es) not apply to kind={kind}, whose settings "
+            f"are {', '.join(KINDS[kind])}; remove them or change {setting}.kind."
+        )
+    source = {key: entry.get(key) for key in KINDS[kind]}
+    if kind == "synthetic":
+        source["num_pairs"] = data.num_pairs if source["num_pairs"] is None else source["num_pairs"]
+        source["seed"] = data.seed if source["seed"] is None else source["seed"]
+        source["domain"] = source["domain"] or "mixed"
+        _check_int(f"{setting}.num_pairs", source["num_pairs"], 1, nullable=False)
+        if source["domain"] not in corpus_io.DOMAINS:
+            raise ConfigError(
+                f"{setting}.domain must be one of {', '.join(corpus_io.DOMAINS)}; got "
+                f"{source['domain']!r}."
+            )
+    else:
+        missing = [key for key, value in source.items() if not value]
+        if missing:
+            raise ConfigError(
+                f"{setting} (kind={kind}) needs {' and '.join(f'{setting}.{k}' for k in missing)}."
+            )
+    weight = entry.get("weight")
+    if weight is not None and (
+        isinstance(weight, bool)
+        or not isinstance(weight, (int, float))
+        or not math.isfinite(weight)
+        or weight < 0
+    ):
+        raise ConfigError(
+            f"{setting}.weight must be a number >= 0 (0 leaves the corpus out of training) or "
+            f"null, got {weight!r}."
+        )
+    for key in ("max_tokens", "max_examples"):
+        _check_int(f"{setting}.{key}", entry.get(key), 1)
+    splits = {key: data[key] if entry.get(key) is None else entry[key] for key in ("valid", "test")}
+    _check_int(f"{setting}.valid", splits["valid"], 1, nullable=False)
+    _check_int(f"{setting}.test", splits["test"], 0, nullable=False)
+    return Corpus(
+        name,
+        setting,
+        kind,
+        source,
+        weight=None if weight is None else float(weight),
+        max_tokens=entry.get("max_tokens"),
+        max_examples=entry.get("max_examples"),
+        **splits,
+    )
+
+
+def read_corpora(data: DictConfig) -> list[Corpus]:
+    """The run's corpora: each entry of ``data.corpora``, else the one corpus of ``data.*``.
+
+    Raises:
+        ConfigError: for a ``data.corpora`` that is not a mapping, an entry with an unknown
+            setting or kind, without its paths, or with a bad weight, budget or split size;
+            or ``data.src_path``/``data.tgt_path``/``data.tsv_path`` given next to
+            ``data.corpora``.
+    """
+    entries = data.get("corpora")
+    if not entries:
+        return [_single(data)]
+    if not isinstance(entries, Mapping):
+        raise ConfigError(
+            "data.corpora must be a mapping from a corpus name to its settings, e.g. "
+            "+data.corpora.news={kind: tsv, tsv_path: news.tsv}; got "
+            f"{OmegaConf.to_container(entries) if OmegaConf.is_config(entries) else entries!r}."
+        )
+    given = [key for key in ("src_path", "tgt_path", "tsv_path") if data.get(key) is not None]
+    if given:
+        raise ConfigError(
+            f"data.{given[0]} is set next to data.corpora: with data.corpora every corpus is an "
+            f"entry there (e.g. kind: tsv, tsv_path: ...); unset data.{given[0]}."
+        )
+    return [_entry(data, str(name), entry) for name, entry in entries.items()]
+
+
+def mixture_settings(data: DictConfig, corpora: list[Corpus]) -> dict[str, Any]:
+    """``mixing``, ``weights``, ``temperature`` and ``steps_per_epoch`` for the DataModule.
+
+    Weights are ``"size"`` unless every corpus has one.
+
+    Raises:
+        ConfigError: for an unknown mixing, a bad temperature or ``steps_per_epoch``, weights
+            on some corpora only or all zero, or weights/temperature without
+            ``data.steps_per_epoch``.
+    """
+    mixing, temperature = data.get("mixing", "per_step"), data.get("temperature", 1.0)
+    steps = data.get("steps_per_epoch")
+    if mixing not in MIXING_POLICIES:
+        raise ConfigError(
+            f"data.mixing must be one of {', '.join(MIXING_POLICIES)}; got {mixing!r}."
+        )
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not (math.isfinite(temperature) and temperature > 0)
+    ):
+        raise ConfigError(f"data.temperature must be a positive number, got {temperature!r}.")
+    _check_int("data.steps_per_epoch", steps, 1)
+    if corpora[0].name is None:
+        if steps is not None:
+            raise ConfigError(
+                f"data.steps_per_epoch={steps} applies to a mixture of corpora (data.corpora, "
+                "e.g. data=mixture); with one corpus an epoch is one pass: set it to null."
+            )
+        return {}
+    weights: Any = [c.weight for c in corpora]
+    unweighted = [c.setting for c in corpora if c.weight is None]
+    if len(unweighted) == len(corpora):
+        weights = "size"
+    elif unweighted:
+        raise ConfigError(
+            f"{', '.join(f'{s}.weight' for s in unweighted)} missing: give every corpus a weight, "
+            "or none (shares by size)."
+        )
+    elif not any(weights):
+        raise ConfigError(
+            "data.corpora.*.weight are all 0: give at least one corpus a positive weight."
+        )
+    if steps is None and (weights != "size" or temperature != 1):
+        raise ConfigError(
+            "Weights (data.corpora.<name>.weight) and data.temperature set each corpus's share "
+            "of an epoch of a fixed length: set data.steps_per_epoch (optimizer steps per "
+            "epoch). With data.steps_per_epoch=null an epoch is one pass over every corpus, "
+            "whose shares are then their sizes."
+        )
+    return {
+        "mixing": mixing,
+        "weights": weights,
+        "temperature": temperature,
+        "steps_per_epoch": steps,
+    }
