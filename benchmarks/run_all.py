@@ -5,7 +5,7 @@ Run from the repository root (venv active)::
     python -m benchmarks                        # all CPU benchmarks, defaults (~30 min on 2
                                                 # shared cores: planning 7, training 2,
                                                 # straggler 3, callback_overhead 18)
-    python -m benchmarks --quick                # every benchmark's smoke test (~1-2 min)
+    python -m benchmarks --quick                # every smoke test (~2.5 min; callback 2)
     python -m benchmarks --only planning training_throughput straggler   # issue 6's (~12 min)
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
