@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ("max_memory_allocated" if s.device.startswith("cuda") else "RSS high-water")
         + " rise over the loop, max over rounds)"
     )
-    numbers = report(results, s, "peak MB")
+    numbers = report(results, s, "peak MB", smoke=args.tiny)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(numbers, f, indent=1)

@@ -399,7 +399,9 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print(line(row))
 
 
-def report(results: dict[str, Summary], s: Settings, peak_label: str) -> dict[str, Any]:
+def report(
+    results: dict[str, Summary], s: Settings, peak_label: str, smoke: bool = False
+) -> dict[str, Any]:
     """Print the table and the target; return the numbers (for RESULTS.md and plots)."""
     a = results["a"]
     headers = [
@@ -468,10 +470,8 @@ def report(results: dict[str, Summary], s: Settings, peak_label: str) -> dict[st
         f"realised fraction {vs_c / pred_c:.2f}"
     )
     ok = measured >= TARGET_SPEEDUP
-    print(
-        f"  [{'PASS' if ok else 'FAIL'}] (a) >= {TARGET_SPEEDUP}x the real tokens/sec of (b): "
-        f"{measured:.2f}x"
-    )
+    verdict = "smoke test, not judged" if smoke else ("PASS" if ok else "FAIL")
+    print(f"  [{verdict}] (a) >= {TARGET_SPEEDUP}x the real tokens/sec of (b): {measured:.2f}x")
     out.update(
         speedup=measured,
         predicted=predicted,
@@ -577,7 +577,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target tokens per second of step time; pad frac = 1 - real / padded source+target "
         "slots; peak = RSS high-water rise over the loop, max over rounds)"
     )
-    numbers = report(results, s, "peak MB")
+    numbers = report(results, s, "peak MB", smoke=args.quick)
     print("machine after:", machine_line())
     if args.json:
         with open(args.json, "w") as f:
