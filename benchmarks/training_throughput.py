@@ -77,6 +77,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.planning import print_table
+
 CONFIGS = ("a", "b", "c")
 NAMES = {
     "a": "(a) ours: token budget",
@@ -383,20 +385,6 @@ def _fmt(x: object, spec: str = ".2f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     return format(x, spec)
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return "  ".join([first, *rest])
-
-    print(line(headers))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
 
 
 def report(
