@@ -160,6 +160,10 @@ class MixturePlanner:
             np.array([p.num_micro_batches for p in self.planners]), weights, temperature
         )
 
+    def _which(self, index: int) -> str:
+        """How error messages name a dataset."""
+        return f"Dataset {self.names[index]!r} (index {index})"
+
     def _source_planner(self, index: int, source: DataSource) -> EpochPlanner:
         seed = int(np.random.SeedSequence([self.config.seed, index]).generate_state(1)[0])
         config = replace(
@@ -171,7 +175,7 @@ class MixturePlanner:
         try:
             return EpochPlanner(source.lengths, config, source.loss_lengths)
         except ValueError as error:
-            raise ValueError(f"Dataset {self.names[index]!r} (index {index}): {error}") from error
+            raise ValueError(f"{self._which(index)}: {error}") from error
 
     # -- the planner interface the sampler uses -------------------------------------------
 
@@ -310,9 +314,7 @@ class MixturePlanner:
         try:
             return self.planners[dataset].plan(k, world, acc, salt=salt)
         except ValueError as error:
-            raise ValueError(
-                f"Dataset {self.names[dataset]!r} (index {dataset}): {error}"
-            ) from error
+            raise ValueError(f"{self._which(dataset)}: {error}") from error
 
     def _part(self, dataset: int, plan: EpochPlan, ids: np.ndarray | int) -> _Part:
         units = plan.assign if self.mixing == "per_step" else plan.assign.reshape(-1)
@@ -330,7 +332,7 @@ class MixturePlanner:
         length = self._part(dataset, first, 0).units.shape[0]
         if length == 0:
             raise ValueError(
-                f"Dataset {self.names[dataset]!r} (index {dataset}) gives no micro-batch "
+                f"{self._which(dataset)} gives no micro-batch "
                 f"for world_size={world} x accumulate_grad_batches={acc}: give it weight 0, "
                 "more data, or lower max_tokens."
             )

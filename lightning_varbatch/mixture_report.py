@@ -80,6 +80,7 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
         tiles = run[dataset == d]
         ids = plan.ids_of_tiles(tiles).astype(np.int64)
         tokens = int(plan.tile_tokens[tiles].sum())
+        unique = int(np.unique(ids).size)
         budget = planner.budget(d)
         planned = planner.planners[d].num_planned
         rows.append(
@@ -93,8 +94,8 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
                 loss_tokens=tokens,
                 token_share=tokens / total_tokens if total_tokens else 0.0,
                 examples=int(ids.size),
-                unique_examples=int(np.unique(ids).size),
-                repeats=int(ids.size - np.unique(ids).size),
+                unique_examples=unique,
+                repeats=int(ids.size) - unique,
                 passes=ids.size / planned if planned else 0.0,
                 budget_fill=float(plan.tile_cost[tiles].mean()) / budget if tiles.size else 0.0,
             )

@@ -177,7 +177,8 @@ class TokenThroughputMonitor(Callback):
         self._batch_start = now
         name = type(self).__name__
         w = self._window
-        w[_TOKENS] += read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
+        tokens = read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
+        w[_TOKENS] += tokens
         w[_EXAMPLES] += read_count(batch, keys.NEXAMPLES, self.examples_fn, "examples_fn", name)
         padding = self._padding(batch)
         if padding is None:
@@ -192,7 +193,6 @@ class TokenThroughputMonitor(Callback):
                     f"A batch says it is from dataset {d} but {name} knows "
                     f"{len(self._names)} datasets ({self._names}): set dataset_names."
                 )
-            tokens = read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
             w[_WIDTH + 2 * d] += tokens
             w[_WIDTH + 2 * d + 1] += 1.0
 
