@@ -1,9 +1,11 @@
-"""Scale the learning rate with the real size of every optimizer step.
+"""Scale the learning rate of every optimizer step with the real size of that step.
 
 With token-budgeted batches the size of an optimizer step varies; :class:`BatchSizeLRScaler`
-multiplies the learning rate the optimizer and scheduler want by ``f(actual / reference)`` for
-that one step, then puts the unscaled value back, so schedulers never see (nor compound) the
-factor.
+multiplies the learning rate the optimizer's update uses by ``f(actual / reference)``. The
+factor is applied by a step *pre*-hook on the torch optimizer and removed by its step
+*post*-hook, so it brackets exactly the parameter update: schedulers (stepped by Lightning
+after the optimizer step, chainable or closed form), ``LearningRateMonitor`` and checkpoints
+only ever see the unscaled schedule, and the factor never compounds.
 
 Example:
     >>> scaler = BatchSizeLRScaler(rule="sqrt", reference=1024)
@@ -14,20 +16,27 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+import numbers
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from torch import Tensor
 from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
 from lightning_varbatch import keys
+from lightning_varbatch.callbacks.batch_counts import (
+    CountFn,
+    as_number,
+    is_step_boundary,
+    log_rank_zero,
+    read_count,
+)
 
-__all__ = ["BatchSizeLRScaler"]
+__all__ = ["BatchSizeLRScaler", "torch_optimizer"]
 
-CountFn = Callable[[Any], "int | float | Tensor"]
 _RULES = ("linear", "sqrt", "none")
 _BY = {
     "tokens": (keys.STEP_NTOKENS, keys.NTOKENS),
@@ -35,58 +44,50 @@ _BY = {
 }
 
 
-def _number(value: Any, what: str) -> float:
-    if isinstance(value, Tensor):
-        if value.numel() != 1:
-            raise TypeError(
-                f"{what} must be a number or a 1-element tensor, got shape {tuple(value.shape)}."
-            )
-        return float(value.item())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(
-            f"{what} must be a number or a 1-element tensor, got {type(value).__name__}."
-        )
-    return float(value)
+def torch_optimizer(optimizer: Any) -> Optimizer:
+    """The torch optimizer that really updates the parameters, inside any wrappers.
 
-
-def read_count(batch: Any, key: str, fn: CountFn | None, arg: str, owner: str) -> float:
-    """One count of a micro-batch: ``fn(batch)`` if given, else ``batch[key]``.
+    Lightning hands callbacks the torch optimizer under DDP and FSDP; under DeepSpeed it is
+    DeepSpeed's ZeRO/bf16 wrapper, whose ``.optimizer`` is the user's torch optimizer (the
+    one whose ``step`` DeepSpeed calls at each accumulation boundary).
 
     Raises:
-        TypeError: when ``fn`` is None and the batch is not a mapping holding ``key``; the
-            message names the argument (``arg``) to pass.
+        RuntimeError: when no ``torch.optim.Optimizer`` is found.
+
+    Example:
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        >>> torch_optimizer(opt) is opt
+        True
     """
-    if fn is not None:
-        return _number(fn(batch), f"{owner}({arg}=...) return value")
-    if isinstance(batch, Mapping) and key in batch:
-        return _number(batch[key], f"batch[{key!r}]")
-    got = (
-        f"a dict with keys {sorted(map(str, batch))}"
-        if isinstance(batch, Mapping)
-        else (f"a {type(batch).__name__}")
-    )
-    raise TypeError(
-        f"{owner} cannot read {key!r} from the batch: expected a dict batch from "
-        f"TokenBudgetDataModule / PaddingCollate, got {got}. Pass {owner}({arg}=fn) with fn(batch) "
-        "returning the count for this micro-batch on this rank."
-    )
+    current, seen = optimizer, set()
+    while not isinstance(current, Optimizer) and id(current) not in seen:
+        seen.add(id(current))
+        inner = getattr(current, "optimizer", None) or getattr(current, "_optimizer", None)
+        if inner is None:
+            break
+        current = inner
+    if not isinstance(current, Optimizer):
+        raise RuntimeError(
+            f"BatchSizeLRScaler found no torch.optim.Optimizer inside {type(optimizer).__name__} "
+            "(looked through .optimizer / ._optimizer): it scales the learning rate with step "
+            "hooks of the torch optimizer that updates the parameters."
+        )
+    return current
 
 
-def is_step_boundary(trainer: Trainer) -> bool:
-    """Whether the current micro-batch ends with a real optimizer step (any strategy)."""
-    module = trainer.lightning_module
-    if not module.automatic_optimization:
-        return True
-    # The rule Lightning itself uses to count optimizer steps and step schedulers; under
-    # DeepSpeed it is also DeepSpeed's boundary (VarBatchDeepSpeedStrategy checks alignment).
-    return not trainer.fit_loop._should_accumulate()
-
-
-def log_rank_zero(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
-    """Send ``metrics`` to every logger of the Trainer, from global rank 0 only."""
-    if trainer.is_global_zero:
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+def _check_positive(name: str, value: object, *, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"BatchSizeLRScaler({name}=...) must be a positive number, got "
+            f"{type(value).__name__} {value!r}."
+        )
+    if not (math.isfinite(float(value)) and float(value) > 0):
+        raise ValueError(
+            f"BatchSizeLRScaler({name}=...) must be a positive finite number, got {value!r}."
+        )
+    return float(value)
 
 
 class BatchSizeLRScaler(Callback):
@@ -97,15 +98,23 @@ class BatchSizeLRScaler(Callback):
     ``TokenBudgetDataModule`` batches it is read from ``keys.STEP_NTOKENS`` /
     ``keys.STEP_NEXAMPLES`` (exact, no collective). Otherwise the per-micro-batch, per-rank counts
     (``keys.NTOKENS`` / ``keys.NEXAMPLES``, or ``tokens_fn`` / ``examples_fn``) are summed over
-    the step and all-reduced once, on every rank, at the step boundary.
+    the step and all-reduced once, on every rank, at ``on_train_batch_start`` of the micro-batch
+    that ends the step.
 
-    Just before the real optimizer step (``on_before_optimizer_step`` on the boundary micro-batch:
-    under DeepSpeed Lightning calls that hook on every micro-batch, the others are ignored) each
-    param group's ``lr`` (what the optimizer/scheduler left there) is saved and replaced by
-    ``lr × factor``; at ``on_train_batch_end`` of that micro-batch, before Lightning steps the
-    schedulers and before ``ModelCheckpoint`` saves, the saved value is put back, unless someone
-    changed ``lr`` in between. Schedulers (warmup, cosine, chainable or closed form, stepped by
-    Lightning or by hand) and checkpoints therefore only ever see unscaled values.
+    Order of events in one optimizer step (every strategy, any accumulation):
+
+    1. ``on_train_batch_start`` of the step's last micro-batch: the factor is computed.
+    2. The torch optimizer's step *pre*-hook: each param group's ``lr`` (the scheduler's value)
+       is saved and replaced by ``lr × factor``.
+    3. The parameter update uses the scaled value.
+    4. The step *post*-hook: the saved value is put back (unless the step changed ``lr``).
+    5. Lightning steps the schedulers (``interval="step"`` or ``"epoch"``, any ``frequency``,
+       ``ReduceLROnPlateau`` too) and callbacks save checkpoints: all see the unscaled value.
+
+    A step that never reaches the optimizer (a skipped fp16 step, ``optimizer_step``
+    overridden to skip) is not scaled. The LR you see in ``LearningRateMonitor``, in
+    ``optimizer.param_groups`` between steps and in checkpoints is the unscaled schedule; the
+    LR the update used is that times ``train/lr_scale``.
 
     Args:
         rule: ``"linear"`` (factor = ratio), ``"sqrt"`` (factor = sqrt(ratio), for Adam-like
@@ -124,7 +133,8 @@ class BatchSizeLRScaler(Callback):
     Raises:
         ValueError: for an unknown ``rule``/``by``, a non-positive reference or budget, or
             ``min_scale > max_scale``; at the first step, when no reference can be derived.
-        TypeError: when a batch cannot be read (the message names ``tokens_fn``/``examples_fn``).
+        TypeError: for a non-numeric setting, or when a batch cannot be read (the message
+            names ``tokens_fn``/``examples_fn``).
 
     Logged metrics (rank 0, through the Trainer's loggers, at the optimizer step's index):
 
@@ -154,27 +164,58 @@ class BatchSizeLRScaler(Callback):
         log_every_n_steps: int | None = None,
     ) -> None:
         if rule not in _RULES:
-            raise ValueError(f"rule must be one of {_RULES}, got {rule!r}.")
+            raise ValueError(f"BatchSizeLRScaler(rule=...) must be one of {_RULES}, got {rule!r}.")
         if by not in _BY:
-            raise ValueError(f"by must be 'tokens' or 'examples', got {by!r}.")
-        for name, value in (("reference", reference), ("max_tokens", max_tokens)):
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}.")
-        if min_scale is not None and max_scale is not None and min_scale > max_scale:
-            raise ValueError(f"min_scale={min_scale} is larger than max_scale={max_scale}.")
-        if log_every_n_steps is not None and log_every_n_steps < 1:
-            raise ValueError(f"log_every_n_steps must be >= 1, got {log_every_n_steps}.")
+            raise ValueError(
+                f"BatchSizeLRScaler(by=...) must be 'tokens' or 'examples', got {by!r}."
+            )
+        self.reference = _check_positive("reference", reference)
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
+        ):
+            raise TypeError(
+                f"BatchSizeLRScaler(max_tokens=...) must be a positive integer, got "
+                f"{type(max_tokens).__name__} {max_tokens!r}."
+            )
+        budget = _check_positive("max_tokens", max_tokens)
+        self.max_tokens = None if budget is None else int(budget)
+        self.min_scale = _check_positive("min_scale", min_scale)
+        self.max_scale = _check_positive("max_scale", max_scale)
+        if (
+            self.min_scale is not None
+            and self.max_scale is not None
+            and self.min_scale > self.max_scale
+        ):
+            raise ValueError(
+                f"BatchSizeLRScaler: min_scale={min_scale} is larger than max_scale={max_scale}."
+            )
+        for name, fn in (("tokens_fn", tokens_fn), ("examples_fn", examples_fn)):
+            if fn is not None and not callable(fn):
+                raise TypeError(
+                    f"BatchSizeLRScaler({name}=...) must be callable (fn(batch) -> count), got "
+                    f"{type(fn).__name__}."
+                )
+        if log_every_n_steps is not None and (
+            isinstance(log_every_n_steps, bool)
+            or not isinstance(log_every_n_steps, numbers.Integral)
+            or log_every_n_steps < 1
+        ):
+            raise ValueError(
+                "BatchSizeLRScaler(log_every_n_steps=...) must be an integer >= 1, got "
+                f"{log_every_n_steps!r}."
+            )
         self.rule, self.by = rule, by
-        self.reference, self.max_tokens = reference, max_tokens
-        self.min_scale, self.max_scale = min_scale, max_scale
         self.count_fn = tokens_fn if by == "tokens" else examples_fn
         self.fn_arg = "tokens_fn" if by == "tokens" else "examples_fn"
-        self.log_every_n_steps = log_every_n_steps
+        self.log_every_n_steps = None if log_every_n_steps is None else int(log_every_n_steps)
         self.steps = 0  # real optimizer steps scaled so far
         self.last_scale = 1.0
         self._step_total: float | None = None  # from STEP_* keys (global)
         self._local = 0.0  # summed local counts (all-reduced at the boundary)
-        self._applied: list[tuple[dict[str, Any], Any, Any]] = []
+        self._scale: float | None = None  # factor of the step about to be taken
+        self._stepped = False  # whether the optimizer really stepped with it
+        self._applied: dict[int, list[tuple[dict[str, Any], Any, Any]]] = {}
+        self._handles: list[RemovableHandle] = []
 
     def scale_for(self, actual: float) -> float:
         """The factor for a step of global size ``actual`` (needs a resolved ``reference``)."""
@@ -208,39 +249,96 @@ class BatchSizeLRScaler(Callback):
         self.reference = float(budget) * trainer.world_size * int(trainer.accumulate_grad_batches)
         return self.reference
 
+    # -- the hooks on the torch optimizer ----------------------------------------------------
+
+    def _attach(self, trainer: Trainer) -> None:
+        self._detach()
+        seen: set[int] = set()
+        for optimizer in trainer.optimizers:
+            inner = torch_optimizer(optimizer)
+            if id(inner) in seen:
+                continue
+            seen.add(id(inner))
+            self._handles.append(inner.register_step_pre_hook(self._before_update))
+            self._handles.append(inner.register_step_post_hook(self._after_update))
+
+    def _detach(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._restore_all()
+
+    def _before_update(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        if self._scale is None or id(optimizer) in self._applied:
+            return
+        applied = []
+        for group in optimizer.param_groups:
+            base = group["lr"]
+            scaled = base * self._scale
+            group["lr"] = scaled
+            applied.append((group, base, scaled))
+        self._applied[id(optimizer)] = applied
+
+    def _after_update(self, optimizer: Optimizer, args: Any, kwargs: Any) -> None:
+        applied = self._applied.pop(id(optimizer), None)
+        if applied is None:
+            return
+        self._stepped = True
+        for group, base, scaled in applied:
+            if group["lr"] is scaled:  # untouched since we scaled it: put the base back
+                group["lr"] = base
+
+    def _restore_all(self) -> None:
+        for applied in self._applied.values():  # a step that raised between the hooks
+            for group, base, scaled in applied:
+                if group["lr"] is scaled:
+                    group["lr"] = base
+        self._applied = {}
+
+    # -- Lightning hooks ---------------------------------------------------------------------
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # After the strategy wrapped the optimizers and a checkpoint restored them.
+        self._attach(trainer)
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._detach()
+
+    @override
+    def on_exception(
+        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
+    ) -> None:
+        self._detach()
+
+    @override
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._detach()
+
     @override
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         step_key, local_key = _BY[self.by]
         if self.count_fn is None and isinstance(batch, Mapping) and step_key in batch:
-            self._step_total = _number(batch[step_key], f"batch[{step_key!r}]")
+            self._step_total = as_number(batch[step_key], f"batch[{step_key!r}]")
         else:
             self._local += read_count(
                 batch, local_key, self.count_fn, self.fn_arg, type(self).__name__
             )
-
-    @override
-    def on_before_optimizer_step(
-        self, trainer: Trainer, pl_module: LightningModule, optimizer: Optimizer
-    ) -> None:
-        if self._applied or not is_step_boundary(trainer):
-            return  # an accumulating micro-batch (DeepSpeed), or already scaled this step
+        if not is_step_boundary(trainer):
+            return
         reference = self._resolve_reference(trainer)
         if self._step_total is not None:
             actual = self._step_total
-        else:  # every rank reaches this boundary: the collective is safe here
+        else:  # every rank starts the step's last micro-batch: the collective is safe here
             local = torch.tensor(
                 self._local, dtype=torch.float64, device=trainer.strategy.root_device
             )
             actual = float(trainer.strategy.reduce(local, reduce_op="sum"))
         scale = self.scale_for(actual)
-        for group in optimizer.param_groups:
-            base = group["lr"]
-            scaled = base * scale
-            group["lr"] = scaled
-            self._applied.append((group, base, scaled))
-        self.last_scale = scale
+        self._scale = self.last_scale = scale
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
         if (trainer.global_step + 1) % every == 0:
             log_rank_zero(
@@ -255,12 +353,11 @@ class BatchSizeLRScaler(Callback):
     ) -> None:
         if not is_step_boundary(trainer):
             return
-        for group, base, scaled in self._applied:
-            if group["lr"] is scaled:  # untouched since we scaled it: put the base back
-                group["lr"] = base
-        if self._applied:
+        self._restore_all()
+        if self._stepped:
             self.steps += 1
-        self._applied = []
+        self._stepped = False
+        self._scale = None
         self._step_total, self._local = None, 0.0
 
     @override
@@ -276,10 +373,12 @@ class BatchSizeLRScaler(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         expected = set(self.state_dict())
-        if set(state_dict) != expected:
+        if not isinstance(state_dict, Mapping) or set(state_dict) != expected:
+            got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict)
             raise ValueError(
-                f"BatchSizeLRScaler state has keys {sorted(state_dict)}, expected "
-                f"{sorted(expected)}: the checkpoint was written by another version."
+                f"BatchSizeLRScaler state has keys {got}, expected {sorted(expected)}: the "
+                "checkpoint was written by another version; resume without this callback's "
+                "state or start a new run."
             )
         self.steps = int(state_dict["steps"])
         self.last_scale = float(state_dict["last_scale"])

@@ -22,9 +22,9 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_varbatch import keys
-from lightning_varbatch.callbacks.lr_scaling import (
+from lightning_varbatch.callbacks.batch_counts import (
     CountFn,
-    _number,
+    as_number,
     is_step_boundary,
     log_rank_zero,
     read_count,
@@ -144,13 +144,13 @@ class TokenThroughputMonitor(Callback):
     def _padding(self, batch: Any) -> tuple[float, float] | None:
         if self.padding_fn is not None:
             real, padded = self.padding_fn(batch)
-            return _number(real, "padding_fn()[0]"), _number(padded, "padding_fn()[1]")
+            return as_number(real, "padding_fn()[0]"), as_number(padded, "padding_fn()[1]")
         if (
             isinstance(batch, Mapping)
             and keys.PADDED_TOKENS in batch
             and keys.INPUT_TOKENS in batch
         ):
-            return _number(batch[keys.INPUT_TOKENS], "input"), _number(
+            return as_number(batch[keys.INPUT_TOKENS], "input"), as_number(
                 batch[keys.PADDED_TOKENS], "pad"
             )
         return None

@@ -1,7 +1,8 @@
 """Both callbacks in real 2-process runs (gloo on CPU): DDP and DeepSpeed ZeRO 2.
 
 Each scenario runs ``tests/scripts/callbacks_train.py`` once per rank (4 optimizer steps,
-``accumulate_grad_batches=2``, SGD lr=0.5 with a LambdaLR warmup, sqrt LR scaling).
+``accumulate_grad_batches=2``, SGD lr=0.5 with ExponentialLR(0.8), a chainable scheduler into
+which a leaked factor would compound, sqrt LR scaling).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ LR = 0.5
 SCENARIOS = [("ddp", "fn"), ("deepspeed_varbatch", "keys")]
 
 
-def warmup(step: int) -> float:
-    return min(1.0, (step + 1) / 3)
+def schedule(step: int) -> float:
+    return 0.8**step
 
 
 @pytest.mark.parametrize(("strategy", "mode"), SCENARIOS, ids=[s for s, _ in SCENARIOS])
@@ -60,9 +61,11 @@ def test_global_counts_and_identical_scaled_lr(
     # The scaled lr took effect in the real optimizer step, once per step, same on every rank.
     reference = MAX_TOKENS * WORLD_SIZE * ACCUMULATE
     assert [r["reference"] for r in records] == [reference] * WORLD_SIZE
-    expected = [LR * warmup(k) * math.sqrt(totals[k] / reference) for k in range(STEPS)]
+    expected = [LR * schedule(k) * math.sqrt(totals[k] / reference) for k in range(STEPS)]
     for r in records:
         assert r["scaler_steps"] == STEPS
+        # The scheduler's own state is the unscaled schedule.
+        assert r["final_lr"] == pytest.approx(LR * schedule(STEPS), rel=1e-12)
         assert r["step_lrs"] == pytest.approx(expected, rel=1e-12)
     assert records[0]["step_lrs"] == records[1]["step_lrs"]
     scales: list[Any] = [logged[k]["train/lr_scale"] for k in range(STEPS)]

@@ -29,6 +29,25 @@ from lightning_varbatch.loss import token_mean_loss
 
 STEPS = 4
 LR = 0.5
+GAMMA = 0.8  # ExponentialLR: chainable, so a factor left in param_groups would compound
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD recording, inside its update, the lr it really used (DeepSpeed: once per step)."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=LR)
+        self.used: list[float] = []
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.used.append(float(self.param_groups[0]["lr"]))
+        super().step()
+        return loss
 
 
 class Recorder(Logger):
@@ -97,10 +116,9 @@ class Model(LightningModule):
         )
 
     def configure_optimizers(self) -> Any:
-        opt = torch.optim.SGD(self.parameters(), lr=LR)
-        # Fires when the torch optimizer really steps (DeepSpeed: once per accumulation).
-        opt.register_step_post_hook(lambda o, *_: self.step_lrs.append(o.param_groups[0]["lr"]))
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
+        opt = RecordingSGD(self.parameters())
+        self.step_lrs = opt.used
+        sched = torch.optim.lr_scheduler.ExponentialLR(opt, gamma=GAMMA)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
@@ -139,6 +157,7 @@ def main() -> None:
         "reference": scaler.reference,
         "scaler_steps": scaler.steps,
         "step_lrs": model.step_lrs,
+        "final_lr": float(trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0]),
         "micro_batches": model.micro_batches,
         "logged": logger.calls,
     }

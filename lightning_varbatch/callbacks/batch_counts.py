@@ -1,0 +1,99 @@
+"""What both callbacks read from a micro-batch and from the Trainer, in one place.
+
+The callbacks count tokens and examples per micro-batch (from the entries of
+:mod:`lightning_varbatch.keys`, or from a user function), find the micro-batch that ends a real
+optimizer step under any strategy, and log from global rank 0 only.
+
+Example:
+    >>> import torch
+    >>> from lightning_varbatch import keys
+    >>> read_count({keys.NTOKENS: torch.tensor(7)}, keys.NTOKENS, None, "tokens_fn", "Monitor")
+    7.0
+    >>> read_count({"x": 1}, keys.NTOKENS, lambda b: 3, "tokens_fn", "Monitor")
+    3.0
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from lightning.pytorch import Trainer
+from torch import Tensor
+
+__all__ = ["CountFn", "as_number", "is_step_boundary", "log_rank_zero", "read_count"]
+
+CountFn = Callable[[Any], "int | float | Tensor"]
+"""``fn(batch)`` -> a count of the micro-batch on this rank (a number or a 1-element tensor)."""
+
+
+def as_number(value: Any, what: str) -> float:
+    """``value`` (a number or a 1-element tensor) as a float.
+
+    Raises:
+        TypeError: for anything else; the message names ``what``.
+
+    Example:
+        >>> as_number(3, "count")
+        3.0
+    """
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise TypeError(
+                f"{what} must be a number or a 1-element tensor, got shape {tuple(value.shape)}."
+            )
+        return float(value.item())
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy numbers are Real
+        raise TypeError(
+            f"{what} must be a number or a 1-element tensor, got {type(value).__name__}."
+        )
+    return float(value)
+
+
+def read_count(batch: Any, key: str, fn: CountFn | None, arg: str, owner: str) -> float:
+    """One count of a micro-batch: ``fn(batch)`` if given, else ``batch[key]``.
+
+    Raises:
+        TypeError: when ``fn`` is None and the batch is not a mapping holding ``key``; the
+            message names the argument (``arg``) to pass.
+
+    Example:
+        >>> read_count({"ntokens": 5}, "ntokens", None, "tokens_fn", "BatchSizeLRScaler")
+        5.0
+    """
+    if fn is not None:
+        return as_number(fn(batch), f"{owner}({arg}=...) return value")
+    if isinstance(batch, Mapping) and key in batch:
+        return as_number(batch[key], f"batch[{key!r}]")
+    got = (
+        f"a dict with keys {sorted(map(str, batch))}"
+        if isinstance(batch, Mapping)
+        else (f"a {type(batch).__name__}")
+    )
+    raise TypeError(
+        f"{owner} cannot read {key!r} from the batch: expected a dict batch from "
+        f"TokenBudgetDataModule / PaddingCollate, got {got}. Pass {owner}({arg}=fn) with fn(batch) "
+        "returning the count for this micro-batch on this rank."
+    )
+
+
+def is_step_boundary(trainer: Trainer) -> bool:
+    """Whether the current micro-batch ends with a real optimizer step (any strategy).
+
+    Valid from ``on_train_batch_start`` on: Lightning counts the batch as ready before it
+    calls that hook.
+    """
+    module = trainer.lightning_module
+    if not module.automatic_optimization:
+        return True
+    # The rule Lightning itself uses to count optimizer steps and step schedulers; under
+    # DeepSpeed it is also DeepSpeed's boundary (VarBatchDeepSpeedStrategy checks alignment).
+    return not trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def log_rank_zero(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+    """Send ``metrics`` to every logger of the Trainer, from global rank 0 only."""
+    if trainer.is_global_zero:
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
