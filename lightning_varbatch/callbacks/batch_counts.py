@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,7 +23,14 @@ from typing import Any
 from lightning.pytorch import Trainer
 from torch import Tensor
 
-__all__ = ["CountFn", "as_number", "is_step_boundary", "log_rank_zero", "read_count"]
+__all__ = [
+    "CountFn",
+    "as_number",
+    "check_positive",
+    "is_step_boundary",
+    "log_rank_zero",
+    "read_count",
+]
 
 CountFn = Callable[[Any], "int | float | Tensor"]
 """``fn(batch)`` -> a count of the micro-batch on this rank (a number or a 1-element tensor)."""
@@ -48,6 +56,34 @@ def as_number(value: Any, what: str) -> float:
         raise TypeError(
             f"{what} must be a number or a 1-element tensor, got {type(value).__name__}."
         )
+    return float(value)
+
+
+def check_positive(owner: str, name: str, value: object, *, integer: bool = False) -> float | None:
+    """``value`` as a positive finite number (``None`` passes through).
+
+    Raises:
+        TypeError: for a bool, a string or another non-number (``integer``: a non-integer).
+        ValueError: for zero, a negative number, NaN or infinity.
+
+    Example:
+        >>> check_positive("Monitor", "peak_flops", 1e15)
+        1000000000000000.0
+        >>> check_positive("Monitor", "log_every_n_steps", 0, integer=True)
+        Traceback (most recent call last):
+        ...
+        ValueError: Monitor(log_every_n_steps=...) must be a positive finite number, got 0.
+    """
+    if value is None:
+        return None
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        what = "a positive integer" if integer else "a positive number"
+        raise TypeError(
+            f"{owner}({name}=...) must be {what}, got {type(value).__name__} {value!r}."
+        )
+    if not (math.isfinite(float(value)) and float(value) > 0):
+        raise ValueError(f"{owner}({name}=...) must be a positive finite number, got {value!r}.")
     return float(value)
 
 

@@ -16,7 +16,6 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -30,6 +29,7 @@ from lightning_varbatch import keys
 from lightning_varbatch.callbacks.batch_counts import (
     CountFn,
     as_number,
+    check_positive,
     is_step_boundary,
     log_rank_zero,
     read_count,
@@ -73,21 +73,6 @@ def torch_optimizer(optimizer: Any) -> Optimizer:
             "hooks of the torch optimizer that updates the parameters."
         )
     return current
-
-
-def _check_positive(name: str, value: object, *, allow_none: bool = True) -> float | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(
-            f"BatchSizeLRScaler({name}=...) must be a positive number, got "
-            f"{type(value).__name__} {value!r}."
-        )
-    if not (math.isfinite(float(value)) and float(value) > 0):
-        raise ValueError(
-            f"BatchSizeLRScaler({name}=...) must be a positive finite number, got {value!r}."
-        )
-    return float(value)
 
 
 class BatchSizeLRScaler(Callback):
@@ -169,18 +154,12 @@ class BatchSizeLRScaler(Callback):
             raise ValueError(
                 f"BatchSizeLRScaler(by=...) must be 'tokens' or 'examples', got {by!r}."
             )
-        self.reference = _check_positive("reference", reference)
-        if max_tokens is not None and (
-            isinstance(max_tokens, bool) or not isinstance(max_tokens, numbers.Integral)
-        ):
-            raise TypeError(
-                f"BatchSizeLRScaler(max_tokens=...) must be a positive integer, got "
-                f"{type(max_tokens).__name__} {max_tokens!r}."
-            )
-        budget = _check_positive("max_tokens", max_tokens)
+        owner = type(self).__name__
+        self.reference = check_positive(owner, "reference", reference)
+        budget = check_positive(owner, "max_tokens", max_tokens, integer=True)
         self.max_tokens = None if budget is None else int(budget)
-        self.min_scale = _check_positive("min_scale", min_scale)
-        self.max_scale = _check_positive("max_scale", max_scale)
+        self.min_scale = check_positive(owner, "min_scale", min_scale)
+        self.max_scale = check_positive(owner, "max_scale", max_scale)
         if (
             self.min_scale is not None
             and self.max_scale is not None
@@ -195,19 +174,11 @@ class BatchSizeLRScaler(Callback):
                     f"BatchSizeLRScaler({name}=...) must be callable (fn(batch) -> count), got "
                     f"{type(fn).__name__}."
                 )
-        if log_every_n_steps is not None and (
-            isinstance(log_every_n_steps, bool)
-            or not isinstance(log_every_n_steps, numbers.Integral)
-            or log_every_n_steps < 1
-        ):
-            raise ValueError(
-                "BatchSizeLRScaler(log_every_n_steps=...) must be an integer >= 1, got "
-                f"{log_every_n_steps!r}."
-            )
+        every = check_positive(owner, "log_every_n_steps", log_every_n_steps, integer=True)
         self.rule, self.by = rule, by
         self.count_fn = tokens_fn if by == "tokens" else examples_fn
         self.fn_arg = "tokens_fn" if by == "tokens" else "examples_fn"
-        self.log_every_n_steps = None if log_every_n_steps is None else int(log_every_n_steps)
+        self.log_every_n_steps = None if every is None else int(every)
         self.steps = 0  # real optimizer steps scaled so far
         self.last_scale = 1.0
         self._step_total: float | None = None  # from STEP_* keys (global)

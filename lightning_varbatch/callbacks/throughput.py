@@ -25,6 +25,7 @@ from lightning_varbatch import keys
 from lightning_varbatch.callbacks.batch_counts import (
     CountFn,
     as_number,
+    check_positive,
     is_step_boundary,
     log_rank_zero,
     read_count,
@@ -119,14 +120,28 @@ class TokenThroughputMonitor(Callback):
         prog_bar: bool = True,
         dataset_names: list[str] | None = None,
     ) -> None:
-        for name, value in (
-            ("log_every_n_steps", log_every_n_steps),
-            ("flops_per_token", flops_per_token),
-            ("peak_flops", peak_flops),
+        owner = type(self).__name__
+        every = check_positive(owner, "log_every_n_steps", log_every_n_steps, integer=True)
+        flops_per_token = check_positive(owner, "flops_per_token", flops_per_token)
+        peak_flops = check_positive(owner, "peak_flops", peak_flops)
+        for name, fn in (
+            ("tokens_fn", tokens_fn),
+            ("examples_fn", examples_fn),
+            ("padding_fn", padding_fn),
         ):
-            if value is not None and not value > 0:
-                raise ValueError(f"{name} must be positive, got {value!r}.")
-        self.log_every_n_steps = log_every_n_steps
+            if fn is not None and not callable(fn):
+                raise TypeError(
+                    f"{owner}({name}=...) must be callable (fn(batch)), got {type(fn).__name__}."
+                )
+        if not isinstance(prog_bar, bool):
+            raise TypeError(f"{owner}(prog_bar=...) must be a bool, got {prog_bar!r}.")
+        if dataset_names is not None and (
+            isinstance(dataset_names, str) or not all(isinstance(n, str) for n in dataset_names)
+        ):
+            raise TypeError(
+                f"{owner}(dataset_names=...) must be a list of strings, got {dataset_names!r}."
+            )
+        self.log_every_n_steps = None if every is None else int(every)
         self.tokens_fn, self.examples_fn, self.padding_fn = tokens_fn, examples_fn, padding_fn
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.prog_bar = prog_bar
