@@ -90,7 +90,9 @@ class TokenThroughputMonitor(Callback):
     ``train/imbalance``                 max / mean over ranks of window loss tokens
     ``train/step_time_imbalance``       max / mean over ranks of busy time
     ``train/step_time``                 wall seconds per optimizer step
-    ``train/total_tokens``              loss tokens since the start of training
+    ``train/total_tokens``              loss tokens since the start of training (exact in
+                                        checkpoints with the ``step_*`` batch keys; else
+                                        counted up to the last logged window)
     ``train/flops_per_sec``             FLOP/s, all ranks (with FLOPs per token)
     ``train/device/flops_per_sec``      the same per device
     ``train/mfu``                       device FLOP/s / ``peak_flops`` (0-1)
@@ -148,6 +150,10 @@ class TokenThroughputMonitor(Callback):
         self.dataset_names = None if dataset_names is None else [str(n) for n in dataset_names]
         self.total_tokens = 0.0
         self.total_examples = 0.0
+        # The step's global counts from the batch keys (exact at every step, no collective);
+        # None: counted per window from the gathered per-rank counts instead.
+        self._step_counts: tuple[float, float] | None = None
+        self._window_totals = True
         self.dataset_tokens: list[float] = []
         self.steps = 0
         self._window = [0.0] * _WIDTH
@@ -192,6 +198,17 @@ class TokenThroughputMonitor(Callback):
         self._batch_start = now
         name = type(self).__name__
         w = self._window
+        if (
+            self.tokens_fn is None
+            and self.examples_fn is None
+            and isinstance(batch, Mapping)
+            and keys.STEP_NTOKENS in batch
+            and keys.STEP_NEXAMPLES in batch
+        ):
+            self._step_counts = (
+                as_number(batch[keys.STEP_NTOKENS], f"batch[{keys.STEP_NTOKENS!r}]"),
+                as_number(batch[keys.STEP_NEXAMPLES], f"batch[{keys.STEP_NEXAMPLES!r}]"),
+            )
         tokens = read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
         w[_TOKENS] += tokens
         w[_EXAMPLES] += read_count(batch, keys.NEXAMPLES, self.examples_fn, "examples_fn", name)
@@ -221,6 +238,11 @@ class TokenThroughputMonitor(Callback):
             return
         self.steps += 1
         self._steps_in_window += 1
+        if self._step_counts is not None:  # totals exact at every step: a checkpoint anywhere
+            self.total_tokens += self._step_counts[0]  # holds all of them
+            self.total_examples += self._step_counts[1]
+            self._window_totals = False
+        self._step_counts = None
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
         if trainer.global_step % every:
             return
@@ -231,8 +253,10 @@ class TokenThroughputMonitor(Callback):
         gathered = trainer.strategy.all_gather(local).reshape(-1, len(self._window)).cpu()
         has_padding = not bool(gathered[:, _NO_PADDING].any())
         metrics = self._metrics(gathered, has_padding, pl_module)
-        self.total_tokens += float(gathered[:, _TOKENS].sum())
-        self.total_examples += float(gathered[:, _EXAMPLES].sum())
+        if self._window_totals:
+            self.total_tokens += float(gathered[:, _TOKENS].sum())
+            self.total_examples += float(gathered[:, _EXAMPLES].sum())
+        self._window_totals = True
         metrics["train/total_tokens"] = self.total_tokens
         metrics.update(self._dataset_metrics(gathered, metrics))
         log_rank_zero(trainer, metrics, trainer.global_step - 1)

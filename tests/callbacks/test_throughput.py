@@ -106,3 +106,15 @@ def test_dataset_index_out_of_range_names_the_setting() -> None:
     batches[0][keys.DATASET] = torch.tensor(2)
     with pytest.raises(RuntimeError, match="set dataset_names"):
         fit(Module(batches), [TokenThroughputMonitor(dataset_names=["a", "b"])], max_steps=1)
+
+
+def test_totals_in_a_checkpoint_between_windows_hold_every_step() -> None:
+    # Logging every 3 steps, 4 steps trained: a checkpoint now must count the 4th step too,
+    # or a resumed run's train/total_tokens misses it for good.
+    steps = [[50], [100], [25], [200]]
+    monitor = TokenThroughputMonitor(log_every_n_steps=3)
+    fit(Module(micro_batches(steps)), [monitor], max_steps=4)
+    state = monitor.state_dict()
+    assert state["total_tokens"] == 375.0
+    assert state["total_examples"] == 8.0
+    assert state["steps"] == 4
