@@ -30,14 +30,15 @@ from lightning_varbatch.callbacks.batch_counts import (
     log_rank_zero,
     read_count,
 )
+from lightning_varbatch.callbacks.throughput_window import (
+    RankWindow,
+    dataset_metrics,
+    window_metrics,
+)
 
 __all__ = ["TokenThroughputMonitor"]
 
 PaddingFn = Callable[[Any], "tuple[int | float | torch.Tensor, int | float | torch.Tensor]"]
-# Per-rank window vector, in this order (gathered from every rank), then per dataset d:
-# its loss tokens at _WIDTH + 2d and its micro-batches at _WIDTH + 2d + 1.
-_TOKENS, _EXAMPLES, _REAL, _PADDED, _BUSY, _ELAPSED, _NO_PADDING = range(7)
-_WIDTH = 7
 
 
 class TokenThroughputMonitor(Callback):
@@ -156,7 +157,7 @@ class TokenThroughputMonitor(Callback):
         self._window_totals = True
         self.dataset_tokens: list[float] = []
         self.steps = 0
-        self._window = [0.0] * _WIDTH
+        self._window = RankWindow.empty(0)
         self._steps_in_window = 0
         self._window_start: float | None = None
         self._batch_start = 0.0
@@ -186,7 +187,7 @@ class TokenThroughputMonitor(Callback):
         self._names = names
         if len(self.dataset_tokens) != len(names):
             self.dataset_tokens = [0.0] * len(names)
-        self._window = [0.0] * (_WIDTH + 2 * len(names))
+        self._window = RankWindow.empty(len(names))
 
     @override
     def on_train_batch_start(
@@ -210,14 +211,14 @@ class TokenThroughputMonitor(Callback):
                 as_number(batch[keys.STEP_NEXAMPLES], f"batch[{keys.STEP_NEXAMPLES!r}]"),
             )
         tokens = read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
-        w[_TOKENS] += tokens
-        w[_EXAMPLES] += read_count(batch, keys.NEXAMPLES, self.examples_fn, "examples_fn", name)
+        w.tokens += tokens
+        w.examples += read_count(batch, keys.NEXAMPLES, self.examples_fn, "examples_fn", name)
         padding = self._padding(batch)
         if padding is None:
-            w[_NO_PADDING] = 1.0
+            w.no_padding = 1.0
         else:
-            w[_REAL] += padding[0]
-            w[_PADDED] += padding[1]
+            w.real += padding[0]
+            w.padded += padding[1]
         if self._names:
             d = int(batch[keys.DATASET]) if isinstance(batch, Mapping) else 0
             if not 0 <= d < len(self._names):
@@ -225,15 +226,15 @@ class TokenThroughputMonitor(Callback):
                     f"A batch says it is from dataset {d} but {name} knows "
                     f"{len(self._names)} datasets ({self._names}): set dataset_names."
                 )
-            w[_WIDTH + 2 * d] += tokens
-            w[_WIDTH + 2 * d + 1] += 1.0
+            w.dataset_tokens[d] += tokens
+            w.dataset_batches[d] += 1.0
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         now = perf_counter()
-        self._window[_BUSY] += now - self._batch_start
+        self._window.busy += now - self._batch_start
         if not is_step_boundary(trainer):
             return
         self.steps += 1
@@ -247,18 +248,27 @@ class TokenThroughputMonitor(Callback):
         if trainer.global_step % every:
             return
         assert self._window_start is not None
-        self._window[_ELAPSED] = now - self._window_start
+        self._window.elapsed = now - self._window_start
         # Every rank is here at the same optimizer step: gather on all of them.
-        local = torch.tensor(self._window, dtype=torch.float64, device=trainer.strategy.root_device)
-        gathered = trainer.strategy.all_gather(local).reshape(-1, len(self._window)).cpu()
-        has_padding = not bool(gathered[:, _NO_PADDING].any())
-        metrics = self._metrics(gathered, has_padding, pl_module)
+        local = torch.tensor(
+            self._window.to_vector(), dtype=torch.float64, device=trainer.strategy.root_device
+        )
+        gathered = trainer.strategy.all_gather(local).reshape(-1, local.numel()).cpu()
+        windows = [RankWindow.from_vector(row) for row in gathered.tolist()]
+        flops = self.flops_per_token
+        if flops is None:
+            flops = getattr(pl_module, "flops_per_token", None)
+        metrics = window_metrics(windows, self._steps_in_window, flops, self.peak_flops)
         if self._window_totals:
-            self.total_tokens += float(gathered[:, _TOKENS].sum())
-            self.total_examples += float(gathered[:, _EXAMPLES].sum())
+            self.total_tokens += sum(w.tokens for w in windows)
+            self.total_examples += sum(w.examples for w in windows)
         self._window_totals = True
         metrics["train/total_tokens"] = self.total_tokens
-        metrics.update(self._dataset_metrics(gathered, metrics))
+        metrics.update(
+            dataset_metrics(
+                windows, self._names, metrics["train/tokens_per_sec"], self.dataset_tokens
+            )
+        )
         log_rank_zero(trainer, metrics, trainer.global_step - 1)
         if self.prog_bar:
             pl_module.log(
@@ -269,70 +279,9 @@ class TokenThroughputMonitor(Callback):
                 on_step=True,
                 on_epoch=False,
             )
-        self._window = [0.0] * len(self._window)
+        self._window = RankWindow.empty(len(self._names))
         self._steps_in_window = 0
         self._window_start = now
-
-    def _dataset_metrics(
-        self, gathered: torch.Tensor, metrics: dict[str, float]
-    ) -> dict[str, float]:
-        out: dict[str, float] = {}
-        total = gathered.sum(0)
-        tokens = float(total[_TOKENS])
-        batches = float(total[_WIDTH + 1 :: 2].sum())
-        rate = metrics["train/tokens_per_sec"] / tokens if tokens > 0 else 0.0
-        for d, name in enumerate(self._names):
-            d_tokens = float(total[_WIDTH + 2 * d])
-            self.dataset_tokens[d] += d_tokens
-            prefix = f"train/dataset/{name}/"
-            out[prefix + "tokens_per_sec"] = d_tokens * rate
-            out[prefix + "token_share"] = d_tokens / tokens if tokens > 0 else 0.0
-            out[prefix + "batch_share"] = (
-                float(total[_WIDTH + 2 * d + 1]) / batches if batches > 0 else 0.0
-            )
-            out[prefix + "total_tokens"] = self.dataset_tokens[d]
-        return out
-
-    def _metrics(
-        self, gathered: torch.Tensor, has_padding: bool, pl_module: LightningModule
-    ) -> dict[str, float]:
-        world = gathered.shape[0]
-        total = gathered.sum(0)
-        elapsed = float(gathered[:, _ELAPSED].max())
-        steps = self._steps_in_window
-        tokens = float(total[_TOKENS])
-        per_sec = tokens / elapsed if elapsed > 0 else float("nan")
-
-        def ratio_max_mean(column: int) -> float:
-            values = gathered[:, column]
-            mean = float(values.mean())
-            return float(values.max()) / mean if mean > 0 else float("nan")
-
-        metrics = {
-            "train/tokens_per_sec": per_sec,
-            "train/device/tokens_per_sec": per_sec / world,
-            "train/examples_per_sec": float(total[_EXAMPLES]) / elapsed if elapsed > 0 else 0.0,
-            "train/batch/examples": float(total[_EXAMPLES]) / steps,
-            "train/batch/tokens": tokens / steps,
-            "train/imbalance": ratio_max_mean(_TOKENS),
-            "train/step_time_imbalance": ratio_max_mean(_BUSY),
-            "train/step_time": elapsed / steps,
-        }
-        if has_padding and float(total[_PADDED]) > 0:
-            padded_per_sec = float(total[_PADDED]) / elapsed if elapsed > 0 else float("nan")
-            metrics["train/padded_tokens_per_sec"] = padded_per_sec
-            metrics["train/device/padded_tokens_per_sec"] = padded_per_sec / world
-            metrics["train/padding_efficiency"] = float(total[_REAL]) / float(total[_PADDED])
-        flops = self.flops_per_token
-        if flops is None:
-            flops = getattr(pl_module, "flops_per_token", None)
-        if flops is not None:
-            flops_per_sec = float(flops) * per_sec
-            metrics["train/flops_per_sec"] = flops_per_sec
-            metrics["train/device/flops_per_sec"] = flops_per_sec / world
-            if self.peak_flops is not None:
-                metrics["train/mfu"] = flops_per_sec / world / self.peak_flops
-        return metrics
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,150 @@
+"""The throughput maths: one rank's counts over a logging window, and the global metrics.
+
+:class:`RankWindow` accumulates what one rank saw in a window of optimizer steps; every rank
+turns its window into a vector (:meth:`RankWindow.to_vector`) for one all-gather, and
+:func:`window_metrics` turns the gathered windows of all ranks into the logged figures. No
+torch.distributed and no Lightning here, so the formulas are tested on their own.
+
+Example:
+    >>> a = RankWindow(tokens=300, examples=6, real=500, padded=1000, busy=2.0, elapsed=4.0)
+    >>> b = RankWindow(tokens=100, examples=2, real=200, padded=400, busy=1.0, elapsed=4.0)
+    >>> m = window_metrics([a, b], steps=2)
+    >>> m["train/tokens_per_sec"], m["train/imbalance"], m["train/padding_efficiency"]
+    (100.0, 1.5, 0.5)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["RankWindow", "dataset_metrics", "window_metrics"]
+
+_SCALARS = ("tokens", "examples", "real", "padded", "busy", "elapsed", "no_padding")
+
+
+@dataclass
+class RankWindow:
+    """One rank's counts since the last logged step.
+
+    Attributes:
+        tokens: loss tokens.
+        examples: examples.
+        real: real tokens of every padded field (for the padding efficiency).
+        padded: token slots after padding of every padded field.
+        busy: seconds spent between ``on_train_batch_start`` and ``on_train_batch_end``.
+        elapsed: wall seconds of the window.
+        no_padding: 1.0 when a micro-batch had no padding counts (padding metrics skipped).
+        dataset_tokens: loss tokens per mixed dataset.
+        dataset_batches: micro-batches per mixed dataset.
+    """
+
+    tokens: float = 0.0
+    examples: float = 0.0
+    real: float = 0.0
+    padded: float = 0.0
+    busy: float = 0.0
+    elapsed: float = 0.0
+    no_padding: float = 0.0
+    dataset_tokens: list[float] = field(default_factory=list)
+    dataset_batches: list[float] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, num_datasets: int) -> RankWindow:
+        """A window with zero counts for ``num_datasets`` mixed datasets."""
+        return cls(dataset_tokens=[0.0] * num_datasets, dataset_batches=[0.0] * num_datasets)
+
+    def to_vector(self) -> list[float]:
+        """Flat floats (scalars, then tokens and batches per dataset) for one all-gather."""
+        return [float(getattr(self, name)) for name in _SCALARS] + [
+            x for pair in zip(self.dataset_tokens, self.dataset_batches, strict=True) for x in pair
+        ]
+
+    @classmethod
+    def from_vector(cls, row: list[float]) -> RankWindow:
+        """The inverse of :meth:`to_vector`.
+
+        Example:
+            >>> w = RankWindow(tokens=3, dataset_tokens=[1.0, 2.0], dataset_batches=[1.0, 1.0])
+            >>> RankWindow.from_vector(w.to_vector()) == w
+            True
+        """
+        k = len(_SCALARS)
+        scalars = dict(zip(_SCALARS, row[:k], strict=True))
+        rest = row[k:]
+        return cls(**scalars, dataset_tokens=list(rest[0::2]), dataset_batches=list(rest[1::2]))
+
+
+def _max_over_mean(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean > 0 else float("nan")
+
+
+def window_metrics(
+    windows: list[RankWindow],
+    steps: int,
+    flops_per_token: float | None = None,
+    peak_flops: float | None = None,
+) -> dict[str, float]:
+    """The global metrics of one window from every rank's counts (see the monitor's table).
+
+    Args:
+        windows: one :class:`RankWindow` per rank.
+        steps: optimizer steps in the window.
+        flops_per_token: model FLOPs per loss token, for ``train/flops_per_sec``.
+        peak_flops: peak FLOP/s of one device, for ``train/mfu``.
+    """
+    world = len(windows)
+    elapsed = max(w.elapsed for w in windows)
+    tokens = sum(w.tokens for w in windows)
+    examples = sum(w.examples for w in windows)
+    per_sec = tokens / elapsed if elapsed > 0 else float("nan")
+    metrics = {
+        "train/tokens_per_sec": per_sec,
+        "train/device/tokens_per_sec": per_sec / world,
+        "train/examples_per_sec": examples / elapsed if elapsed > 0 else 0.0,
+        "train/batch/examples": examples / steps,
+        "train/batch/tokens": tokens / steps,
+        "train/imbalance": _max_over_mean([w.tokens for w in windows]),
+        "train/step_time_imbalance": _max_over_mean([w.busy for w in windows]),
+        "train/step_time": elapsed / steps,
+    }
+    padded = sum(w.padded for w in windows)
+    if not any(w.no_padding for w in windows) and padded > 0:
+        padded_per_sec = padded / elapsed if elapsed > 0 else float("nan")
+        metrics["train/padded_tokens_per_sec"] = padded_per_sec
+        metrics["train/device/padded_tokens_per_sec"] = padded_per_sec / world
+        metrics["train/padding_efficiency"] = sum(w.real for w in windows) / padded
+    if flops_per_token is not None:
+        flops_per_sec = float(flops_per_token) * per_sec
+        metrics["train/flops_per_sec"] = flops_per_sec
+        metrics["train/device/flops_per_sec"] = flops_per_sec / world
+        if peak_flops is not None:
+            metrics["train/mfu"] = flops_per_sec / world / peak_flops
+    return metrics
+
+
+def dataset_metrics(
+    windows: list[RankWindow], names: list[str], tokens_per_sec: float, totals: list[float]
+) -> dict[str, float]:
+    """Per-dataset shares and rates of one window; adds the window's tokens to ``totals``.
+
+    Example:
+        >>> w = RankWindow(tokens=4, dataset_tokens=[3.0, 1.0], dataset_batches=[1.0, 1.0])
+        >>> totals = [0.0, 0.0]
+        >>> dataset_metrics([w], ["a", "b"], 2.0, totals)["train/dataset/a/token_share"]
+        0.75
+    """
+    out: dict[str, float] = {}
+    tokens = sum(w.tokens for w in windows)
+    batches = sum(sum(w.dataset_batches) for w in windows)
+    rate = tokens_per_sec / tokens if tokens > 0 else 0.0
+    for d, name in enumerate(names):
+        d_tokens = sum(w.dataset_tokens[d] for w in windows)
+        d_batches = sum(w.dataset_batches[d] for w in windows)
+        totals[d] += d_tokens
+        prefix = f"train/dataset/{name}/"
+        out[prefix + "tokens_per_sec"] = d_tokens * rate
+        out[prefix + "token_share"] = d_tokens / tokens if tokens > 0 else 0.0
+        out[prefix + "batch_share"] = d_batches / batches if batches > 0 else 0.0
+        out[prefix + "total_tokens"] = totals[d]
+    return out

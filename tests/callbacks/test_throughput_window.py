@@ -1,0 +1,59 @@
+"""The throughput formulas on hand-built windows of three ranks (no Trainer, no collective)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lightning_varbatch.callbacks.throughput_window import (
+    RankWindow,
+    dataset_metrics,
+    window_metrics,
+)
+
+
+def windows() -> list[RankWindow]:
+    return [
+        RankWindow(600, 12, 900, 1200, 3.0, 10.0, 0.0, [500.0, 100.0], [2.0, 1.0]),
+        RankWindow(300, 6, 400, 800, 1.5, 9.0, 0.0, [300.0, 0.0], [2.0, 0.0]),
+        RankWindow(300, 6, 500, 1000, 1.5, 8.0, 0.0, [0.0, 300.0], [0.0, 3.0]),
+    ]
+
+
+def test_global_figures_use_every_rank_and_the_slowest_wall_time() -> None:
+    m = window_metrics(windows(), steps=3, flops_per_token=6.0, peak_flops=100.0)
+    assert m["train/tokens_per_sec"] == 1200 / 10.0  # all ranks' tokens / slowest rank's time
+    assert m["train/device/tokens_per_sec"] == 1200 / 10.0 / 3
+    assert m["train/examples_per_sec"] == 24 / 10.0
+    assert m["train/batch/examples"] == 8.0
+    assert m["train/batch/tokens"] == 400.0
+    assert m["train/imbalance"] == pytest.approx(600 / 400)
+    assert m["train/step_time_imbalance"] == pytest.approx(3.0 / 2.0)
+    assert m["train/step_time"] == pytest.approx(10.0 / 3)
+    assert m["train/padding_efficiency"] == pytest.approx(1800 / 3000)
+    assert m["train/padded_tokens_per_sec"] == pytest.approx(300.0)
+    assert m["train/mfu"] == pytest.approx(6.0 * 120.0 / 3 / 100.0)
+
+
+def test_padding_metrics_skipped_when_any_rank_lacks_them() -> None:
+    ws = windows()
+    ws[1].no_padding = 1.0
+    assert "train/padding_efficiency" not in window_metrics(ws, steps=1)
+    idle = [RankWindow(), RankWindow()]
+    assert math.isnan(window_metrics(idle, steps=1)["train/imbalance"])
+
+
+def test_dataset_shares_and_running_totals() -> None:
+    totals = [10.0, 0.0]
+    m = dataset_metrics(windows(), ["news", "web"], tokens_per_sec=120.0, totals=totals)
+    assert m["train/dataset/news/token_share"] == pytest.approx(800 / 1200)
+    assert m["train/dataset/web/batch_share"] == pytest.approx(4 / 8)
+    assert m["train/dataset/news/tokens_per_sec"] == pytest.approx(120.0 * 800 / 1200)
+    assert totals == [810.0, 400.0]
+    assert m["train/dataset/web/total_tokens"] == 400.0
+
+
+def test_vector_round_trip_keeps_every_field() -> None:
+    for w in windows():
+        assert RankWindow.from_vector(w.to_vector()) == w
