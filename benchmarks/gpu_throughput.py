@@ -33,15 +33,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from benchmarks.training_throughput import (
-    CONFIGS,
-    Settings,
-    describe,
-    machine_line,
-    report,
-    run_all_configs,
-    run_child,
-)
+from benchmarks.harness import write_json
+from benchmarks.training_throughput import describe, machine_line, report, run_all_configs
+from benchmarks.training_workload import CONFIGS, Settings, run_child
 
 MODULE = "benchmarks.gpu_throughput"
 
@@ -127,9 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + " rise over the loop, max over rounds)"
     )
     numbers = report(results, s, "peak MB", smoke=args.tiny)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(numbers, f, indent=1)
+    write_json(args.json, numbers)
     return 0
 
 

@@ -31,6 +31,9 @@ Definitions:
   (``MALLOC_MMAP_THRESHOLD_``) so that freed buffers leave the resident set; it also sees
   buffers numpy allocates with plain ``malloc`` and does not report to tracemalloc (e.g. the
   8 B/example scratch of its radix argsort), and torch tensors.
+* The quality figures are :func:`lightning_varbatch.diagnostics.diagnose`'s (padding
+  efficiency, fill, imbalance, coverage), for ours and for every baseline's batches alike
+  (:mod:`benchmarks.plan_metrics`); in words:
 * **padding efficiency**: sum over micro-batches of real key tokens (sum of ``max(src, tgt)``
   of the members) / sum of ``n_examples * longest key``.
 * **budget fill**: mean micro-batch cost / ``max_tokens``; **max cost**: largest cost /
@@ -53,28 +56,23 @@ machine's memory system makes even the floor super-linear), and <= 16 B/example;
 efficiency >= 0.99 with d-order and d-comp > 0.5; max cost <= max_tokens; mean imbalance
 <= 1.01 (linear) and <= 1.02 (quadratic); coverage 100 % with no duplicate and equal counts.
 
-Baselines:
-
-* **DistributedSampler**: ``torch.utils.data.DistributedSampler(shuffle=True)`` (random
-  permutation, ``perm[rank::world]``) + ``BatchSampler`` of a fixed size ``B``, the largest ``B``
-  whose median (p50) random batch fits the budget; fixed sizes cannot respect a token budget,
-  so the over-budget fraction is reported.
-* **greedy sorted** (fairseq-like): stable sort by key (ascending), cut greedily into the
-  largest batches under the budget, batch order shuffled each epoch, sharded
-  ``batches[rank::world]``, no tail handling.
-* **DeepSpeed** ``batch_by_seqlens`` (``sequence_picking_order="seqlen"``,
-  ``effective_batch_size=world_size``), micro-batches dealt as DeepSpeed's dataloader does
-  (``DistributedSampler(shuffle=False)``: micro-batch ``i`` to rank ``i % world``). It packs by
-  *unpadded* tokens and is super-linear, so it runs on subsamples (``--ds-sizes``); its time is
-  extrapolated to the main size with the exponent fitted on the two largest subsamples.
-* **lhotse** ``DynamicBucketingSampler`` (``TokenConstraint``), **Hugging Face**
-  ``LengthGroupedSampler`` (+ accelerate's ``BatchSamplerShard``) and **fairseq**
-  ``batch_by_size`` (not installable on Python 3.11): see :mod:`benchmarks.planning_others`.
-  lhotse runs on ``--lhotse-size`` examples (default 500k) next to our planner timed on the
-  same examples.
+Baselines (how each is driven: :mod:`benchmarks.baselines` for the fixed-size
+``DistributedSampler``, greedy sorted and DeepSpeed ``batch_by_seqlens``;
+:mod:`benchmarks.baselines_libs` for lhotse ``DynamicBucketingSampler``, Hugging Face
+``LengthGroupedSampler`` + accelerate's ``BatchSamplerShard``, and fairseq ``batch_by_size``,
+which does not install on Python 3.11). DeepSpeed is super-linear, so it runs on subsamples
+(``--ds-sizes``) and its time is extrapolated to the main size with the exponent fitted on the two
+largest; lhotse runs on ``--lhotse-size`` examples (default 500k) next to our planner timed on the
+same examples.
 
 The performance table's **x ours** column is the row's time over our planner's time at the
 same size, measured in the same run.
+
+Layout: this module holds the run and the command line; :mod:`benchmarks.planning_measure` the
+measurement of our planner and the floor, :mod:`benchmarks.planning_compare` the baselines'
+rows, :mod:`benchmarks.planning_report` the tables and targets, :mod:`benchmarks.plan_metrics`
+the quality figures (from :func:`lightning_varbatch.diagnostics.diagnose`) and
+:mod:`benchmarks.harness` the timing, memory and table plumbing every script shares.
 """
 
 from __future__ import annotations
@@ -82,710 +80,58 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
-import os
-import platform
-import re
 import statistics
-import subprocess
 import sys
-import time
-import tracemalloc
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from collections.abc import Sequence
+from dataclasses import asdict
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any
 
 import numpy as np
 
-from lightning_varbatch.planning import EpochPlan, EpochPlanner, PlanConfig
+from benchmarks.harness import fmt, git_dirty, machine_line, print_table, timed, traced, write_json
+from benchmarks.plan_metrics import plan_batches, plan_quality
+from benchmarks.planning_compare import run_baselines
+from benchmarks.planning_measure import (
+    floor_once,
+    load_sampler_cls,
+    measure_rss,
+    ours_memory,
+    ours_rank,
+    profile,
+    rss_child,
+)
+from benchmarks.planning_report import (
+    PERF_HEADERS,
+    QUAL_HEADERS,
+    Perf,
+    SizeResult,
+    perf_rows,
+    print_targets,
+    qual_row,
+)
+from lightning_varbatch.planning import EpochPlanner, PlanConfig
 from lightning_varbatch.synthetic import wmt_like_lengths
 
-T = TypeVar("T")
-
-QUAD_COEF = 1 / 64
 MAIN_DEFAULT = 4_500_000
 BIG_DEFAULT = 100_000_000
-
-
-# -- measuring ---------------------------------------------------------------------------------
-
-
-def _timed(fn: Callable[[], T]) -> tuple[float, T]:
-    gc.collect()
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
-
-
-def _traced(fn: Callable[[], T]) -> tuple[int, int, T]:
-    """Run ``fn`` under tracemalloc: (peak bytes, bytes still held with the result alive)."""
-    gc.collect()
-    tracemalloc.start()
-    tracemalloc.reset_peak()
-    out = fn()
-    current, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    return peak, current, out
-
-
-def _proc_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            match = re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE)
-    except OSError:
-        return None
-    return int(match.group(1)) if match else None
-
-
-def _rss_peak(fn: Callable[[], T]) -> tuple[int | None, T]:
-    """Rise of the resident-set high-water mark over ``fn`` (bytes), ``None`` if unsupported."""
-    gc.collect()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current RSS
-    except OSError:
-        return None, fn()
-    before = _proc_kib("VmRSS")
-    out = fn()
-    after = _proc_kib("VmHWM")
-    if before is None or after is None:
-        return None, out
-    return (after - before) * 1024, out
-
-
-# -- one epoch of micro-batches, whatever made it ------------------------------------------------
-
-
-@dataclass
-class Batches:
-    """Every rank's micro-batches of one epoch: batch ``b`` is ``pool[start[b]:start[b]+size[b]]``.
-
-    ``slot`` names the batch in a layout that is fixed across epochs (``None`` when there is
-    none); it is what the batch-order comparison compares.
-    """
-
-    pool: np.ndarray
-    start: np.ndarray
-    size: np.ndarray
-    rank: np.ndarray
-    step: np.ndarray
-    slot: np.ndarray | None = None
-
-
-@dataclass
-class Quality:
-    """Plan-quality numbers of one epoch (see the module docstring)."""
-
-    pad_eff: float
-    fill: float
-    max_cost: float
-    over: float
-    imb_lin: float
-    imb_quad: float
-    full_steps: int
-    steps: int
-    count_min: int
-    count_max: int
-    coverage: float
-    dup: int
-    d_order: float | None = None
-    d_comp: float | None = None
-
-
-def _members(b: Batches) -> tuple[np.ndarray, np.ndarray]:
-    """Example ids of all batches, batch after batch, and each batch's offset in them."""
-    size = b.size.astype(np.int64)
-    offs = np.cumsum(size) - size
-    pos = np.repeat(b.start.astype(np.int64) - offs, size)
-    pos += np.arange(pos.size, dtype=np.int64)
-    return b.pool[pos], offs
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser, vectorised (wrapping uint64 arithmetic)."""
-    z = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-def _set_hashes(b: Batches) -> np.ndarray:
-    """Order-independent hash of each batch's example set."""
-    ids, offs = _members(b)
-    h = np.add.reduceat(_mix(ids), offs)
-    return h ^ _mix(b.size)
-
-
-def _first_rank0(b: Batches) -> np.ndarray:
-    """Index of rank 0's first micro-batch of every step, in step order."""
-    idx = np.flatnonzero(b.rank == 0)
-    _, first = np.unique(b.step[idx], return_index=True)
-    return idx[first]
-
-
-def epoch_change(b0: Batches, b1: Batches) -> tuple[float, float]:
-    """(d-order, d-comp) between two epochs."""
-    h0, h1 = _set_hashes(b0), _set_hashes(b1)
-    f0, f1 = _first_rank0(b0), _first_rank0(b1)
-    m = min(f0.size, f1.size)
-    if b0.slot is not None and b1.slot is not None:
-        id0, id1 = b0.slot[f0[:m]], b1.slot[f1[:m]]
-    else:
-        id0, id1 = h0[f0[:m]], h1[f1[:m]]
-    d_order = float(np.mean(id0 != id1)) if m else 0.0
-    d_comp = float(np.mean(np.isin(h1, h0, invert=True)))
-    return d_order, d_comp
-
-
-def quality(
-    b: Batches,
-    key: np.ndarray,
-    max_tokens: int,
-    world: int,
-    *,
-    budget_cost: str = "linear",
-    other_epoch: Batches | None = None,
-) -> Quality:
-    """Padding, budget, balance, counts and coverage of one epoch of batches."""
-    n = key.shape[0]
-    ids, offs = _members(b)
-    kv = key[ids]
-    longest = np.maximum.reduceat(kv, offs).astype(np.float64)
-    real = np.add.reduceat(kv, offs, dtype=np.int64)
-    size = b.size.astype(np.float64)
-    lin = size * longest
-    quad = lin + size * longest * longest * QUAD_COEF
-    cost = lin if budget_cost == "linear" else quad
-    steps = int(b.step.max()) + 1
-    cell = b.step.astype(np.int64) * world + b.rank
-    counts = np.bincount(cell, minlength=steps * world).reshape(steps, world)
-    full = (counts > 0).all(axis=1)
-    imb = []
-    for c in (lin, quad):
-        per = np.bincount(cell, weights=c, minlength=steps * world).reshape(steps, world)
-        per = per[full]
-        imb.append(float(np.mean(per.max(axis=1) / per.mean(axis=1))) if per.size else math.nan)
-    per_rank = np.bincount(b.rank, minlength=world)
-    seen = np.zeros(n, dtype=bool)
-    seen[ids] = True
-    distinct = int(np.count_nonzero(seen))
-    del seen
-    q = Quality(
-        pad_eff=float(real.sum() / lin.sum()),
-        fill=float(cost.mean() / max_tokens),
-        max_cost=float(cost.max() / max_tokens),
-        over=float(np.mean(cost > max_tokens)),
-        imb_lin=imb[0],
-        imb_quad=imb[1],
-        full_steps=int(full.sum()),
-        steps=steps,
-        count_min=int(per_rank.min()),
-        count_max=int(per_rank.max()),
-        coverage=distinct / n,
-        dup=int(ids.size - distinct),
-    )
-    if other_epoch is not None:
-        q.d_order, q.d_comp = epoch_change(b, other_epoch)
-    return q
-
-
-# -- the planner ---------------------------------------------------------------------------------
-
-
-def _iterate_plan(plan: EpochPlan, rank: int) -> None:
-    for tile in plan.rank_tiles(rank).tolist():
-        ids = plan.tile_ids(tile).tolist()
-        del ids  # consumed batch by batch, never kept
-    _ = plan.step_tokens
-
-
-def ours_rank(
-    lengths: np.ndarray, config: PlanConfig, world: int, rank: int
-) -> tuple[float, float]:
-    """(plan all ranks, rank planned + iterated) seconds of one run of the planner."""
-    gc.collect()
-    t0 = time.perf_counter()
-    planner = EpochPlanner(lengths, config)
-    plan = planner.plan(0, world)
-    t1 = time.perf_counter()
-    _iterate_plan(plan, rank)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t0
-
-
-def ours_memory(
-    lengths: np.ndarray, config: PlanConfig, world: int, rank: int
-) -> tuple[EpochPlanner, EpochPlan]:
-    planner = EpochPlanner(lengths, config)
-    plan = planner.plan(0, world)
-    _iterate_plan(plan, rank)
-    return planner, plan
-
-
-def plan_batches(plan: EpochPlan) -> Batches:
-    s, w, a = plan.assign.shape
-    tiles = plan.assign.reshape(-1)
-    return Batches(
-        pool=plan.order,
-        start=plan.tile_start[tiles],
-        size=plan.tile_size[tiles],
-        rank=np.tile(np.repeat(np.arange(w), a), s),
-        step=np.repeat(np.arange(s), w * a),
-        slot=tiles,
-    )
-
-
-def floor_once(key: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    perm = rng.permutation(key.shape[0])
-    order = np.argsort(key.astype(np.int16), kind="stable")
-    return perm, order
-
-
-def _sampler_cls() -> Any:
-    try:
-        from lightning_varbatch.sampler import TokenBudgetBatchSampler
-    except ImportError:
-        return None
-    return TokenBudgetBatchSampler
-
-
-# -- baselines -----------------------------------------------------------------------------------
-
-
-def fixed_batch_size(key: np.ndarray, max_tokens: int, seed: int) -> int:
-    """Largest fixed batch size whose median random batch fits the budget (padded cost)."""
-    rng = np.random.default_rng([seed, 99])
-    sample = rng.permutation(key)[: 1 << 21].astype(np.int64)
-    lo, hi = 1, max(1, max_tokens // int(sample.min()))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        rows = sample.size // mid
-        if rows == 0:
-            hi = mid - 1
-            continue
-        longest = sample[: rows * mid].reshape(rows, mid).max(axis=1)
-        if float(np.median(mid * longest)) <= max_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def dist_sampler_rank(n: int, batch: int, world: int, rank: int, seed: int) -> float:
-    from torch.utils.data import BatchSampler, DistributedSampler
-
-    gc.collect()
-    t0 = time.perf_counter()
-    sampler: DistributedSampler[int] = DistributedSampler(
-        cast(Any, range(n)), num_replicas=world, rank=rank, shuffle=True, seed=seed, drop_last=False
-    )
-    sampler.set_epoch(0)
-    for ids in BatchSampler(sampler, batch, drop_last=False):
-        del ids
-    return time.perf_counter() - t0
-
-
-def dist_sampler_all(n: int, batch: int, world: int, seed: int) -> list[list[list[int]]]:
-    """Every rank's batches, computed the way DistributedSampler + BatchSampler do."""
-    import torch
-
-    g = torch.Generator()
-    g.manual_seed(seed)
-    idx: list[int] = torch.randperm(n, generator=g).tolist()
-    total = -(-n // world) * world
-    idx += idx[: total - n]
-    shards = [idx[r:total:world] for r in range(world)]
-    return [[s[i : i + batch] for i in range(0, len(s), batch)] for s in shards]
-
-
-def dist_sampler_batches(n: int, batch: int, world: int, seed: int, epoch: int) -> Batches:
-    import torch
-
-    g = torch.Generator()
-    g.manual_seed(seed + epoch)  # DistributedSampler seeds with seed + epoch
-    perm = torch.randperm(n, generator=g).numpy()
-    total = -(-n // world) * world
-    perm = np.concatenate([perm, perm[: total - n]])
-    per = total // world
-    pool = perm.reshape(per, world).T.reshape(-1)  # rank-major: rank r's indices perm[r::world]
-    nb = -(-per // batch)
-    j = np.arange(nb)
-    start = (np.arange(world)[:, None] * per + j[None, :] * batch).reshape(-1)
-    size = np.minimum(batch, per - j * batch)
-    return Batches(
-        pool=pool,
-        start=start,
-        size=np.tile(size, world),
-        rank=np.repeat(np.arange(world), nb),
-        step=np.tile(j, world),
-    )
-
-
-def greedy_cut(sorted_key: np.ndarray, max_tokens: int) -> np.ndarray:
-    """Starts of the greedy cut of ascending keys: each batch as large as the budget allows."""
-    k = memoryview(cast(Any, np.ascontiguousarray(sorted_key, dtype=np.int32)))
-    n = len(k)
-    starts: list[int] = []
-    pos = 0
-    while pos < n:
-        lo = pos + 1
-        hi = min(n, pos + max(1, max_tokens // k[pos]))
-        while lo < hi:  # (size) * (last, the longest) <= budget is monotone in the end
-            mid = (lo + hi + 1) // 2
-            if (mid - pos) * k[mid - 1] <= max_tokens:
-                lo = mid
-            else:
-                hi = mid - 1
-        starts.append(pos)
-        pos = lo
-    return np.asarray(starts, dtype=np.int64)
-
-
-def greedy_plan(
-    key: np.ndarray, max_tokens: int, seed: int, epoch: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(sorted ids, batch starts, batch sizes, shuffled batch order) of the greedy baseline."""
-    ids = np.argsort(key, kind="stable")
-    starts = greedy_cut(key[ids], max_tokens)
-    sizes = np.diff(np.append(starts, key.shape[0]))
-    perm = np.random.default_rng([seed, epoch]).permutation(starts.size)
-    return ids, starts, sizes, perm
-
-
-def greedy_rank(key: np.ndarray, max_tokens: int, world: int, rank: int, seed: int) -> float:
-    gc.collect()
-    t0 = time.perf_counter()
-    ids, starts, sizes, perm = greedy_plan(key, max_tokens, seed, 0)
-    for slot in perm[rank::world].tolist():
-        s = int(starts[slot])
-        batch = ids[s : s + int(sizes[slot])].tolist()
-        del batch
-    return time.perf_counter() - t0
-
-
-def greedy_batches(key: np.ndarray, max_tokens: int, world: int, seed: int, epoch: int) -> Batches:
-    ids, starts, sizes, perm = greedy_plan(key, max_tokens, seed, epoch)
-    k = np.arange(perm.size)
-    return Batches(
-        pool=ids, start=starts[perm], size=sizes[perm], rank=k % world, step=k // world, slot=perm
-    )
-
-
-def deepspeed_fn() -> Callable[..., Any] | None:
-    try:
-        from deepspeed.runtime.data_pipeline.data_sampling.variable_batch_size_and_lr import (
-            batch_by_seqlens,
-        )
-    except Exception:  # ImportError, or deepspeed failing to initialise
-        return None
-    return batch_by_seqlens
-
-
-def deepspeed_batches(
-    fn: Callable[..., Any], key: np.ndarray, max_tokens: int, world: int, seed: int
-) -> Batches:
-    microbatches, _, _ = fn(
-        key.astype(np.int64).tolist(),
-        max_tokens,
-        effective_batch_size=world,
-        sequence_picking_order="seqlen",
-        seed=seed,
-    )
-    lists = [ids for _, ids in microbatches]
-    size = np.array([len(x) for x in lists], dtype=np.int64)
-    i = np.arange(size.size)
-    return Batches(
-        pool=np.concatenate([np.asarray(x, dtype=np.int64) for x in lists]),
-        start=np.cumsum(size) - size,
-        size=size,
-        rank=i % world,
-        step=i // world,
-        slot=i,
-    )
-
-
-# -- profile of the planner ----------------------------------------------------------------------
-
-
-def profile_pieces(
-    lengths: np.ndarray, config: PlanConfig, world: int, rank: int, calls: int
-) -> list[tuple[str, Callable[[], object]]]:
-    """The planner's pieces, each a callable that can be called ``calls`` times."""
-    from lightning_varbatch.layout import Layout, SortedGroups
-    from lightning_varbatch.lengths import prepare_lengths
-
-    prep = prepare_lengths(lengths, config)
-    groups = SortedGroups.build(prep.key, prep.kept, config.bucket_width)
-    planner = EpochPlanner(lengths, config)
-    plan = planner.plan(0, world)
-    fresh = [planner.plan(0, world) for _ in range(calls)]  # tile_tokens is cached per plan
-    warm = [planner.plan(0, world) for _ in range(calls)]
-    for p in warm:
-        _ = p.tile_tokens
-
-    def shuffle() -> np.ndarray:
-        rng = np.random.default_rng(0)
-        order = groups.ids.copy()
-        starts = groups.starts
-        for g in np.flatnonzero(np.diff(starts) > 1):
-            rng.shuffle(order[starts[g] : starts[g + 1]])
-        return order
-
-    return [
-        (
-            "prepare_lengths (validate, key = max(src, tgt))",
-            lambda: prepare_lengths(lengths, config),
-        ),
-        (
-            "SortedGroups.build (radix argsort of the key)",
-            lambda: SortedGroups.build(prep.key, prep.kept, config.bucket_width),
-        ),
-        ("Layout.build (greedy cut of the groups)", lambda: Layout.build(groups, config)),
-        ("plan(epoch), sort + layout cached (per-epoch work)", lambda: planner.plan(1, world)),
-        ("  of which: ids.copy + shuffle within groups", shuffle),
-        ("iterate rank 0: tile_ids(t).tolist()", lambda: _iterate_rank_only(plan, rank)),
-        ("tile_tokens (loss[order] gather + reduceat)", lambda: fresh.pop().tile_tokens),
-        ("step_tokens, tile_tokens known", lambda: warm.pop().step_tokens),
-    ]
-
-
-def profile(
-    lengths: np.ndarray, config: PlanConfig, world: int, rank: int
-) -> list[tuple[str, float, float]]:
-    """(piece, seconds, tracemalloc peak B/example) of the planner's pieces."""
-    n = lengths.shape[0]
-    rows = []
-    for name, fn in profile_pieces(lengths, config, world, rank, calls=2):
-        dt, out = _timed(fn)
-        del out
-        peak, _, out = _traced(fn)
-        del out
-        rows.append((name, dt, peak / n))
-    return rows
-
-
-def _iterate_rank_only(plan: EpochPlan, rank: int) -> None:
-    for tile in plan.rank_tiles(rank).tolist():
-        ids = plan.tile_ids(tile).tolist()
-        del ids
-
-
-# -- resident-set peaks, measured in a child process ---------------------------------------------
-
-
-def rss_child(n: int, args: argparse.Namespace) -> dict[str, float]:
-    """RSS high-water rises (B/example); run with a fixed, small glibc mmap threshold."""
-    config = PlanConfig(max_tokens=args.max_tokens)
-    world, budget, seed = args.world_size, args.max_tokens, args.seed
-    lengths = wmt_like_lengths(n, seed=seed)
-    key = np.maximum(lengths[:, 0], lengths[:, 1])
-    out: dict[str, float] = {}
-
-    def put(name: str, fn: Callable[[], object]) -> None:
-        rss, res = _rss_peak(fn)
-        del res
-        if rss is not None:
-            out[name] = rss / n
-
-    put("ours", lambda: ours_memory(lengths, config, world, 0))
-    put("floor", lambda: floor_once(key, seed))
-    if args.rss_baselines:
-        bsz = fixed_batch_size(key, budget, seed)
-        put("dist", lambda: dist_sampler_rank(n, bsz, world, 0, seed))
-        put("greedy", lambda: greedy_rank(key, budget, world, 0, seed))
-    for name, fn in profile_pieces(lengths, config, world, 0, calls=1):
-        put("piece:" + name, fn)
-    return out
-
-
-def measure_rss(n: int, args: argparse.Namespace, baselines: bool) -> dict[str, float]:
-    """Run :func:`rss_child` in a fresh process; ``{}`` when that is not possible."""
-    if not os.path.exists("/proc/self/clear_refs"):
-        return {}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    # a fixed threshold: every large buffer is its own mapping, returned to the OS when freed,
-    # so the resident set before a measurement holds only live data
-    env["MALLOC_MMAP_THRESHOLD_"] = "131072"
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--rss-child",
-        str(n),
-        "--max-tokens",
-        str(args.max_tokens),
-        "--world-size",
-        str(args.world_size),
-        "--seed",
-        str(args.seed),
-    ] + (["--rss-baselines"] if baselines else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RSS "):
-            return {k: float(v) for k, v in json.loads(line[4:]).items()}
-    print(f"  RSS measurement failed: {proc.stderr.strip()[-300:]}", flush=True)
-    return {}
-
-
-# -- printing ------------------------------------------------------------------------------------
-
-
-def _fmt(x: object, spec: str = ".3f") -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, str):
-        return x
-    if spec == ".3f" and isinstance(x, float) and abs(x) >= 1e4:
-        return format(x, ".3g")
-    return format(x, spec)
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: Sequence[str]) -> str:
-        first = cells[0].ljust(widths[0])
-        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return "  ".join([first, *rest])
-
-    print(line(headers))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
-
-
-@dataclass
-class Perf:
-    method: str
-    n: int
-    plan_s: float | None
-    rank_s: float | None
-    rank_best_s: float | None
-    floor_s: float | None
-    peak_bpe: float | None = None
-    held_bpe: float | None = None
-    rss_bpe: float | None = None
-    note: str = ""
-    ours_s: float | None = None
-
-
-def perf_rows(perfs: Sequence[Perf]) -> list[list[str]]:
-    out = []
-    for p in perfs:
-        ratio = p.rank_s / p.floor_s if p.rank_s is not None and p.floor_s else None
-        vs_ours = p.rank_s / p.ours_s if p.rank_s is not None and p.ours_s else None
-        nspe = None if p.rank_s is None else p.rank_s / p.n * 1e9
-        out.append(
-            [
-                p.method,
-                f"{p.n:,}",
-                _fmt(p.plan_s),
-                _fmt(p.rank_s),
-                _fmt(p.rank_best_s),
-                _fmt(ratio, ".2f"),
-                _fmt(vs_ours, ".2f"),
-                _fmt(nspe, ".1f"),
-                _fmt(p.peak_bpe, ".1f"),
-                _fmt(p.held_bpe, ".1f"),
-                _fmt(p.rss_bpe, ".1f"),
-                p.note,
-            ]
-        )
-    return out
-
-
-PERF_HEADERS = [
-    "method",
-    "n",
-    "plan all [s]",
-    "rank0 [s]",
-    "best [s]",
-    "x floor",
-    "x ours",
-    "ns/ex",
-    "peak B/ex",
-    "held B/ex",
-    "RSS B/ex",
-    "note",
-]
-QUAL_HEADERS = [
-    "method",
-    "n",
-    "pad eff",
-    "fill",
-    "max cost",
-    "over %",
-    "imb lin",
-    "imb quad",
-    "steps (full)",
-    "batches/rank",
-    "coverage %",
-    "dup",
-    "d-order",
-    "d-comp",
-]
-
-
-def qual_row(method: str, n: int, q: Quality) -> list[str]:
-    counts = f"{q.count_min}" if q.count_min == q.count_max else f"{q.count_min}-{q.count_max}"
-    return [
-        method,
-        f"{n:,}",
-        _fmt(q.pad_eff, ".4f"),
-        _fmt(q.fill, ".4f"),
-        _fmt(q.max_cost, ".4f"),
-        _fmt(100 * q.over, ".2f"),
-        _fmt(q.imb_lin, ".4f"),
-        _fmt(q.imb_quad, ".4f"),
-        f"{q.steps} ({q.full_steps})",
-        counts,
-        _fmt(100 * q.coverage, ".3f"),
-        str(q.dup),
-        _fmt(q.d_order, ".3f"),
-        _fmt(q.d_comp, ".3f"),
-    ]
-
-
-# -- the run -------------------------------------------------------------------------------------
-
-
-@dataclass
-class SizeResult:
-    n: int
-    floor_s: float
-    floor_best_s: float
-    ours_plan_s: float
-    ours_s: float
-    ours_best_s: float
-    peak_bpe: float
-    held_bpe: float
-    floor_peak_bpe: float
-    sampler_s: float | None
-    sampler_note: str
-    quality: Quality
-    dropped: int
-    rss: dict[str, float]
 
 
 def run_size(
     n: int, args: argparse.Namespace, config: PlanConfig, baselines: bool
 ) -> tuple[SizeResult, np.ndarray, np.ndarray]:
     world, rank, reps = args.world_size, 0, args.repeats
-    t_gen, lengths = _timed(lambda: wmt_like_lengths(n, seed=args.seed))
+    t_gen, lengths = timed(lambda: wmt_like_lengths(n, seed=args.seed))
     key = np.maximum(lengths[:, 0], lengths[:, 1])
     print(f"\n== n = {n:,}  (lengths generated in {t_gen:.1f} s, not timed)", flush=True)
-    sampler_cls = _sampler_cls()
+    sampler_cls = load_sampler_cls()
     floors: list[float] = []
     ours_plan: list[float] = []
     ours: list[float] = []
     samp: list[float] = []
     sampler_note = "not importable" if sampler_cls is None else ""
     for r in range(reps):
-        dt, fl = _timed(partial(floor_once, key, args.seed + r))
+        dt, fl = timed(partial(floor_once, key, args.seed + r))
         del fl
         floors.append(dt)
         p, t = ours_rank(lengths, config, world, rank)
@@ -793,7 +139,7 @@ def run_size(
         ours.append(t)
         if sampler_cls is not None and not sampler_note:
             try:
-                dt, batches = _timed(
+                dt, batches = timed(
                     lambda: list(sampler_cls(lengths, args.max_tokens, rank=rank, world_size=world))
                 )
                 del batches
@@ -805,14 +151,14 @@ def run_size(
             + (f", sampler {samp[-1]:.3f} s" if len(samp) == r + 1 else ""),
             flush=True,
         )
-    peak, held, kept = _traced(lambda: ours_memory(lengths, config, world, rank))
+    peak, held, kept = traced(lambda: ours_memory(lengths, config, world, rank))
     del kept
-    fpeak, _, fout = _traced(lambda: floor_once(key, args.seed))
+    fpeak, _, fout = traced(lambda: floor_once(key, args.seed))
     del fout
     planner = EpochPlanner(lengths, config)
     plan0 = planner.plan(0, world)
     b1 = plan_batches(planner.plan(1, world))
-    q = quality(plan_batches(plan0), key, args.max_tokens, world, other_epoch=b1)
+    q = plan_quality(planner, plan0, other_epoch=b1)
     dropped = plan0.num_dropped
     del b1, plan0, planner
     gc.collect()
@@ -878,265 +224,10 @@ def size_perfs(res: SizeResult) -> list[Perf]:
     return rows
 
 
-def run_baselines(
-    n: int, lengths: np.ndarray, key: np.ndarray, res: SizeResult, args: argparse.Namespace
-) -> tuple[list[Perf], list[list[str]], dict[str, Any]]:
-    world, budget, seed, reps = args.world_size, args.max_tokens, args.seed, args.repeats
-    perfs: list[Perf] = []
-    quals: list[list[str]] = []
-    info: dict[str, Any] = {}
-
-    # ours with the quadratic cost model (informational: budget in quadratic units)
-    qcfg = PlanConfig(max_tokens=budget, cost="quadratic", quadratic_coef=QUAD_COEF)
-    qplanner = EpochPlanner(lengths, qcfg)
-    qb0 = plan_batches(qplanner.plan(0, world))
-    qb1 = plan_batches(qplanner.plan(1, world))
-    qq = quality(qb0, key, budget, world, budget_cost="quadratic", other_epoch=qb1)
-    quals.append(qual_row("ours, cost=quadratic (quad budget)", n, qq))
-    del qplanner, qb0, qb1
-
-    # (a) DistributedSampler + fixed batch size
-    bsz = fixed_batch_size(key, budget, seed)
-    info["fixed_batch"] = bsz
-    print(f"  DistributedSampler baseline: fixed batch size B = {bsz}", flush=True)
-    times = [dist_sampler_rank(n, bsz, world, 0, seed) for _ in range(reps)]
-    plan_t = [_timed(lambda: dist_sampler_all(n, bsz, world, seed))[0] for _ in range(reps)]
-    peak, _, out = _traced(lambda: dist_sampler_rank(n, bsz, world, 0, seed))
-    del out
-    name = f"DistributedSampler, B={bsz}"
-    perfs.append(
-        Perf(
-            method=name,
-            n=n,
-            plan_s=statistics.median(plan_t),
-            rank_s=statistics.median(times),
-            rank_best_s=min(times),
-            floor_s=res.floor_s,
-            peak_bpe=peak / n,
-            rss_bpe=res.rss.get("dist"),
-            ours_s=res.ours_s,
-            note="randperm tensor untraced",
-        )
-    )
-    b0 = dist_sampler_batches(n, bsz, world, seed, 0)
-    b1 = dist_sampler_batches(n, bsz, world, seed, 1)
-    quals.append(qual_row(name, n, quality(b0, key, budget, world, other_epoch=b1)))
-    del b0, b1
-
-    # (b) greedy sorted, round-robin
-    times = [greedy_rank(key, budget, world, 0, seed) for _ in range(reps)]
-    plan_t = [_timed(lambda: greedy_batches(key, budget, world, seed, 0))[0] for _ in range(reps)]
-    peak, _, out = _traced(lambda: greedy_rank(key, budget, world, 0, seed))
-    del out
-    name = "greedy sorted, batches[rank::world]"
-    perfs.append(
-        Perf(
-            method=name,
-            n=n,
-            plan_s=statistics.median(plan_t),
-            rank_s=statistics.median(times),
-            rank_best_s=min(times),
-            floor_s=res.floor_s,
-            peak_bpe=peak / n,
-            rss_bpe=res.rss.get("greedy"),
-            ours_s=res.ours_s,
-        )
-    )
-    b0 = greedy_batches(key, budget, world, seed, 0)
-    b1 = greedy_batches(key, budget, world, seed, 1)
-    gq = quality(b0, key, budget, world, other_epoch=b1)
-    info["greedy"] = gq
-    quals.append(qual_row(name, n, gq))
-    del b0, b1
-
-    # (c) lhotse, Hugging Face, fairseq (benchmarks/planning_others.py)
-    from benchmarks.planning_others import run_others
-
-    config = PlanConfig(max_tokens=budget)  # as in main()
-    others = run_others(lengths, key, args, config, bsz, res.ours_s, res.floor_s)
-    perfs += others.perfs
-    quals += others.quals
-    info["others"] = others
-
-    # (d) DeepSpeed batch_by_seqlens on subsamples
-    fn = deepspeed_fn() if args.ds_sizes else None
-    if fn is None:
-        perfs.append(Perf("DeepSpeed batch_by_seqlens", n, None, None, None, None, note="n/a"))
-        return perfs, quals, info
-    ds_times: list[tuple[int, float]] = []
-    last: Batches | None = None
-    for m in args.ds_sizes:
-        sub = key[:m]  # iid lengths: a prefix is a random subsample
-        try:
-            dt, last = _timed(partial(deepspeed_batches, fn, sub, budget, world, seed))
-        except AssertionError as e:  # too few examples for one micro-batch per rank
-            print(f"  DeepSpeed n={m}: failed ({e})", flush=True)
-            continue
-        ds_times.append((m, dt))
-        print(f"  DeepSpeed batch_by_seqlens n={m:,}: {dt:.2f} s", flush=True)
-    if last is None:
-        perfs.append(Perf("DeepSpeed batch_by_seqlens", n, None, None, None, None, note="failed"))
-        return perfs, quals, info
-    m0, m_last, t_last = ds_times[0][0], ds_times[-1][0], ds_times[-1][1]
-    dpeak, _, dsb = _traced(lambda: deepspeed_batches(fn, key[:m0], budget, world, seed))
-    del dsb
-    if len(ds_times) >= 2:
-        (ma, ta), (mb, tb) = ds_times[-2], ds_times[-1]
-        expo = math.log(tb / ta) / math.log(mb / ma)
-    else:
-        expo = 1.0  # one subsample: linear extrapolation, a lower bound
-    extrap = t_last * (n / m_last) ** expo
-    info["ds_exponent"], info["ds_extrapolated_s"] = expo, extrap
-    for m, dt in ds_times:
-        perfs.append(
-            Perf(
-                method=f"DeepSpeed batch_by_seqlens (n={m:,})",
-                n=m,
-                plan_s=dt,
-                rank_s=None,
-                rank_best_s=None,
-                floor_s=None,
-                peak_bpe=dpeak / m0 if m == m0 else None,
-                note=f"{dt / m * 1e6:.0f} us/ex",
-            )
-        )
-    perfs.append(
-        Perf(
-            method=f"DeepSpeed extrapolated (t ~ n^{expo:.2f})",
-            n=n,
-            plan_s=extrap,
-            rank_s=None,
-            rank_best_s=None,
-            floor_s=None,
-            note=f"{extrap / 86400:.3g} days = {extrap / res.floor_s:.3g}x floor",
-        )
-    )
-    qd = quality(last, key[:m_last], budget, world)
-    e0 = deepspeed_batches(fn, key[:m0], budget, world, seed)
-    e1 = deepspeed_batches(fn, key[:m0], budget, world, seed + 1)
-    qd.d_order, qd.d_comp = epoch_change(e0, e1)  # on the smallest subsample
-    quals.append(qual_row(f"DeepSpeed batch_by_seqlens (n={m_last:,})", m_last, qd))
-    return perfs, quals, info
-
-
-def _mark(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
-
-
-def print_targets(
-    main: SizeResult, big: SizeResult | None, args: argparse.Namespace, info: dict[str, Any]
-) -> None:
-    q = main.quality
-    ratio = main.ours_s / main.floor_s
-    print(f"\ntargets (n={main.n:,}; timings are medians of {args.repeats} interleaved repeats)")
-    if args.quick:
-        print(
-            "  (--quick: a smoke test; the targets are set for 4.5M examples, and at this size "
-            "fixed costs dominate the time and bytes-per-example ratios)"
-        )
-    lines: list[tuple[bool, str]] = [
-        (
-            ratio <= 2.0,
-            f"rank-0 epoch planned+iterated <= 2x floor: {main.ours_s:.3f} s vs floor "
-            f"{main.floor_s:.3f} s = {ratio:.2f}x "
-            f"(best of {args.repeats}: {main.ours_best_s / main.floor_best_s:.2f}x)",
-        ),
-        (
-            main.peak_bpe <= 16.0,
-            f"peak extra memory <= 16 B/example (tracemalloc): {main.peak_bpe:.1f} B/ex "
-            f"(held after: {main.held_bpe:.1f})",
-        ),
-    ]
-    if "ours" in main.rss:
-        lines.append(
-            (
-                main.rss["ours"] <= 16.0,
-                "peak extra memory <= 16 B/example (RSS high-water, sees untraced malloc): "
-                f"{main.rss['ours']:.1f} B/ex",
-            )
-        )
-    if big is not None:
-        g_ours = (big.ours_s / big.n) / (main.ours_s / main.n)
-        g_floor = (big.floor_s / big.n) / (main.floor_s / main.n)
-        big_ratio = big.ours_s / big.floor_s
-        ok = big_ratio <= 2.0 and g_ours <= 1.25 * max(1.0, g_floor)
-        lines.append(
-            (
-                ok,
-                f"time scales linearly to {big.n:,}: {big.ours_s:.2f} s = "
-                f"{big.ours_s / big.n * 1e9:.1f} ns/ex vs {main.ours_s / main.n * 1e9:.1f} at "
-                f"{main.n:,} (x{g_ours:.2f}; floor x{g_floor:.2f}), {big_ratio:.2f}x floor  "
-                "[criterion: <= 2x floor and ns/ex growth <= 1.25x the floor's]",
-            )
-        )
-        lines.append(
-            (
-                big.peak_bpe <= 16.0,
-                f"peak extra memory <= 16 B/example at {big.n:,} (tracemalloc): "
-                f"{big.peak_bpe:.1f} B/ex",
-            )
-        )
-        if "ours" in big.rss:
-            lines.append(
-                (
-                    big.rss["ours"] <= 16.0,
-                    f"peak extra memory <= 16 B/example at {big.n:,} (RSS high-water): "
-                    f"{big.rss['ours']:.1f} B/ex",
-                )
-            )
-    lines += [
-        (q.pad_eff >= 0.99, f"padding efficiency >= 0.99: {q.pad_eff:.4f}"),
-        (
-            (q.d_order or 0) > 0.5 and (q.d_comp or 0) > 0.5,
-            "batch order and composition change between epochs 0 and 1 (> half): order "
-            f"{100 * (q.d_order or 0):.1f} % of steps, composition "
-            f"{100 * (q.d_comp or 0):.1f} % of micro-batches",
-        ),
-        (
-            q.max_cost <= 1.0 and q.over == 0.0,
-            f"budget never exceeded: max cost {q.max_cost:.4f} x max_tokens, "
-            f"{100 * q.over:.2f} % over",
-        ),
-        (q.imb_lin <= 1.01, f"mean per-step imbalance <= 1.01 (linear n*L): {q.imb_lin:.4f}"),
-        (
-            q.imb_quad <= 1.02,
-            f"mean per-step imbalance <= 1.02 (quadratic n*L + n*L^2/64): {q.imb_quad:.4f}",
-        ),
-        (
-            q.coverage == 1.0 and q.dup == 0 and q.count_min == q.count_max,
-            f"coverage 100 % with the default tail ({PlanConfig(1).tail!r}): "
-            f"{100 * q.coverage:.3f} %, {q.dup} duplicated, {main.dropped} dropped; "
-            f"equal counts: {q.count_min}..{q.count_max} micro-batches per rank",
-        ),
-    ]
-    for ok, text in lines:
-        print(f"  [{_mark(ok)}] {text}")
-    if "greedy" in info:
-        g = info["greedy"]
-        print(
-            f"  (greedy sorted, for contrast: {g.count_min}..{g.count_max} batches per rank, "
-            f"imbalance lin {g.imb_lin:.3f} / quad {g.imb_quad:.3f}, d-comp {g.d_comp:.3f})"
-        )
-
-
 def machine() -> str:
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "lightning_varbatch"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-    except OSError:
-        rev, dirty = "?", ""
-    return (
-        f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}; "
-        f"{platform.machine()}, {os.cpu_count()} CPUs; Python {platform.python_version()}, "
-        f"numpy {np.__version__}; git {rev}"
-        + (" + uncommitted changes in lightning_varbatch/" if dirty else "")
+    dirty = git_dirty("lightning_varbatch")
+    return machine_line(f"numpy {np.__version__}") + (
+        " + uncommitted changes in lightning_varbatch/" if dirty else ""
     )
 
 
@@ -1282,23 +373,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_table(
             ["piece", "seconds", "traced peak B/ex", "RSS peak B/ex"],
             [
-                [name, _fmt(sec), _fmt(b, ".1f"), _fmt(rss.get("piece:" + name), ".1f")]
+                [name, fmt(sec), fmt(b, ".1f"), fmt(rss.get("piece:" + name), ".1f")]
                 for name, sec, b in rows
             ],
         )
     main_res = results[0]
     big = results[-1] if len(results) > 1 and results[-1].n > main_res.n else None
     print_targets(main_res, big, args, info)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "performance": [asdict(p) for p in perfs],
-                    "quality": [dict(zip(QUAL_HEADERS, row, strict=True)) for row in quals],
-                },
-                f,
-                indent=1,
-            )
+    write_json(
+        args.json,
+        {
+            "performance": [asdict(p) for p in perfs],
+            "quality": [dict(zip(QUAL_HEADERS, row, strict=True)) for row in quals],
+        },
+    )
     return 0
 
 

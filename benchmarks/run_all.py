@@ -27,17 +27,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+from benchmarks.harness import ROOT, uptime
+
 BENCHMARKS = ("planning", "training_throughput", "straggler", "callback_overhead")
 WITH_JSON = ("planning", "training_throughput", "straggler")
-
-
-def uptime() -> str:
-    try:
-        return subprocess.run(
-            ["uptime"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-    except OSError:
-        return "load average " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def run_one(name: str, quick: bool, out_dir: str, root: str) -> int:
@@ -77,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     out_dir = os.path.join(root, args.out) if not os.path.isabs(args.out) else args.out
     os.makedirs(out_dir, exist_ok=True)
     failed = []

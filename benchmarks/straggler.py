@@ -57,19 +57,19 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.training_throughput import (
+from benchmarks.harness import print_table, write_json
+from benchmarks.plan_metrics import batches_from_steps, quality
+from benchmarks.training_throughput import machine_line
+from benchmarks.training_workload import (
     Settings,
     build_model,
     collate,
-    machine_line,
     plan_lengths,
-    print_table,
     workload_lengths,
 )
 
 WORLD = 2
 CONFIGS = ("ours", "rr-shuffled", "rr-sorted")
-QUAD_COEF = 1 / 64
 
 
 def assignment(kind: str, lengths: np.ndarray, s: Settings) -> list[list[np.ndarray]]:
@@ -102,18 +102,17 @@ def assignment(kind: str, lengths: np.ndarray, s: Settings) -> list[list[np.ndar
     raise ValueError(f"unknown configuration {kind!r}; expected one of {CONFIGS}")
 
 
-def cost_imbalance(steps: list[list[np.ndarray]], lengths: np.ndarray) -> tuple[float, float]:
-    """Mean over steps of max/mean rank cost, linear ``n*L`` and quadratic ``n*L + n*L^2/64``."""
-    key = plan_lengths(lengths).max(axis=1).astype(np.float64)
-    lin, quad = [], []
-    for step in steps:
-        longest = np.array([key[b].max() for b in step])
-        size = np.array([len(b) for b in step], dtype=np.float64)
-        c1 = size * longest
-        c2 = c1 + size * longest**2 * QUAD_COEF
-        lin.append(c1.max() / c1.mean())
-        quad.append(c2.max() / c2.mean())
-    return float(np.mean(lin)), float(np.mean(quad))
+def cost_imbalance(
+    steps: list[list[np.ndarray]], lengths: np.ndarray, max_tokens: int
+) -> tuple[float, float]:
+    """Mean over steps of max/mean rank load, linear ``n*L`` and quadratic ``n*L + n*L^2/64``.
+
+    The library's definition (:func:`lightning_varbatch.diagnostics.diagnose`, through
+    :func:`benchmarks.plan_metrics.quality`), over the planning key ``max(src, [BOS] + tgt)``.
+    """
+    key = plan_lengths(lengths).max(axis=1)
+    q = quality(batches_from_steps(steps), key, max_tokens, WORLD)
+    return q.imb_lin, q.imb_quad
 
 
 # -- one rank ------------------------------------------------------------------------------------
@@ -329,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{s.layers}+{s.layers} layers, FFN {s.ffn}, vocab {s.vocab}; first {s.warmup} steps "
         "untimed"
     )
-    imb = {k: cost_imbalance(assignment(k, lengths, s), lengths) for k in CONFIGS}
+    imb = {k: cost_imbalance(assignment(k, lengths, s), lengths, s.max_tokens) for k in CONFIGS}
     runs: dict[str, list[RunStats]] = {k: [] for k in CONFIGS}
     for r in range(args.rounds):
         order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
@@ -396,9 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
     print_table(headers, rows)
     print("machine after:", machine_line())
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(numbers, f, indent=1)
+    write_json(args.json, numbers)
     return 0
 
 
