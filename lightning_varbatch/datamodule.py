@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,9 +43,18 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import ConcatDataset
 
-from lightning_varbatch.collate import PaddingCollate
+from lightning_varbatch.collate import PaddingCollate, check_map_style
+from lightning_varbatch.config import PlanConfig
 from lightning_varbatch.dataloader import TokenBudgetDataLoader, token_budget_dataloader
-from lightning_varbatch.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.mixing import MixturePlanner
+from lightning_varbatch.planning import EpochPlanner
+from lightning_varbatch.sampler import (
+    ON_MISMATCH,
+    OnMismatch,
+    Planner,
+    TokenBudgetBatchSampler,
+    _plain_settings,
+)
 from lightning_varbatch.sources import DataSource, MixingPolicy, Weights
 
 __all__ = ["TokenBudgetDataLoader", "TokenBudgetDataModule", "token_budget_dataloader"]
@@ -77,6 +87,7 @@ def _as_sources(stage: str, data: Any, lengths: Any) -> list[DataSource] | None:
                 f"{stage}_dataset[{i}] ({source.name or i!s}) has no dataset: set "
                 "DataSource(dataset=...) so that the loader can fetch its items."
             )
+        check_map_style(source.dataset, f"{stage}_dataset[{i}] ({source.name or i!s})")
         if len(source.dataset) != len(np.asarray(source.lengths)):
             raise ValueError(
                 f"{stage}_dataset[{i}] ({source.name or i!s}) has {len(source.dataset)} items "
@@ -94,12 +105,40 @@ def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
         >>> plan_digest(a) == plan_digest(a), plan_digest(a) == plan_digest(b)
         (True, False)
     """
-    prepared = sampler.planner.prepared
     h = hashlib.blake2b(digest_size=8)
-    h.update(np.ascontiguousarray(prepared.key).tobytes())
-    h.update(np.ascontiguousarray(prepared.loss).tobytes())
+    h.update(sampler.lengths_digest.encode())  # cached on the sampler: computed once
     h.update(sampler.planner.fingerprint().encode())
     return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _as_lengths(stage: str, given: Any) -> np.ndarray:
+    """``given`` as an array, with a message naming the argument for ragged input."""
+    try:
+        return np.asarray(given)
+    except ValueError as error:
+        raise ValueError(
+            f"{stage}_lengths is ragged or not numeric ({error}): pass one integer length per "
+            "item, shape (n,), or one (source, target) pair per item, shape (n, 2)."
+        ) from None
+
+
+def _dataset_size(stage: str, dataset: Any) -> int:
+    try:
+        return len(dataset)
+    except TypeError:
+        raise TypeError(
+            f"{stage}_dataset ({type(dataset).__name__}) has no len(): a map-style dataset "
+            "needs __len__ and __getitem__ so that its lengths can be checked against it."
+        ) from None
+
+
+def _budget(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer token budget, got {value!r}: set {name} to "
+            "the (padded) tokens one micro-batch may hold on one device."
+        )
+    return int(value)
 
 
 def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) -> None:
@@ -163,13 +202,22 @@ class TokenBudgetDataModule(LightningDataModule):
             ``pad_to_multiple_of``); a :class:`PaddingCollate` gets the sampler's truncation.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
+        on_resume_mismatch: what resuming from a checkpoint whose training data or settings
+            differ does (lengths, loss lengths, number of examples, seed, batching settings):
+            ``"error"`` (default) refuses it with a message that lists what changed;
+            ``"restart_epoch"`` starts the checkpoint's epoch afresh on the current data: the
+            epoch number is kept and every example of that epoch is trained exactly once from
+            its start (see :meth:`TokenBudgetBatchSampler.load_state_dict`).
         **sampler_kwargs: planner settings of :class:`~lightning_varbatch.TokenBudgetBatchSampler`
             (``cost``, ``max_examples``, ``batch_size_multiple``, ``pad_to_multiple_of``,
             ``bucket_width``, ``seed``, ``tail``, ``oversize``, ``shuffle``, ...).
 
     Raises:
-        TypeError: for an unknown planner setting.
-        ValueError: for a dataset without lengths, or fewer evaluation examples than ranks.
+        TypeError: for an unknown planner setting, or an iterable-style dataset (a map-style
+            one is needed).
+        ValueError: for a dataset without lengths, lengths whose count differs from the
+            dataset's size (both counts named), bad budgets or loader settings, or fewer
+            evaluation examples than ranks.
 
     Example:
         >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
@@ -197,6 +245,7 @@ class TokenBudgetDataModule(LightningDataModule):
         collate: Callable[[Any], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
+        on_resume_mismatch: OnMismatch = "error",
         **sampler_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -208,6 +257,52 @@ class TokenBudgetDataModule(LightningDataModule):
             )
         if max_tokens is None:
             raise TypeError("TokenBudgetDataModule needs max_tokens, the training budget.")
+        if not isinstance(train_dataset, (list, tuple)) or not any(
+            isinstance(d, DataSource) for d in train_dataset
+        ):
+            ignored = [
+                f"{name}={value!r}"
+                for name, value, default in (
+                    ("mixing", mixing, "per_step"),
+                    ("weights", weights, "size"),
+                    ("temperature", temperature, 1.0),
+                    ("steps_per_epoch", steps_per_epoch, None),
+                )
+                if not (isinstance(value, str) and value == default)
+                and not (value is None and default is None)
+                and not (
+                    isinstance(value, (int, float, np.number))
+                    and not isinstance(value, bool)
+                    and value == default
+                )
+            ]
+            if ignored:
+                raise ValueError(
+                    f"{', '.join(ignored)} set how several training datasets are mixed, but "
+                    "train_dataset is a single dataset, so they would be ignored: pass a list "
+                    "of DataSource (one per dataset) as train_dataset, or leave them unset."
+                )
+        max_tokens = _budget("max_tokens", max_tokens)
+        if val_max_tokens is not None:
+            val_max_tokens = _budget("val_max_tokens", val_max_tokens)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)):
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}.")
+        if num_workers < 0:
+            raise ValueError(
+                f"num_workers must be >= 0 (0: load in the main process), got {num_workers}."
+            )
+        if not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory must be True or False, got {pin_memory!r}.")
+        if on_resume_mismatch not in ON_MISMATCH:
+            raise ValueError(
+                f"on_resume_mismatch must be one of {', '.join(map(repr, ON_MISMATCH))}, got "
+                f"{on_resume_mismatch!r}."
+            )
+        if collate is not None and not callable(collate):
+            raise TypeError(
+                f"collate must be callable (e.g. PaddingCollate(...)) or None, got "
+                f"{type(collate).__name__} {collate!r}."
+            )
         self.sources: dict[str, list[DataSource] | None] = {}
         self.datasets = {}
         for name, data, lengths in (
@@ -218,10 +313,32 @@ class TokenBudgetDataModule(LightningDataModule):
             self.sources[name] = _as_sources(name, data, lengths)
             if self.sources[name] is None and data is not None and lengths is None:
                 raise ValueError(f"{name}_dataset was given without {name}_lengths.")
+            if data is None and lengths is not None:
+                raise ValueError(
+                    f"{name}_lengths was given without {name}_dataset: pass both or neither."
+                )
             sources = self.sources[name]
+            if sources is None and data is not None:
+                check_map_style(data, f"{name}_dataset")
             self.datasets[name] = (
                 data if sources is None else ConcatDataset([s.dataset for s in sources])
             )
+        if sampler_kwargs.get("loss_lengths") is not None:
+            # loss_lengths describe the training items only; anywhere else they would be
+            # ignored (data sources) or describe the wrong items (validation, test).
+            others = [n for n in ("val", "test") if self.datasets[n] is not None]
+            if self.sources["train"] is not None or any(self.sources[n] is None for n in others):
+                raise ValueError(
+                    "loss_lengths (a planner setting of TokenBudgetDataModule) describes the "
+                    "items of one plain training dataset, but "
+                    + (
+                        "train_dataset is a list of DataSource"
+                        if self.sources["train"] is not None
+                        else f"{' and '.join(others)}_dataset would need their own"
+                    )
+                    + ": give every split as a list of DataSource(lengths, dataset=..., "
+                    "loss_lengths=...) instead."
+                )
         self.mixing: dict[str, Any] = {
             "mixing": mixing,
             "weights": weights,
@@ -233,27 +350,44 @@ class TokenBudgetDataModule(LightningDataModule):
             "val": val_lengths,
             "test": test_lengths,
         }
+        self.on_resume_mismatch: OnMismatch = on_resume_mismatch
         self.max_tokens = max_tokens
         self.val_max_tokens = max_tokens if val_max_tokens is None else val_max_tokens
+        self._val_budget_default = val_max_tokens is None
         self.collate = collate
         self.num_workers = num_workers
         self.pin_memory = pin_memory
         self.sampler_kwargs = sampler_kwargs
         self.samplers: dict[str, TokenBudgetBatchSampler] = {}
         self._pending_state: dict[str, Any] | None = None
+        # Lengths, counts and settings are checked now, before any loader or Trainer exists;
+        # the planners (with their sort) are reused by every sampler built later.
+        self._planners: dict[str, Planner] = {}
+        for name in ("train", "val", "test"):
+            if self.datasets[name] is not None:
+                self._planner(name)
 
     # -- building ------------------------------------------------------------------------
 
     def _lengths(self, stage: str) -> np.ndarray:
         given = self._lengths_in[stage]
         if callable(given):
-            given = np.asarray(given(self.datasets[stage]))
+            try:
+                computed = given(self.datasets[stage])
+            except Exception as error:
+                raise type(error)(
+                    f"{stage}_lengths (a callable) raised {type(error).__name__}: {error} while "
+                    f"computing the lengths of {stage}_dataset; it must return one length per "
+                    "item (shape (n,) or (n, 2)) from items as the dataset returns them."
+                ) from error
+            given = _as_lengths(stage, computed)
             self._lengths_in[stage] = given  # computed once
-        lengths = np.asarray(given)
-        n = len(self.datasets[stage])
-        if lengths.shape[0] != n:
+        lengths = _as_lengths(stage, given)
+        n = _dataset_size(stage, self.datasets[stage])
+        count = lengths.shape[0] if lengths.ndim else 0
+        if count != n:
             raise ValueError(
-                f"{stage}_lengths has {lengths.shape[0]} entries but {stage}_dataset has {n} "
+                f"{stage}_lengths has {count} entries but {stage}_dataset has {n} "
                 f"items: pass one length per item."
             )
         return lengths
@@ -265,32 +399,56 @@ class TokenBudgetDataModule(LightningDataModule):
         accumulate = int(trainer.accumulate_grad_batches) if stage == "train" else 1
         return int(trainer.global_rank), int(trainer.world_size), accumulate
 
+    def _planner(self, stage: str) -> Planner:
+        """The stage's planner: lengths and settings checked, built once (at construction)."""
+        planner = self._planners.get(stage)
+        if planner is not None:
+            return planner
+        kwargs = dict(self.sampler_kwargs)
+        loss_lengths = kwargs.pop("loss_lengths", None)
+        budget = self.max_tokens
+        mixing: dict[str, Any] = dict(self.mixing)
+        if stage != "train":
+            # tail="pad" would evaluate some examples twice; "spread" evaluates each once.
+            kwargs.update(shuffle=False, tail="spread")
+            budget = self.val_max_tokens
+            mixing = {"mixing": "per_batch"}  # one pass over every dataset
+            loss_lengths = None  # the training data's loss lengths; not those of this split
+        sources = self.sources[stage]
+        try:
+            config = PlanConfig(**_plain_settings(max_tokens=budget, **kwargs))
+            if sources is None:
+                planner = EpochPlanner(self._lengths(stage), config, loss_lengths)
+            else:
+                planner = MixturePlanner(sources, config, **mixing)
+        except (ValueError, TypeError) as error:
+            text = str(error)
+            if text.startswith("lengths"):  # name the DataModule's argument
+                text = f"{stage}_{text}"
+            if stage == "train" or isinstance(error, TypeError):
+                if text == str(error):
+                    raise
+                raise type(error)(text) from error
+            # The evaluation budget is val_max_tokens: name it, not max_tokens.
+            default = " (it defaults to max_tokens)" if self._val_budget_default else ""
+            text = re.sub(r"\bmax_tokens\b", "val_max_tokens", text)
+            raise ValueError(
+                f"{stage}_dataset cannot be planned with val_max_tokens={budget}, the budget "
+                f"of validation and test micro-batches{default}: {text}"
+            ) from error
+        self._planners[stage] = planner
+        return planner
+
     def _sampler(self, stage: str) -> TokenBudgetBatchSampler:
         rank, world, accumulate = self._topology(stage)
         sampler = self.samplers.get(stage)
         if sampler is None:
-            kwargs = dict(self.sampler_kwargs)
-            budget = self.max_tokens
-            mixing: dict[str, Any] = dict(self.mixing)
-            if stage != "train":
-                # tail="pad" would evaluate some examples twice; "spread" evaluates each once.
-                kwargs.update(shuffle=False, tail="spread")
-                budget = self.val_max_tokens
-                mixing = {"mixing": "per_batch"}  # one pass over every dataset
-            topology: dict[str, Any] = {
-                "rank": rank,
-                "world_size": world,
-                "accumulate_grad_batches": accumulate,
-            }
-            sources = self.sources[stage]
-            if sources is None:
-                sampler = TokenBudgetBatchSampler(
-                    self._lengths(stage), budget, **topology, **kwargs
-                )
-            else:
-                sampler = TokenBudgetBatchSampler.from_sources(
-                    sources, budget, **mixing, **topology, **kwargs
-                )
+            sampler = TokenBudgetBatchSampler.from_planner(
+                self._planner(stage),
+                rank=rank,
+                world_size=world,
+                accumulate_grad_batches=accumulate,
+            )
             self.samplers[stage] = sampler
         elif rank is not None and world is not None:
             sampler.set_distributed(rank, world, accumulate)
@@ -342,8 +500,9 @@ class TokenBudgetDataModule(LightningDataModule):
             sampler.set_epoch(int(trainer.fit_loop.epoch_progress.current.processed))
             _check_same_plan_everywhere(trainer, sampler)
         if self._pending_state is not None:
-            sampler.load_state_dict(self._pending_state)
+            sampler.load_state_dict(self._pending_state, on_mismatch=self.on_resume_mismatch)
             self._pending_state = None
+        sampler.plan  # noqa: B018  (plan now: a topology the data cannot serve fails here)
         return self._loader("train")
 
     def val_dataloader(self) -> TokenBudgetDataLoader | list[Any]:
@@ -384,8 +543,28 @@ class TokenBudgetDataModule(LightningDataModule):
         return {"train_sampler": sampler.state_dict(consumed=consumed)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep the saved position; it is applied when the training sampler is (re)built."""
+        """Keep the saved position; it is applied when the training sampler is (re)built.
+
+        Raises:
+            TypeError: when ``state_dict`` (or its ``train_sampler`` entry) is not a mapping.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                "TokenBudgetDataModule.load_state_dict expects the dict returned by its "
+                f"state_dict(), got {type(state_dict).__name__}: {str(state_dict)[:60]}."
+            )
+        unknown = sorted(map(str, set(state_dict) - {"train_sampler"}))
+        if unknown:
+            raise ValueError(
+                f"Not a TokenBudgetDataModule state: unknown keys {unknown} (expected only "
+                "'train_sampler'); the checkpoint is from another DataModule or version."
+            )
         state = state_dict.get("train_sampler")
         if state is None:
             return
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                "The datamodule state's 'train_sampler' entry must be a sampler state dict, got "
+                f"{type(state).__name__}: the checkpoint is damaged or from another DataModule."
+            )
         self._pending_state = dict(state)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 __all__ = ["MicroBatch", "resolve_rank_world"]
 
 
@@ -30,6 +32,9 @@ class MicroBatch(list[int]):
         truncate_to: length its examples are cut to (``oversize="truncate"``), else ``None``.
         world_size: the number of ranks the plan was made for (``None``: unknown).
         accumulate_grad_batches: the accumulation the plan was made for (``None``: unknown).
+        planned_lengths: the length the plan budgeted for each example, in the order of the
+            ids (its planning length after truncation: ``max(source, target)`` for pairs);
+            no padded field of an example may be longer. ``None``: unknown (no check).
 
     Example:
         >>> batch = MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9,
@@ -53,6 +58,7 @@ class MicroBatch(list[int]):
         truncate_to: int | None = None,
         world_size: int | None = None,
         accumulate_grad_batches: int | None = None,
+        planned_lengths: list[int] | None = None,
     ) -> None:
         super().__init__(ids)
         self.epoch = epoch
@@ -66,6 +72,7 @@ class MicroBatch(list[int]):
         self.truncate_to = truncate_to
         self.world_size = world_size
         self.accumulate_grad_batches = accumulate_grad_batches
+        self.planned_lengths = planned_lengths
 
     @property
     def nexamples(self) -> int:
@@ -73,28 +80,67 @@ class MicroBatch(list[int]):
         return len(self)
 
 
+def _env_int(name: str, default: int, minimum: int) -> int:
+    """An integer environment variable, checked; ``default`` when unset or empty."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise ValueError(
+            f"The environment variable {name}={raw!r} is not an integer >= {minimum}. It is "
+            "set by the launcher (torchrun, SLURM, Lightning); fix or unset it, or pass "
+            "rank/world_size explicitly."
+        )
+    return value
+
+
 def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Rank and world size: the arguments, else torch.distributed, else ``RANK``/``WORLD_SIZE``.
 
+    Environment values are checked: ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` must be
+    integers (``RANK``/``LOCAL_RANK`` >= 0, ``WORLD_SIZE`` >= 1) and ``RANK < WORLD_SIZE``.
+
     Raises:
-        ValueError: when the rank is not in ``[0, world_size)``.
+        ValueError: when the rank is not in ``[0, world_size)``, or an environment variable
+            it reads is not a valid integer; the message names the variable and its value.
 
     Example:
         >>> resolve_rank_world(1, 4)
         (1, 4)
     """
+    from_env: list[str] = []
     if rank is None or world_size is None:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
             found_rank, found_world = dist.get_rank(), dist.get_world_size()
         else:
-            found_rank = int(os.environ.get("RANK", "0"))
-            found_world = int(os.environ.get("WORLD_SIZE", "1"))
+            found_rank = _env_int("RANK", 0, 0)
+            found_world = _env_int("WORLD_SIZE", 1, 1)
+            _env_int("LOCAL_RANK", 0, 0)
+            from_env = [n for n in ("RANK", "WORLD_SIZE") if os.environ.get(n, "").strip()]
         rank = found_rank if rank is None else rank
         world_size = found_world if world_size is None else world_size
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+    if (
+        isinstance(world_size, bool)
+        or not isinstance(world_size, (int, np.integer))
+        or world_size < 1
+    ):
         raise ValueError(f"world_size must be a positive integer, got {world_size!r}.")
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}.")
-    return rank, world_size
+    if (
+        isinstance(rank, bool)
+        or not isinstance(rank, (int, np.integer))
+        or not 0 <= rank < world_size
+    ):
+        source = ""
+        if from_env:
+            shown = ", ".join(
+                f"{n}={os.environ[n]!r}" for n in ("RANK", "WORLD_SIZE") if n in os.environ
+            )
+            source = f" (from the environment: {shown}; the launcher must set RANK < WORLD_SIZE)"
+        raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}{source}.")
+    return int(rank), int(world_size)

@@ -161,7 +161,7 @@ def test_set_distributed_mid_epoch_replans() -> None:
         ({"seed": 1}, "seed: saved 1, now 0"),
         ({"num_examples": 7}, "num_examples: saved 7, now 3000"),
         ({"fingerprint": "abc"}, "fingerprint: saved 'abc'"),
-        ({"version": 9}, "version: saved 9, now 1"),
+        ({"version": 9}, "version 9; this version of lightning_varbatch reads versions 1 and 2"),
     ],
 )
 def test_load_state_dict_rejects_other_data_or_settings(
@@ -188,7 +188,7 @@ def test_load_state_dict_is_strict_about_keys() -> None:
 
 def test_settings_change_the_fingerprint() -> None:
     state = make().state_dict()
-    with pytest.raises(ValueError, match="fingerprint"):
+    with pytest.raises(ValueError, match="max_tokens: saved 512, now 1024"):
         TokenBudgetBatchSampler(LENGTHS, 1024, rank=0, world_size=1).load_state_dict(state)
 
 
@@ -199,3 +199,133 @@ def test_consumed_out_of_range() -> None:
     state = {**sampler.state_dict(), "consumed": 10**6}
     with pytest.raises(ValueError, match="the checkpoint does not match this data"):
         make().load_state_dict(state)
+
+
+# -- resume refuses a plan made from other lengths (issue 12, section 3) ---------------------
+
+
+def _changed_lengths() -> np.ndarray:
+    """The same number of examples and settings, but a fifth of the lengths changed."""
+    changed = LENGTHS.copy()
+    changed[::5] = np.minimum(changed[::5], 20)  # e.g. a lowered max_length after an OOM
+    assert (changed != LENGTHS).any()
+    return changed
+
+
+def _half_epoch_state(**kwargs: object) -> tuple[dict[str, object], list[list[int]]]:
+    sampler = make(**kwargs)
+    sampler.set_epoch(2)
+    it = iter(sampler)
+    taken = [list(next(it)) for _ in range(len(sampler) // 2)]
+    return sampler.state_dict(), taken
+
+
+def test_resume_with_other_lengths_is_refused_and_says_how_to_restart() -> None:
+    state, _ = _half_epoch_state()
+    other = TokenBudgetBatchSampler(_changed_lengths(), 512, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=r"the lengths .* differ") as error:
+        other.load_state_dict(state)
+    assert "on_mismatch='restart_epoch'" in str(error.value)
+    assert "epoch 2" in str(error.value)
+
+
+def test_resume_with_other_lengths_and_another_world_size_is_refused() -> None:
+    state, _ = _half_epoch_state(world_size=2)
+    other = TokenBudgetBatchSampler(_changed_lengths(), 512, rank=0, world_size=3)
+    with pytest.raises(ValueError, match="lengths digest"):
+        other.load_state_dict(state)
+
+
+def test_loss_lengths_are_part_of_the_digest() -> None:
+    a = TokenBudgetBatchSampler(LENGTHS, 512, rank=0, world_size=1)
+    b = TokenBudgetBatchSampler(
+        LENGTHS, 512, rank=0, world_size=1, loss_lengths=np.maximum(LENGTHS[:, 1] - 1, 1)
+    )
+    with pytest.raises(ValueError, match="lengths digest"):
+        b.load_state_dict(a.state_dict())
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_restart_epoch_keeps_the_epoch_and_trains_every_example_once(world_size: int) -> None:
+    state, _ = _half_epoch_state(world_size=world_size)
+    counted = int(state["consumed"])  # type: ignore[call-overload]
+    ranks = [
+        TokenBudgetBatchSampler(_changed_lengths(), 512, rank=r, world_size=world_size)
+        for r in range(world_size)
+    ]
+    for s in ranks:
+        with pytest.warns(UserWarning, match="Starting epoch 2 afresh"):
+            s.load_state_dict(state, on_mismatch="restart_epoch")
+        s.set_epoch(2)  # what Lightning does next: the same epoch keeps the restart
+    assert all(s.epoch == 2 for s in ranks)
+    batches = [[b for b in s] for s in ranks]
+    assert len({len(b) for b in batches}) == 1
+    ids = sorted(i for rank in batches for b in rank for i in b)
+    assert ids == list(range(len(LENGTHS)))  # every example of the epoch exactly once
+    assert all(b.epoch == 2 for rank in batches for b in rank)
+    # the loop's restored batch counter plus the fresh plan: Lightning runs all of it
+    assert ranks[0].epoch_length == counted + len(batches[0])
+    # a checkpoint during the restarted epoch resumes exactly, offset included
+    again = TokenBudgetBatchSampler(_changed_lengths(), 512, rank=0, world_size=world_size)
+    again.set_epoch(2)
+    it = iter(ranks[0])
+    mid = ranks[0].state_dict(consumed=3)
+    assert mid["restart_offset"] == counted
+    fresh = TokenBudgetBatchSampler(_changed_lengths(), 512, rank=0, world_size=world_size)
+    fresh.load_state_dict(mid)
+    assert [list(b) for b in fresh] == [list(b) for b in batches[0][3:]]
+    assert fresh.epoch_length == ranks[0].epoch_length
+    assert fresh.consumed_from_epoch_count(counted + 5) == 5
+    del it, again
+    # the next epoch has no offset
+    fresh.set_epoch(3)
+    assert fresh.epoch_length == len(fresh)
+
+
+def test_restart_epoch_with_matching_state_resumes_exactly() -> None:
+    state, taken = _half_epoch_state()
+    resumed = make()
+    resumed.load_state_dict(state, on_mismatch="restart_epoch")
+    full = make()
+    full.set_epoch(2)
+    assert taken + [list(b) for b in resumed] == [list(b) for b in full]
+
+
+def test_old_state_without_digest_is_accepted_with_a_warning() -> None:
+    state, taken = _half_epoch_state()
+    old = {
+        k: v for k, v in state.items() if k not in ("lengths_digest", "restart_offset", "settings")
+    }
+    old["version"] = 1
+    resumed = make()
+    with pytest.warns(UserWarning, match="cannot prove that the lengths are unchanged"):
+        resumed.load_state_dict(old)
+    full = make()
+    full.set_epoch(2)
+    assert taken + [list(b) for b in resumed] == [list(b) for b in full]
+    restarted = make()
+    with pytest.warns(UserWarning, match="afresh"):
+        restarted.load_state_dict(old, on_mismatch="restart_epoch")
+    assert sorted(i for b in restarted for i in b) == list(range(len(LENGTHS)))
+
+
+@pytest.mark.parametrize("state", [None, [1, 2], "state", 3])
+def test_load_state_dict_of_a_non_dict_is_a_type_error(state: object) -> None:
+    with pytest.raises(TypeError, match="expects the dict returned by"):
+        make().load_state_dict(state)  # type: ignore[arg-type]
+
+
+def test_load_state_dict_bad_values_and_options() -> None:
+    state = make().state_dict()
+    with pytest.raises(ValueError, match="epoch=-1 must be an integer >= 0"):
+        make().load_state_dict({**state, "epoch": -1})
+    with pytest.raises(ValueError, match="history must be a list"):
+        make().load_state_dict({**state, "history": [[1, 2]]})
+    with pytest.raises(TypeError, match="on_mismatch must be one of"):
+        make().load_state_dict(state, on_mismatch="restart")  # type: ignore[arg-type]
+
+
+def test_batches_carry_their_planned_lengths() -> None:
+    sampler = make(oversize="truncate", max_examples=None)
+    for batch in sampler:
+        assert batch.planned_lengths == LENGTHS[list(batch)].max(axis=1).tolist()

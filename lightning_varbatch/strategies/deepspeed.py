@@ -18,7 +18,10 @@ size, CUDA devices and that DeepSpeed's loss scaling composes with Lightning's. 
   ``engine.step()`` on every micro-batch and DeepSpeed applies it on its own accumulation
   boundary (``managed_gradient_accumulation`` stays on: turning it off would make every
   ``step()`` a boundary);
-* runs on CPU (gloo) as well as CUDA, without JIT-building DeepSpeed's shared-memory comm op.
+* runs on CPU (gloo) as well as CUDA, without JIT-building DeepSpeed's shared-memory comm op;
+* allows a torch optimizer from ``configure_optimizers`` under ZeRO with a user ``config=``
+  (``zero_allow_untested_optimizer: true`` unless the config sets it), as Lightning's default
+  config does.
 
 Example:
     >>> import lightning_varbatch.strategies  # registers the names
@@ -31,11 +34,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import importlib
 import math
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from lightning.fabric.strategies import _StrategyRegistry
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
@@ -61,12 +66,12 @@ def _setting(config: Mapping[str, Any], key: str) -> int | None:
     value = config.get(key)
     if value is None or value == "auto":
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(
             f"The DeepSpeed config sets {key}={value!r}; it must be a positive integer "
             f"(or leave it out and VarBatchDeepSpeedStrategy sets it)."
         )
-    return value
+    return int(value)  # a numpy integer as a plain int: DeepSpeed writes the config as JSON
 
 
 def resolve_deepspeed_batch_config(
@@ -217,7 +222,19 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
 
     def __init__(self, *args: Any, cpu_shm_comm: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if not isinstance(cpu_shm_comm, bool):
+            raise TypeError(f"cpu_shm_comm must be True or False, got {cpu_shm_comm!r}.")
         self.cpu_shm_comm = cpu_shm_comm
+        if isinstance(self.config, dict):
+            # Our own copy: the batch settings are filled in place at fit time, and a user's
+            # dict (possibly shared by several strategies) must not change under them.
+            self.config = copy.deepcopy(self.config)
+            # Lightning's default config (DeepSpeedStrategy._create_default_config) sets
+            # zero_allow_untested_optimizer=True; a user's config=... dict does not, and then
+            # deepspeed.initialize asserts "You are using an untested ZeRO Optimizer" for any
+            # torch optimizer (SGD, AdamW, ...) from configure_optimizers, the Lightning way.
+            # Allow it unless the user decided explicitly.
+            self.config.setdefault("zero_allow_untested_optimizer", True)
 
     @property
     def _on_cpu(self) -> bool:

@@ -226,3 +226,21 @@ def test_warns_when_the_epoch_breaks_deepspeed_accumulation(batches: float, warn
         assert (
             "7 micro-batches per rank, not a multiple of accumulate_grad_batches=2" in (messages[0])
         )
+
+
+def test_user_config_allows_a_torch_optimizer_under_zero() -> None:
+    # docs/migrate-deepspeed.md: VarBatchDeepSpeedStrategy(config={...}) with torch SGD.
+    given = {"zero_optimization": {"stage": 2}}
+    strategy = VarBatchDeepSpeedStrategy(config=given)
+    assert strategy.config is not None
+    assert strategy.config["zero_allow_untested_optimizer"] is True
+    assert given == {"zero_optimization": {"stage": 2}}  # the user's dict is left alone
+    _with_trainer(strategy, accumulate=2, world=1)
+    strategy._format_batch_size_and_grad_accum_config()
+    assert "gradient_accumulation_steps" not in given
+    explicit = VarBatchDeepSpeedStrategy(config={**given, "zero_allow_untested_optimizer": False})
+    assert explicit.config is not None
+    assert explicit.config["zero_allow_untested_optimizer"] is False
+    default = VarBatchDeepSpeedStrategy(stage=2, zero_allow_untested_optimizer=False)
+    assert default.config is not None
+    assert default.config["zero_allow_untested_optimizer"] is False

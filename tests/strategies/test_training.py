@@ -142,3 +142,14 @@ def test_inconsistent_deepspeed_config_fails_on_every_rank_with_the_setting_name
         assert "train_micro_batch_size_per_gpu (2) * accumulate_grad_batches (2)" in r["error"]
         assert "world size (2) = 8" in r["error"]
         assert "remove train_batch_size from the DeepSpeed config, or set it to 8" in r["error"]
+
+
+def test_user_deepspeed_config_trains_with_a_torch_optimizer(tmp_path: Path) -> None:
+    """The recipe of docs/migrate-deepspeed.md: config={"zero_optimization": ...} and SGD."""
+    config = {"zero_optimization": {"stage": 2}}
+    records = launch(
+        "strategy_train.py", 1, tmp_path, "unused", json.dumps(config), timeout=TIMEOUT
+    )
+    assert len(records) == 1
+    assert "error" not in records[0], records[0].get("error")
+    assert records[0]["global_step"] == STEPS
