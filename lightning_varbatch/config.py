@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Literal, TypeAlias
+
+import numpy as np
 
 from lightning_varbatch.costs import COST_NAMES, CostFn, CostName, resolve_cost
 
@@ -21,11 +25,95 @@ TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
 
 
-def _positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+def check_count(
+    name: str,
+    value: object,
+    *,
+    minimum: int = 1,
+    allow_none: bool = False,
+    what: str = "",
+) -> int | None:
+    """Validate an integer setting and return it as a Python ``int``.
+
+    Python and numpy integers are accepted; ``bool``, floats (even whole ones), strings and
+    anything else are refused, as are values below ``minimum``.
+
+    Args:
+        name: the setting's name, as the user wrote it (used in the message).
+        value: the value received.
+        minimum: the smallest allowed value.
+        allow_none: whether ``None`` is allowed (then returned as ``None``).
+        what: what the setting means, appended to the message.
+
+    Returns:
+        ``int(value)``, or ``None`` when ``value`` is ``None`` and that is allowed.
+
+    Raises:
+        ValueError: naming the setting, the value received and what is allowed.
+
+    Example:
+        >>> import numpy as np
+        >>> check_count("max_tokens", np.int64(1024))
+        1024
+    """
     if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        return None
+    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if minimum == 0:
+        kind = "a non-negative integer"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        shown = f"{value!r} ({type(value).__name__})"
+        raise ValueError(
+            f"{name} must be {kind}, got {shown}{what}; pass a whole number such as "
+            f"{max(minimum, 1)}"
+            + (" or None" if allow_none else "")
+            + " (numpy integers are accepted; floats, bools and strings are not)."
+        )
+    if value < minimum:
+        raise ValueError(f"{name} must be {kind}, got {value!r}{what}.")
+    return int(value)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """Validate a boolean setting: ``True``/``False`` (or numpy booleans) only.
+
+    Raises:
+        TypeError: for anything else (``"false"`` is a non-empty string, hence true, so it is
+            refused rather than guessed).
+
+    Example:
+        >>> check_flag("shuffle", False)
+        False
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{name} must be True or False, got {value!r} ({type(value).__name__}); pass a "
+        f"bool, e.g. {name}=False (a string such as 'false' is not read as a bool)."
+    )
+
+
+def _probe_cost(fn: CostFn) -> None:
+    """Call a custom cost model once on two candidates and check what comes back.
+
+    Raises:
+        ValueError: when it fails, returns the wrong shape, or non-finite / negative costs.
+    """
+    n, longest, total = np.array([1, 2]), np.array([8, 8]), np.array([8, 16])
+    try:
+        out = np.asarray(fn(n, longest, total), dtype=np.float64)
+    except Exception as err:  # any failure of user code is reported the same way
+        raise ValueError(
+            f"cost= raised {type(err).__name__}: {err} when called as cost(num_examples, "
+            "longest, total) on numpy arrays of two candidates; a cost model must work "
+            "elementwise on arrays (e.g. lambda n, longest, total: n * longest)."
+        ) from err
+    if out.shape != n.shape or not np.isfinite(out).all() or (out < 0).any():
+        raise ValueError(
+            f"cost= returned {out.tolist()!r} (shape {out.shape}) for two candidate "
+            "micro-batches: a cost model must return one finite cost >= 0 per candidate, an "
+            "array shaped like num_examples (e.g. lambda n, longest, total: n * longest)."
+        )
 
 
 @dataclass(frozen=True)
@@ -80,32 +168,63 @@ class PlanConfig:
     oversize: OversizePolicy = "error"
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int):
+        if isinstance(self.max_tokens, (bool, np.bool_)) or not isinstance(
+            self.max_tokens, (int, np.integer)
+        ):
             raise ValueError(
-                f"max_tokens must be a positive integer token budget, got {self.max_tokens!r}."
+                f"max_tokens must be a positive integer token budget, got {self.max_tokens!r} "
+                f"({type(self.max_tokens).__name__}); pass a whole number of (padded) tokens "
+                "one micro-batch may hold on one device, e.g. max_tokens=4096."
             )
         if self.max_tokens < 1:
             raise ValueError(
                 f"max_tokens must be > 0, got {self.max_tokens}; set max_tokens to the number "
                 "of (padded) tokens one micro-batch may hold on one device."
             )
-        _positive_int("max_examples", self.max_examples, allow_none=True)
-        _positive_int("batch_size_multiple", self.batch_size_multiple)
-        _positive_int("pad_to_multiple_of", self.pad_to_multiple_of)
-        _positive_int("bucket_width", self.bucket_width)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}.")
-        if self.tail not in TAIL_POLICIES:
+        counts = {
+            "max_tokens": check_count("max_tokens", self.max_tokens),
+            "max_examples": check_count("max_examples", self.max_examples, allow_none=True),
+            "batch_size_multiple": check_count("batch_size_multiple", self.batch_size_multiple),
+            "pad_to_multiple_of": check_count("pad_to_multiple_of", self.pad_to_multiple_of),
+            "bucket_width": check_count("bucket_width", self.bucket_width),
+            "seed": check_count("seed", self.seed, minimum=0),
+        }
+        for name, value in counts.items():  # numpy integers become Python ints
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "shuffle", check_flag("shuffle", self.shuffle))
+        if self.max_examples is not None and self.batch_size_multiple > self.max_examples:
+            warnings.warn(
+                f"batch_size_multiple={self.batch_size_multiple} is larger than "
+                f"max_examples={self.max_examples}: no micro-batch can hold a multiple of it, "
+                "so it has no effect. Lower batch_size_multiple or raise max_examples.",
+                UserWarning,
+                stacklevel=3,
+            )
+        if not isinstance(self.tail, str) or self.tail not in TAIL_POLICIES:
             raise ValueError(
                 f"Unknown tail={self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}."
             )
-        if self.oversize not in OVERSIZE_POLICIES:
+        if not isinstance(self.oversize, str) or self.oversize not in OVERSIZE_POLICIES:
             raise ValueError(
                 f"Unknown oversize={self.oversize!r}; choose one of {', '.join(OVERSIZE_POLICIES)}."
             )
+        coef = self.quadratic_coef
+        if isinstance(coef, (bool, np.bool_)) or not isinstance(coef, (int, float, np.number)):
+            raise ValueError(
+                f"quadratic_coef must be a finite number >= 0, got {coef!r} "
+                f"({type(coef).__name__}); pass e.g. quadratic_coef=1/64."
+            )
+        if not (math.isfinite(float(coef)) and coef >= 0):
+            raise ValueError(
+                f"quadratic_coef must be >= 0 and finite, got {coef!r}; pass e.g. "
+                "quadratic_coef=1/64 (0 makes the quadratic cost the padded one)."
+            )
+        object.__setattr__(self, "quadratic_coef", float(coef))
         if isinstance(self.cost, str) and self.cost not in COST_NAMES:
             resolve_cost(self.cost)  # raises with the list of valid names
-        resolve_cost(self.cost, quadratic_coef=self.quadratic_coef)
+        fn = resolve_cost(self.cost, quadratic_coef=self.quadratic_coef)
+        if not isinstance(self.cost, str):
+            _probe_cost(fn)
 
     @property
     def cost_fn(self) -> CostFn:

@@ -119,3 +119,40 @@ def resolve_cost(cost: CostName | CostFn, *, quadratic_coef: float = 1 / 64) -> 
     raise TypeError(
         f"cost must be one of {', '.join(COST_NAMES)} or a callable, got {type(cost).__name__}."
     )
+
+
+def checked_cost(
+    cost_fn: CostFn, num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray
+) -> np.ndarray:
+    """The cost model on candidate micro-batches, checked for shape and finiteness.
+
+    Raises:
+        ValueError: when a custom ``cost=`` returns the wrong number of values, or NaN /
+            infinite / negative costs; the message names ``cost`` and the value.
+    """
+    raw = cost_fn(num_examples, longest, total)
+    try:
+        cost = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"cost= returned {type(raw).__name__} {raw!r:.60}, not numbers: a cost model "
+            "must return one float per candidate micro-batch (an array shaped like its "
+            f"num_examples argument) ({err})."
+        ) from None
+    shape = np.shape(num_examples)
+    if cost.shape != shape:
+        raise ValueError(
+            f"cost= returned shape {cost.shape} for {shape} candidate micro-batches: a cost "
+            "model must return one value per candidate (compute it elementwise from "
+            "num_examples, longest and total, e.g. num_examples * longest)."
+        )
+    bad = ~np.isfinite(cost) | (cost < 0)
+    if bad.any():
+        j = int(np.flatnonzero(bad.reshape(-1))[0])
+        raise ValueError(
+            f"cost= returned {cost.reshape(-1)[j]} for a micro-batch of "
+            f"{int(np.reshape(num_examples, -1)[j])} examples (longest "
+            f"{int(np.reshape(longest, -1)[j])}): costs must be finite and >= 0; fix the "
+            "cost model."
+        )
+    return cost

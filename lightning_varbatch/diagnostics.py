@@ -187,7 +187,23 @@ class _Tiles:
     real: np.ndarray  # summed planning lengths, int64
 
 
+def check_plan_of(planner: Planner, plan: EpochPlan) -> None:
+    """Refuse a plan that ``planner`` cannot have made (its ids would index other examples).
+
+    Raises:
+        ValueError: naming both sizes.
+    """
+    n = planner.num_examples
+    if plan.order.size and int(plan.order.max()) >= n:
+        raise ValueError(
+            f"plan holds example id {int(plan.order.max())} but the planner has only {n} "
+            "examples: pass the plan together with the planner that made it "
+            "(planner.plan(...))."
+        )
+
+
 def _tiles(planner: Planner, plan: EpochPlan) -> _Tiles:
+    check_plan_of(planner, plan)
     size = np.asarray(plan.tile_size, dtype=np.int64)
     if size.size == 0:
         zero = np.zeros(0, dtype=np.int64)

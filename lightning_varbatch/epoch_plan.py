@@ -102,8 +102,15 @@ class EpochPlan:
         Raises:
             ValueError: when ``rank`` is not in ``[0, world_size)``.
         """
-        if not 0 <= rank < self.world_size:
-            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}.")
+        if (
+            isinstance(rank, (bool, np.bool_))
+            or not isinstance(rank, (int, np.integer))
+            or not 0 <= rank < self.world_size
+        ):
+            raise ValueError(
+                f"rank must be an integer in [0, {self.world_size}) (world_size="
+                f"{self.world_size}), got {rank!r}; pass this process's rank."
+            )
         return self.assign[:, rank, :].reshape(-1)
 
     def tile_ids(self, tile: int) -> np.ndarray:
@@ -127,7 +134,11 @@ class EpochPlan:
             ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
         """
         total = self.num_micro_batches_per_rank
-        if not 0 <= micro_batches <= total:
+        if (
+            isinstance(micro_batches, (bool, np.bool_))
+            or not isinstance(micro_batches, (int, np.integer))
+            or not 0 <= micro_batches <= total
+        ):
             raise ValueError(
                 f"consumed micro-batches must be in [0, {total}] for this epoch, "
                 f"got {micro_batches}."

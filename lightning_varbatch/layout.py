@@ -17,11 +17,13 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from lightning_varbatch.config import PlanConfig
+from lightning_varbatch.costs import checked_cost
+from lightning_varbatch.tail import even_cuts
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class SortedGroups:
             return cls(
                 ids=empty.astype(np.int32), starts=np.zeros(1, dtype=np.int64), longest=empty
             )
+        if int(k.max()) // bucket_width >= _DENSE_BUCKETS and k.max() > 8 * k.size:
+            return cls._build_sparse(k, subset, bucket_width, key.shape[0])
         counts = np.bincount(k)
         top = counts.size - 1
         id_dtype = np.int32 if key.shape[0] < 2**31 else np.int64
@@ -74,6 +78,28 @@ class SortedGroups:
         nonempty = np.flatnonzero(sizes)[::-1]  # longest bucket first
         starts = np.concatenate(([0], np.cumsum(sizes[nonempty]))).astype(np.int64)
         return cls(ids=ids, starts=starts, longest=longest[nonempty])
+
+    @classmethod
+    def _build_sparse(
+        cls, k: np.ndarray, subset: np.ndarray | None, bucket_width: int, num_ids: int
+    ) -> SortedGroups:
+        """:meth:`build` for very long lengths (a count per possible length would not fit).
+
+        Buckets are renumbered densely first (a sort of the distinct buckets), then counted.
+        """
+        k64 = k.astype(np.int64)
+        buckets, dense = np.unique(k64 // bucket_width, return_inverse=True)
+        dense = dense.reshape(-1)
+        rank = (buckets.size - 1 - dense).astype(np.int64)  # 0 = the longest bucket
+        id_dtype = np.int32 if num_ids < 2**31 else np.int64
+        ids = np.argsort(rank, kind="stable").astype(id_dtype)
+        if subset is not None:
+            ids = subset[ids].astype(id_dtype)
+        sizes = np.bincount(rank, minlength=buckets.size)
+        longest = np.zeros(buckets.size, dtype=np.int64)
+        np.maximum.at(longest, rank, k64)
+        starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        return cls(ids=ids, starts=starts, longest=longest)
 
     def prefix(self, pos: np.ndarray) -> np.ndarray:
         """Sum of the group lengths over positions ``[0, pos)`` (exact for bucket width 1)."""
@@ -94,6 +120,9 @@ class SortedGroups:
 
 
 _SORT_CHUNK = 1 << 16
+#: Above this many possible buckets, :meth:`SortedGroups.build` sorts the distinct buckets
+#: instead of counting every possible length (lengths are allowed up to 2**31 - 1).
+_DENSE_BUCKETS = 1 << 22
 
 
 def _counting_sort_desc(
@@ -157,7 +186,7 @@ class Layout:
         p = config.pad_to_multiple_of
         longest = groups.longest[groups.group_of(starts)]
         total = groups.prefix(starts + sizes) - groups.prefix(starts)
-        cost = np.asarray(config.cost_fn(sizes, -(-longest // p) * p, total), dtype=np.float64)
+        cost = checked_cost(config.cost_fn, sizes, -(-longest // p) * p, total)
         over = np.flatnonzero(cost > config.max_tokens)
         if over.size:
             j = int(over[0])
@@ -203,13 +232,15 @@ class Layout:
         )
 
     def balance_tail(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
-        """Re-cut the last, partial optimizer step into exactly ``multiple`` even micro-batches.
+        """Re-cut the last optimizer step into exactly ``multiple`` even micro-batches.
 
-        The greedy cut leaves ``m % multiple`` micro-batches for the last step (and a small last
-        micro-batch). Their examples are re-cut under the smallest budget that yields at most
-        ``multiple`` micro-batches, then split up to exactly ``multiple``: nothing is lost and
-        the last step's ranks carry even loads, instead of half-size pieces next to full
-        micro-batches. With fewer examples than that, one more step is taken into the region.
+        The greedy cut leaves ``m % multiple`` micro-batches for the last step (or a full step
+        whose last micro-batch is small). The examples of that step are re-cut into exactly
+        ``multiple`` contiguous micro-batches whose largest cost is as small as possible and,
+        under that, whose smallest cost is as large as the cut allows
+        (:func:`lightning_varbatch.tail.even_cuts`): with equal lengths their sizes differ by
+        at most one example. Nothing is lost and the last step's ranks carry even loads. With
+        fewer examples than that, one more step is taken into the region.
         """
         m, n = self.num_tiles, groups.size
         if m == 0:
@@ -222,23 +253,9 @@ class Layout:
         start = int(self.starts[m - take])
         if n - start < target:
             return self.spread(groups, multiple, config)  # too few examples: caller pads
-        sub = groups.suffix(start)
-        p = config.pad_to_multiple_of
-        first = int(sub.longest[0])
-        single = float(
-            config.cost_fn(np.ones(1), np.array([-(-first // p) * p]), np.array([first]))[0]
-        )
-        lo, hi = max(1, int(np.ceil(single))), config.max_tokens
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if Layout.build(sub, replace(config, max_tokens=mid)).num_tiles <= target:
-                hi = mid
-            else:
-                lo = mid + 1
-        tail_config = replace(config, max_tokens=hi)
-        tail = Layout.build(sub, tail_config).spread(sub, target, tail_config)
-        starts = np.concatenate((self.starts[: m - take], tail.starts + start))
-        sizes = np.concatenate((self.sizes[: m - take], tail.sizes))
+        cuts = even_cuts(groups.suffix(start), target, config)
+        starts = np.concatenate((self.starts[: m - take], cuts[:-1] + start))
+        sizes = np.concatenate((self.sizes[: m - take], np.diff(cuts)))
         return Layout.from_tiles(groups, starts, sizes, config)
 
     def spread(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
@@ -276,7 +293,7 @@ def _full_batch_sizes(longest: np.ndarray, cap: int, config: PlanConfig) -> np.n
     hi = np.full_like(longest, cap)
     while (lo < hi).any():
         mid = (lo + hi + 1) // 2
-        ok = config.cost_fn(mid, padded, mid * longest) <= config.max_tokens
+        ok = checked_cost(config.cost_fn, mid, padded, mid * longest) <= config.max_tokens
         lo = np.where(ok, mid, lo)
         hi = np.where(ok, hi, mid - 1)
     return _round_down(lo, config.batch_size_multiple)

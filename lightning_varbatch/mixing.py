@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
 
@@ -55,7 +55,13 @@ import numpy.typing as npt
 
 from lightning_varbatch.config import PlanConfig
 from lightning_varbatch.lengths import PreparedLengths
-from lightning_varbatch.planning import EpochPlan, EpochPlanner, _check_count, _deal
+from lightning_varbatch.planning import (
+    EpochPlan,
+    EpochPlanner,
+    _check_count,
+    _deal,
+    check_history,
+)
 from lightning_varbatch.sources import (
     MIXING_POLICIES,
     DataSource,
@@ -129,10 +135,16 @@ class MixturePlanner:
         temperature: float = 1.0,
         steps_per_epoch: int | None = None,
     ) -> None:
-        if mixing not in MIXING_POLICIES:
+        if not isinstance(config, PlanConfig):
+            raise TypeError(
+                f"config must be a PlanConfig, got {type(config).__name__}; pass "
+                "config=PlanConfig(max_tokens=...)."
+            )
+        if not isinstance(mixing, str) or mixing not in MIXING_POLICIES:
             raise ValueError(
                 f"Unknown mixing={mixing!r}; choose one of {', '.join(MIXING_POLICIES)}."
             )
+        mixture_probabilities(np.ones(1), "size", temperature)  # validates the temperature
         if steps_per_epoch is not None:
             steps_per_epoch = _check_count("steps_per_epoch", steps_per_epoch)
         elif not (isinstance(weights, str) and weights == "size" and temperature == 1):
@@ -142,23 +154,26 @@ class MixturePlanner:
                 "steps_per_epoch=None an epoch is one pass over every dataset, so each "
                 "dataset's share is its size."
             )
-        self.sources = [s if isinstance(s, DataSource) else DataSource(s) for s in sources]
-        if not self.sources:
-            raise ValueError("sources is empty: pass at least one dataset.")
+        self.sources = _as_sources(sources)
         self.config = config
         self.mixing: MixingPolicy = mixing
         self.steps_per_epoch = steps_per_epoch
-        self.names = [s.name or str(i) for i, s in enumerate(self.sources)]
+        self.names = [str(i) if s.name is None else s.name for i, s in enumerate(self.sources)]
         if len(set(self.names)) != len(self.names):
-            raise ValueError(f"Dataset names must be unique, got {self.names}.")
+            twice = sorted({n for n in self.names if self.names.count(n) > 1})
+            raise ValueError(
+                f"Dataset names must be unique, got {self.names} ({', '.join(twice)} more than "
+                "once; an unnamed dataset is named by its index): give each DataSource its "
+                "own name."
+            )
         self.planners = [self._source_planner(i, s) for i, s in enumerate(self.sources)]
         sizes = np.array([p.num_examples for p in self.planners], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(sizes)))
-        self.weights = weights if isinstance(weights, str) else [float(w) for w in weights]
-        self.temperature = float(temperature)
         self.probabilities = mixture_probabilities(
             np.array([p.num_micro_batches for p in self.planners]), weights, temperature
         )
+        self.weights = weights if isinstance(weights, str) else [float(w) for w in weights]
+        self.temperature = float(temperature)
 
     def _which(self, index: int) -> str:
         """How error messages name a dataset."""
@@ -166,16 +181,29 @@ class MixturePlanner:
 
     def _source_planner(self, index: int, source: DataSource) -> EpochPlanner:
         seed = int(np.random.SeedSequence([self.config.seed, index]).generate_state(1)[0])
-        config = replace(
-            self.config,
-            seed=seed,
-            max_tokens=self.config.max_tokens if source.max_tokens is None else source.max_tokens,
-            max_examples=source.max_examples or self.config.max_examples,
-        )
+        common = self.config
         try:
-            return EpochPlanner(source.lengths, config, source.loss_lengths)
+            config = replace(
+                common,
+                seed=seed,
+                max_tokens=common.max_tokens if source.max_tokens is None else source.max_tokens,
+                max_examples=(
+                    common.max_examples if source.max_examples is None else source.max_examples
+                ),
+            )
+            planner = EpochPlanner(source.lengths, config, source.loss_lengths)
+            items = _item_count(source.dataset)
+            if items is not None and items != planner.num_examples:
+                raise ValueError(
+                    f"its dataset has {items} items but its lengths describe "
+                    f"{planner.num_examples} examples: pass one length per item (lengths of "
+                    "the same dataset, in the same order)."
+                )
+            return planner
         except ValueError as error:
             raise ValueError(f"{self._which(index)}: {error}") from error
+        except TypeError as error:
+            raise TypeError(f"{self._which(index)}: {error}") from error
 
     # -- the planner interface the sampler uses -------------------------------------------
 
@@ -195,6 +223,16 @@ class MixturePlanner:
         return len(self.planners)
 
     @property
+    def num_skipped(self) -> int:
+        """Examples of all datasets left out by ``oversize="skip"``."""
+        return sum(p.num_skipped for p in self.planners)
+
+    @property
+    def num_truncated(self) -> int:
+        """Examples of all datasets cut by ``oversize="truncate"``."""
+        return sum(p.num_truncated for p in self.planners)
+
+    @property
     def truncate_to(self) -> int | None:
         """The truncation length when every dataset has the same one, else ``None``."""
         found = {p.truncate_to for p in self.planners}
@@ -202,11 +240,24 @@ class MixturePlanner:
 
     def dataset_truncate_to(self, dataset: int) -> int | None:
         """Length ``dataset``'s over-budget examples are cut to, else ``None``."""
-        return self.planners[dataset].truncate_to
+        return self.planners[self._index(dataset)].truncate_to
 
     def budget(self, dataset: int) -> int:
         """``max_tokens`` of ``dataset``."""
-        return self.planners[dataset].config.max_tokens
+        return self.planners[self._index(dataset)].config.max_tokens
+
+    def _index(self, dataset: object) -> int:
+        n = len(self.planners)
+        if (
+            isinstance(dataset, (bool, np.bool_))
+            or not isinstance(dataset, (int, np.integer))
+            or not 0 <= dataset < n
+        ):
+            raise ValueError(
+                f"dataset must be a dataset index in [0, {n}) ({', '.join(self.names)}), got "
+                f"{dataset!r}."
+            )
+        return int(dataset)
 
     def fingerprint(self) -> str:
         """A short hash of every setting that changes the plan (for checkpoint checks)."""
@@ -299,6 +350,7 @@ class MixturePlanner:
         not run are re-planned per dataset for the new one (repeats included, so upsampling
         survives the change); the shares of the rest of the epoch stay what they were.
         """
+        history = check_history(history)
         if not history:
             return self.plan(epoch, world_size, accumulate_grad_batches)
         world, acc, consumed = history[0]
@@ -415,6 +467,32 @@ class MixturePlanner:
             tile_dataset=cat(tile_ds) if tile_ds else np.zeros(0, dtype=np.int64),
             _exact_tokens=cat([p.tile_tokens for p in plans]) if plans else np.zeros(0, int),
         )
+
+
+def _item_count(dataset: object) -> int | None:
+    """Items of a map-style dataset, ``None`` when there is none or it has no length."""
+    if dataset is None:
+        return None
+    try:
+        return len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _as_sources(sources: object) -> list[DataSource]:
+    """The datasets as :class:`DataSource` objects, or an error that says what to pass."""
+    if isinstance(sources, (DataSource, np.ndarray, str, bytes, Mapping)) or not isinstance(
+        sources, Iterable
+    ):
+        raise TypeError(
+            f"sources must be a list of datasets (DataSource objects or lengths arrays), got "
+            f"{type(sources).__name__}; pass e.g. [DataSource(lengths_a), DataSource(lengths_b)]"
+            " (a single lengths array is one dataset: wrap it in a list, or use EpochPlanner)."
+        )
+    sources = list(sources)
+    if not sources:
+        raise ValueError("sources is empty: pass at least one dataset.")
+    return [s if isinstance(s, DataSource) else DataSource(s) for s in sources]
 
 
 def _interleave(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:

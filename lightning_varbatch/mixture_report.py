@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lightning_varbatch.diagnostics import check_plan_of
 from lightning_varbatch.mixing import MixturePlanner
 from lightning_varbatch.planning import EpochPlan
 
@@ -71,6 +72,15 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
     Returns:
         One :class:`DatasetShare` per dataset, in the planner's order.
     """
+    if plan.tile_dataset is None or (
+        plan.tile_dataset.size and int(plan.tile_dataset.max()) >= planner.num_datasets
+    ):
+        raise ValueError(
+            f"plan is not a plan of this mixture of {planner.num_datasets} datasets (it has "
+            f"{'no' if plan.tile_dataset is None else 'other'} dataset labels): pass a plan "
+            "made by this MixturePlanner's plan(...)."
+        )
+    check_plan_of(planner, plan)
     run = plan.assign.reshape(-1)
     dataset = plan.step_dataset.reshape(-1)
     homogeneous = (plan.step_dataset == plan.step_dataset[:, :1, :1]).all(axis=(1, 2))

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,7 @@ import numpy as np
 from lightning_varbatch.config import OVERSIZE_POLICIES, TAIL_POLICIES, PlanConfig
 from lightning_varbatch.costs import COST_NAMES
 from lightning_varbatch.diagnostics import PlanDiagnostics, diagnose, rank_loads
+from lightning_varbatch.lengths import _as_int_lengths
 from lightning_varbatch.mixing import MixturePlanner
 from lightning_varbatch.mixture_report import dataset_breakdown, format_breakdown
 from lightning_varbatch.planning import EpochPlan, EpochPlanner
@@ -100,13 +102,62 @@ def _load_lengths(args: argparse.Namespace) -> tuple[list[np.ndarray], str]:
 
 
 def _load_one(path: Path) -> np.ndarray:
+    shown = f"--lengths {str(path)!r}"
+    if not path.exists():
+        raise ValueError(
+            f"cannot read {shown}: no such file (looked in "
+            f"{str(path.resolve().parent)!r}); pass the path of a .npy file written with "
+            "np.save(path, lengths)."
+        )
+    if path.is_dir():
+        raise ValueError(
+            f"cannot read {shown}: it is a directory; pass the path of one .npy file written with "
+            "np.save(path, lengths)."
+        )
     try:
         lengths = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot read --lengths {str(path)!r} as a .npy array: {err}") from None
+    except (OSError, ValueError, EOFError) as err:
+        raise ValueError(
+            f"cannot read {shown} as a .npy array ({type(err).__name__}: {err}); write the "
+            "lengths with np.save(path, np.asarray(lengths)) (numbers, not pickled objects)."
+        ) from None
     if not isinstance(lengths, np.ndarray):
-        raise ValueError(f"--lengths {str(path)!r} holds several arrays; save one with np.save.")
+        lengths.close()
+        raise ValueError(
+            f"cannot read {shown}: it is an .npz archive of several arrays; save the one "
+            "lengths array with np.save(path, lengths)."
+        )
+    try:
+        _as_int_lengths(lengths, "lengths")
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{shown}: {err}") from None
     return lengths
+
+
+def _png_path(path: Path) -> Path:
+    """The file the figure goes to: ``--png`` with ``.png`` added when it has no suffix.
+
+    Raises:
+        ValueError: for a directory, a suffix other than ``.png``, or a missing parent folder.
+    """
+    if path.is_dir() or str(path).endswith(("/", "\\")):
+        raise ValueError(
+            f"--png {str(path)!r} is a directory; pass a file name, e.g. "
+            f"--png {str(path / 'plan_report.png')!r}."
+        )
+    if path.suffix == "":
+        path = path.with_name(path.name + ".png")
+    elif path.suffix.lower() != ".png":
+        raise ValueError(
+            f"--png {str(path)!r} must name a .png file, got suffix {path.suffix!r}; pass e.g. "
+            f"--png {str(path.with_suffix('.png'))!r}."
+        )
+    if not path.parent.is_dir():
+        raise ValueError(
+            f"--png {str(path)!r}: the folder {str(path.parent)!r} does not exist; create it "
+            "or pass another path."
+        )
+    return path
 
 
 def _write_png(path: Path, diag: PlanDiagnostics, sizes: np.ndarray, loads: np.ndarray) -> None:
@@ -185,6 +236,7 @@ def _planner(
 
 def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
+    png = None if args.no_png else _png_path(args.png)  # checked before the planning work
     all_lengths, source = _load_lengths(args)
     config = PlanConfig(
         max_tokens=args.max_tokens,
@@ -197,7 +249,11 @@ def _run(args: argparse.Namespace) -> int:
         tail=args.tail,
         oversize=args.oversize,
     )
-    planner = _planner(args, all_lengths, config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        planner = _planner(args, all_lengths, config)
+    for warning in caught:  # e.g. how many examples oversize= skips or truncates
+        print(f"warning: {warning.message}", file=sys.stderr)
     plan: EpochPlan = planner.plan(args.epoch, args.world_size, args.accumulate_grad_batches)
     diag = diagnose(planner, plan)
     shares = dataset_breakdown(planner, plan) if isinstance(planner, MixturePlanner) else None
@@ -213,10 +269,16 @@ def _run(args: argparse.Namespace) -> int:
         print(diag.format())
         if shares is not None:
             print(format_breakdown(shares))
-    if not args.no_png:
+    if png is not None:
         sizes = plan.tile_size[plan.assign.reshape(-1)]
-        _write_png(args.png, diag, sizes, rank_loads(planner, plan, "linear"))
-        print(f"wrote {args.png}", file=note)
+        try:
+            _write_png(png, diag, sizes, rank_loads(planner, plan, "linear"))
+        except OSError as err:
+            raise ValueError(
+                f"cannot write --png {str(png)!r}: {err.strerror or err}; pass a path in a "
+                "folder you can write to, or --no-png."
+            ) from None
+        print(f"wrote {png}", file=note)
     return 0
 
 

@@ -40,7 +40,14 @@ __all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
 
 
 def _check_count(name: str, value: object, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    """``value`` as an ``int`` (numpy integers too), or a ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(
+            f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__}); "
+            "pass a whole number (numpy integers are accepted; floats, bools and strings "
+            "are not)."
+        )
+    if value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
     return int(value)
 
@@ -72,6 +79,12 @@ class EpochPlanner:
         config: PlanConfig,
         loss_lengths: npt.ArrayLike | None = None,
     ) -> None:
+        if not isinstance(config, PlanConfig):
+            raise TypeError(
+                f"config must be a PlanConfig, got {type(config).__name__} {config!r:.60}; "
+                "pass config=PlanConfig(max_tokens=...) (e.g. PlanConfig(**settings) for a "
+                "dict)."
+            )
         self.config = config
         self.prepared: PreparedLengths = prepare_lengths(lengths, config, loss_lengths)
         self._exact_totals = (
@@ -95,6 +108,16 @@ class EpochPlanner:
     def num_micro_batches(self) -> int:
         """Micro-batches of one pass before the tail policy (the data's size in budgets)."""
         return self._layout(1).num_tiles
+
+    @property
+    def num_skipped(self) -> int:
+        """Examples left out of every epoch by ``oversize="skip"`` (0 otherwise)."""
+        return self.prepared.num_skipped
+
+    @property
+    def num_truncated(self) -> int:
+        """Examples cut to :attr:`truncate_to` by ``oversize="truncate"`` (0 otherwise)."""
+        return self.prepared.num_truncated
 
     @property
     def truncate_to(self) -> int | None:
@@ -164,7 +187,13 @@ class EpochPlanner:
             groups = self.groups
             available = groups.size
         else:
-            exclude = np.asarray(exclude, dtype=bool)
+            exclude = np.asarray(exclude)
+            if exclude.dtype != np.bool_:
+                raise TypeError(
+                    f"exclude must be a boolean mask over the {self.num_examples} examples, "
+                    f"got dtype {exclude.dtype}; build it with np.zeros(n, dtype=bool) and set "
+                    "the excluded ids to True (a list of ids is not a mask)."
+                )
             if exclude.shape != (self.num_examples,):
                 raise ValueError(
                     f"exclude must be a boolean mask of {self.num_examples} examples, "
@@ -248,6 +277,7 @@ class EpochPlanner:
             The plan of the examples the earlier topologies did not consume (the whole epoch
             when ``history`` is empty).
         """
+        history = check_history(history)
         exclude: np.ndarray | None = None
         for depth, (world, acc, consumed) in enumerate(history):
             done = self.plan(epoch, world, acc, exclude=exclude, salt=depth)
@@ -281,6 +311,39 @@ class EpochPlanner:
             f"tail={self.config.tail!r}). Lower max_tokens, world_size or "
             "accumulate_grad_batches, use more data, or set tail='pad'."
         )
+
+
+def check_history(history: object) -> list[tuple[int, int, int]]:
+    """Validate ``plan_resumed``'s history: ``(world_size, accumulation, consumed)`` triples.
+
+    Raises:
+        ValueError: naming the bad entry and what it should be.
+    """
+    if isinstance(history, (str, bytes)) or not isinstance(history, (Sequence, np.ndarray)):
+        raise ValueError(
+            f"history must be a sequence of (world_size, accumulate_grad_batches, consumed "
+            f"micro-batches per rank) triples, got {type(history).__name__} {history!r:.60}."
+        )
+    out = []
+    for i, entry in enumerate(history):
+        if (
+            isinstance(entry, (str, bytes))
+            or not isinstance(entry, (Sequence, np.ndarray))
+            or len(entry) != 3
+        ):
+            raise ValueError(
+                f"history[{i}] is {entry!r}: each entry must be a (world_size, "
+                "accumulate_grad_batches, consumed micro-batches per rank) triple."
+            )
+        world, acc, consumed = entry
+        out.append(
+            (
+                _check_count(f"history[{i}] world_size", world),
+                _check_count(f"history[{i}] accumulate_grad_batches", acc),
+                _check_count(f"history[{i}] consumed micro-batches", consumed, 0),
+            )
+        )
+    return out
 
 
 def _deal(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.ndarray:

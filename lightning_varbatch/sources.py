@@ -15,12 +15,14 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+
+from lightning_varbatch.config import check_count
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
 MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
@@ -56,6 +58,22 @@ class DataSource:
     loss_lengths: npt.ArrayLike | None = None
     name: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ValueError(
+                f"DataSource name must be a non-empty string or None, got {self.name!r} "
+                f"({type(self.name).__name__}); pass e.g. name='wmt' (None: the index)."
+            )
+        label = "DataSource" if self.name is None else f"DataSource {self.name!r}"
+        for setting in ("max_tokens", "max_examples"):
+            value = check_count(
+                f"{label}: {setting}",
+                getattr(self, setting),
+                allow_none=True,
+                what=" (None: use the common setting)",
+            )
+            object.__setattr__(self, setting, value)
+
 
 def mixture_probabilities(
     sizes: np.ndarray, weights: Weights = "size", temperature: float = 1.0
@@ -80,16 +98,24 @@ def mixture_probabilities(
         [0.75, 0.25]
     """
     n = len(sizes)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}.")
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(
+        temperature, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(
+            f"temperature must be a positive number, got {temperature!r} "
+            f"({type(temperature).__name__}); pass e.g. temperature=2.0 (1: shares by weight)."
+        )
     if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(f"temperature must be a positive number, got {temperature!r}.")
+        raise ValueError(
+            f"temperature must be a positive finite number, got {temperature!r}; pass e.g. "
+            "temperature=2.0 to flatten the shares, 1 to keep them."
+        )
     if isinstance(weights, str):
         if weights != "size":
             raise ValueError(f"Unknown weights={weights!r}; pass 'size' or one number per dataset.")
         raw = np.asarray(sizes, dtype=np.float64)
     else:
-        raw = np.asarray(list(weights), dtype=np.float64)
+        raw = _weights_array(weights, n)
         if raw.shape != (n,):
             raise ValueError(
                 f"weights has {raw.size} entries but there are {n} datasets: pass one weight "
@@ -106,6 +132,25 @@ def mixture_probabilities(
         )
     scaled = np.where(raw > 0, raw / raw.max(), 0.0) ** (1.0 / temperature)
     return scaled / scaled.sum()
+
+
+def _weights_array(weights: object, n: int) -> np.ndarray:
+    """``weights`` as floats, or a ValueError that names the bad entry."""
+    if isinstance(weights, (Mapping, bytes)) or not isinstance(weights, Iterable):
+        raise ValueError(
+            f"weights must be 'size' or a sequence of {n} numbers (one per dataset), got "
+            f"{type(weights).__name__} {weights!r:.60}."
+        )
+    listed = list(weights)
+    for i, w in enumerate(listed):
+        if isinstance(w, (bool, np.bool_)) or not isinstance(
+            w, (int, float, np.integer, np.floating)
+        ):
+            raise ValueError(
+                f"weights[{i}] is {w!r} ({type(w).__name__}); weights must be numbers >= 0, "
+                f"one per dataset ({n} datasets)."
+            )
+    return np.asarray(listed, dtype=np.float64).reshape(-1)
 
 
 def apportion(total: int, probabilities: np.ndarray) -> np.ndarray:

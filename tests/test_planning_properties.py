@@ -276,3 +276,179 @@ def test_default_tail_keeps_every_step_balanced(n: int, world: int, acc: int) ->
     imbalance = per_rank.max(axis=1) / per_rank.mean(axis=1)
     assert imbalance.max() <= 1.02
     assert np.array_equal(np.sort(plan.example_ids()), np.arange(n))
+
+
+# -- the tail step is as even as the rest (issue 12 §5) -----------------------------------
+
+
+def _last_step(plan: object, num_tiles: int) -> np.ndarray:
+    """Tile ids of the optimizer step that holds the last tile (the re-cut tail)."""
+    assign = plan.assign  # type: ignore[attr-defined]
+    step = int(np.flatnonzero((assign == num_tiles - 1).any(axis=(1, 2)))[0])
+    return np.asarray(assign[step])
+
+
+@SETTINGS
+@given(
+    n=st.integers(1, 300),
+    length=st.integers(1, 40),
+    per_batch=st.integers(1, 12),
+    cost=st.sampled_from(["padded", "sum", "quadratic"]),
+    max_examples=st.sampled_from([None, None, 2, 5]),
+    batch_size_multiple=st.sampled_from([1, 1, 2, 4]),
+    world=st.integers(1, 6),
+    acc=st.integers(1, 3),
+    seed=st.integers(0, 3),
+)
+def test_tail_step_of_equal_lengths_is_even(
+    n: int,
+    length: int,
+    per_batch: int,
+    cost: str,
+    max_examples: int | None,
+    batch_size_multiple: int,
+    world: int,
+    acc: int,
+    seed: int,
+) -> None:
+    """Equal lengths, tail="spread": the last step's micro-batches differ by <= 1 example.
+
+    Precisely: in the optimizer step that holds the last micro-batch, (1) the sizes of all
+    ``world * acc`` micro-batches differ by at most one example (13 examples over 4
+    micro-batches: [4, 3, 3, 3], never [4, 4, 4, 1]), (2) every rank's example count differs
+    by at most one from every other rank's, and (3) every micro-batch of the epoch is
+    within the budget and every example runs exactly once (unless the budget holds a
+    single example and the epoch has fewer examples than a multiple of ``world * acc``
+    needs, where some repeat, counted, as before).
+    """
+    assume(max_examples is None or batch_size_multiple <= max_examples)
+    single = length if cost != "quadratic" else length * (1 + length / 64)
+    config = PlanConfig(
+        max_tokens=int(np.ceil(single * per_batch)),
+        max_examples=max_examples,
+        cost=cost,
+        batch_size_multiple=batch_size_multiple,
+        seed=seed,
+    )
+    assume(n >= world * acc)
+    planner = EpochPlanner(np.full(n, length), config)
+    plan = planner.plan(0, world, acc)
+    sizes = plan.tile_size
+    # more micro-batches than examples can fill (one example per budget): repeats are counted
+    assume(plan.num_duplicated == 0)
+    assert sorted(plan.example_ids().tolist()) == list(range(n))
+    assert (plan.tile_cost <= config.max_tokens).all()
+    last = _last_step(plan, plan.tile_start.size)
+    step_sizes = sizes[last]
+    assert int(step_sizes.max()) - int(step_sizes.min()) <= 1, step_sizes.tolist()
+    per_rank = step_sizes.sum(axis=1)
+    assert int(per_rank.max()) - int(per_rank.min()) <= 1, step_sizes.tolist()
+
+
+def _min_max_cut(costs: np.ndarray, parts: int) -> float:
+    """Smallest possible largest cost over cuts of positions 0..n into ``parts`` runs.
+
+    ``costs[a, b]`` is the cost of the run ``[a, b)`` (``inf`` when not allowed).
+    """
+    n = costs.shape[0] - 1
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    for _ in range(parts):
+        # best'[b] = min over a < b of max(best[a], costs[a, b])
+        nxt = np.min(np.maximum(best[:, None], costs), axis=0)
+        nxt[0] = np.inf
+        best = nxt
+    return float(best[n])
+
+
+@SETTINGS
+@given(
+    seed=st.integers(0, 2**16),
+    n=st.integers(1, 48),
+    high=st.sampled_from([3, 10, 60]),
+    cost=st.sampled_from(["padded", "sum", "quadratic"]),
+    max_examples=st.sampled_from([None, None, 3]),
+    pad=st.sampled_from([1, 1, 4]),
+    slack=st.integers(0, 200),
+    world=st.integers(1, 4),
+    acc=st.integers(1, 2),
+)
+def test_tail_step_has_the_smallest_possible_largest_micro_batch(
+    seed: int,
+    n: int,
+    high: int,
+    cost: str,
+    max_examples: int | None,
+    pad: int,
+    slack: int,
+    world: int,
+    acc: int,
+) -> None:
+    """Any lengths, tail="spread": the tail is cut as evenly as the budget allows.
+
+    Precisely: when the re-cut tail is one optimizer step (its examples, in the planner's
+    length order, are those of the greedy cut's last partial step, or of its last full step
+    when there is no partial one), the largest micro-batch cost of that step equals the
+    smallest largest cost any cut of those examples into ``world * acc`` contiguous
+    micro-batches (each within ``max_examples``) can have, and under that largest cost its
+    smallest micro-batch cost is the largest possible: both found here by brute force
+    (dynamic programming over all cuts).
+    """
+    from lightning_varbatch.layout import Layout
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, high + 1, size=n)
+    p = pad
+    longest = -(-int(lengths.max()) // p) * p
+    single = longest * (1 + longest / 64) if cost == "quadratic" else longest
+    config = PlanConfig(
+        max_tokens=int(np.ceil(single)) + slack,
+        max_examples=max_examples,
+        cost=cost,
+        pad_to_multiple_of=pad,
+        shuffle=False,
+    )
+    wa = world * acc
+    planner = EpochPlanner(lengths, config)
+    greedy = Layout.build(planner.groups, config)
+    m = greedy.num_tiles
+    take = m % wa or wa
+    assume(m >= take)
+    start = int(greedy.starts[m - take])
+    assume(n - start >= wa)  # the tail region is one step
+    plan = planner.plan(0, world, acc)
+    last = _last_step(plan, plan.tile_start.size)
+    step_max = float(plan.tile_cost[last].max())
+    # brute force over the same examples in the same (length-sorted) order
+    key = planner.groups.longest[planner.groups.group_of(np.arange(start, n))]
+    k = n - start
+    costs = np.full((k + 1, k + 1), np.inf)
+    for a in range(k):
+        for b in range(a + 1, k + 1):
+            size = b - a
+            if max_examples is not None and size > max_examples:
+                continue
+            first = -(-int(key[a]) // p) * p
+            c = config.cost_fn(np.array([size]), np.array([first]), np.array([key[a:b].sum()]))
+            costs[a, b] = float(c[0]) if float(c[0]) <= config.max_tokens else np.inf
+    shown = (plan.tile_size[last].tolist(), plan.tile_cost[last].tolist())
+    optimum = _min_max_cut(costs, wa)
+    assert step_max == pytest.approx(optimum, rel=1e-6), shown
+    # ... and under that largest cost, the smallest micro-batch is as large as it can be
+    allowed = np.where(costs <= optimum * (1 + 1e-9), costs, np.inf)
+    assert float(plan.tile_cost[last].min()) == pytest.approx(
+        _max_min_cut(allowed, wa), rel=1e-6
+    ), shown
+
+
+def _max_min_cut(costs: np.ndarray, parts: int) -> float:
+    """Largest possible smallest cost over cuts into ``parts`` runs (``inf``: not allowed)."""
+    n = costs.shape[0] - 1
+    gain = np.where(np.isfinite(costs), costs, -np.inf)
+    best = np.full(n + 1, -np.inf)
+    best[0] = np.inf
+    for _ in range(parts):
+        nxt = np.max(np.minimum(best[:, None], gain), axis=0)
+        nxt[0] = -np.inf
+        best = nxt
+    return float(best[n])
