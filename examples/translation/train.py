@@ -10,10 +10,14 @@ From the repository root (or from this folder as ``python train.py ...``)::
     python examples/translation/train.py data=mixture data.corpora.sentences.weight=3
 
 :func:`train` does the work (tests call it with a composed config); :func:`main` is the
-command-line entry. A bad setting (non-positive ``data.max_tokens``, a budget below the
-longest example with ``data.oversize=error``, ...) stops before anything is written, with a
-message naming the setting, and exit status 2; Hydra itself rejects unknown group options
-(``strategy=foo``) listing the valid ones.
+command-line entry. A bad setting (any ``data.*``/``model.*``/``trainer.*`` value that cannot
+work, a budget below the longest example with ``data.oversize=error``, a ``ckpt_path`` that
+is not a checkpoint or was saved for other data, an unknown key or group option, ...) stops
+before anything is written, with a message naming the setting, and exit status 2. SIGTERM and
+SIGINT save ``<output_dir>/checkpoints/last.ckpt`` at the next optimizer step and exit with
+143 and 130 (see :mod:`examples.translation.preemption`). Budget semantics and the loss
+counts: :mod:`examples.translation.batching`; the early checks:
+:mod:`examples.translation.checks`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from functools import partial
@@ -33,27 +38,38 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
 from lightning.pytorch.loggers import Logger  # noqa: E402
 from lightning.pytorch.strategies import DDPStrategy, Strategy  # noqa: E402
 from lightning.pytorch.utilities import rank_zero_info  # noqa: E402
+from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from examples.translation import data as corpus  # noqa: E402
 from examples.translation import tokenizer as tok  # noqa: E402
+from examples.translation.batching import (  # noqa: E402
+    ShiftedTargetCollate,
+    describe_oversize,
+    fitting_length,
+    loss_lengths,
+    oversize_counts,
+)
+from examples.translation.checks import (  # noqa: E402
+    check_checkpoint_file,
+    check_config,
+    sampler_state,
+)
 from examples.translation.corpora import (  # noqa: E402
     ConfigError,
     Corpus,
     mixture_settings,
     read_corpora,
 )
+from examples.translation.preemption import Interrupted  # noqa: E402
 from lightning_varbatch import (  # noqa: E402
     DataSource,
-    PaddingCollate,
-    TokenBudgetBatchSampler,
     TokenBudgetDataModule,
     VarBatchDeepSpeedStrategy,
 )
@@ -61,7 +77,7 @@ from lightning_varbatch import (  # noqa: E402
 CONF_DIR = ROOT / "conf"
 STRATEGIES = sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
 
-__all__ = ["CONF_DIR", "ConfigError", "main", "train"]
+__all__ = ["CONF_DIR", "ConfigError", "check_config", "main", "train"]
 
 
 def _rank() -> int:
@@ -70,59 +86,6 @@ def _rank() -> int:
 
 def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
-
-
-def check_config(cfg: DictConfig) -> None:
-    """Reject settings that cannot work, before anything is built or written.
-
-    Raises:
-        ConfigError: naming the setting and what was expected.
-    """
-    for group in ("strategy", "data", "model", "trainer", "callbacks"):
-        if group not in cfg or cfg[group] is None:
-            raise ConfigError(f"The config has no {group!r} group; see {CONF_DIR}.")
-    target = cfg.strategy.get("_target_")
-    if not target:
-        raise ConfigError(
-            f"strategy has no _target_; choose one of {', '.join(STRATEGIES)} (strategy=NAME)."
-        )
-    max_tokens = cfg.data.max_tokens
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ConfigError(
-            f"data.max_tokens must be a positive integer token budget, got {max_tokens!r}."
-        )
-    val_max = cfg.data.get("val_max_tokens")
-    if val_max is not None and (not isinstance(val_max, int) or val_max < 1):
-        raise ConfigError(
-            f"data.val_max_tokens must be a positive integer or null, got {val_max!r}."
-        )
-    if cfg.data.oversize not in ("error", "skip", "truncate"):
-        raise ConfigError(
-            f"data.oversize must be one of error, skip, truncate; got {cfg.data.oversize!r}."
-        )
-    if cfg.data.tail not in ("spread", "drop", "pad"):
-        raise ConfigError(f"data.tail must be one of spread, drop, pad; got {cfg.data.tail!r}.")
-    corpora = read_corpora(cfg.data)
-    mixture_settings(cfg.data, corpora)
-    for c in corpora:
-        if cfg.get("test") and not c.test:
-            raise ConfigError(f"test=true needs a test split: set {c.setting}.test > 0 (got 0).")
-    threads = cfg.get("cpu_threads")
-    if threads is not None and (
-        isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
-    ):
-        raise ConfigError(f"cpu_threads must be a positive integer or null, got {threads!r}.")
-    accumulate = cfg.trainer.get("accumulate_grad_batches", 1)
-    if not isinstance(accumulate, int) or accumulate < 1:
-        raise ConfigError(f"trainer.accumulate_grad_batches must be >= 1, got {accumulate!r}.")
-
-
-def _loss_lengths(lengths: np.ndarray) -> np.ndarray:
-    # The loss predicts target[1:] (everything after BOS): plan with that count as the target
-    # length so that the batch's step_ntokens is exactly the step's number of loss tokens.
-    out = lengths.copy()
-    out[:, 1] -= 1
-    return out
 
 
 def _split(c: Corpus, pairs: list[tuple[str, str]], seed: int) -> dict[str, list[Any]]:
@@ -136,20 +99,113 @@ def _split(c: Corpus, pairs: list[tuple[str, str]], seed: int) -> dict[str, list
     return corpus.split_corpus(pairs, valid=c.valid, test=c.test, seed=seed)
 
 
+#: Above this share of a split's examples skipped or truncated, the run is refused.
+MAX_OVERSIZE_SHARE = 0.5
+
+
+def _budgets(cfg: DictConfig, split: str, corpora: list[Corpus]) -> tuple[str, list[int]]:
+    """The setting that holds ``split``'s budget and each corpus's budget for it."""
+    data = cfg.data
+    if split == "train":
+        setting, budget = "data.max_tokens", data.max_tokens
+    else:
+        setting, budget = "data.val_max_tokens", data.val_max_tokens or data.max_tokens
+    return setting, [c.max_tokens or budget for c in corpora]
+
+
+def _sources(
+    cfg: DictConfig, split: str, corpora: list[Corpus], encoded: list[dict[str, Any]]
+) -> list[DataSource]:
+    """One :class:`DataSource` per corpus of ``split``: items, padded lengths, loss counts."""
+    data = cfg.data
+    _, budgets = _budgets(cfg, split, corpora)
+    out = []
+    for c, e, budget in zip(corpora, encoded, budgets, strict=True):
+        items, lengths = e[split]
+        cut = fitting_length(budget, data.pad_to_multiple_of)
+        out.append(
+            DataSource(
+                lengths,  # what the collate pads: source and whole target (BOS ... EOS)
+                dataset=items,
+                name=c.name,
+                max_tokens=c.max_tokens,
+                max_examples=c.max_examples,
+                loss_lengths=loss_lengths(lengths, cut if data.oversize == "truncate" else None),
+            )
+        )
+    return out
+
+
+def _plan_error(cfg: DictConfig, split: str, corpora: list[Corpus], error: Exception) -> str:
+    """Why ``split`` cannot be planned, naming the budget settings it was planned with."""
+    setting, _ = _budgets(cfg, split, corpora)
+    value = cfg.data.get(setting.split(".")[1])
+    default = " (null: data.max_tokens)" if split != "train" and value is None else ""
+    budgets = [f"{setting}={value}{default}"] + [
+        f"{c.setting}.max_tokens={c.max_tokens}" for c in corpora if c.max_tokens
+    ]
+    own = " (or data.corpora.<name>.max_tokens)" if corpora[0].name else ""
+    text = str(error)
+    if not corpora[0].name:  # one corpus: the library's "Dataset '0' (index 0): " says nothing
+        text = text.replace("Dataset '0' (index 0): ", "")
+    fixes = f"Raise {setting}{own} or lower data.max_length"
+    if cfg.data.oversize == "error":
+        fixes += ", or set data.oversize=skip|truncate to leave out or cut the longest examples"
+    return (
+        f"{' / '.join(budgets)} cannot batch the {split} split (a micro-batch's budget counts "
+        f"n x the widest padded field, source or target): {text} {fixes}."
+    )
+
+
+def _datamodule(
+    cfg: DictConfig,
+    corpora: list[Corpus],
+    encoded: list[dict[str, Any]],
+    mixture: dict[str, Any],
+    with_test: bool,
+) -> TokenBudgetDataModule:
+    data = cfg.data
+    return TokenBudgetDataModule(
+        _sources(cfg, "train", corpora, encoded),
+        None,
+        data.max_tokens,
+        val_dataset=_sources(cfg, "valid", corpora, encoded),
+        test_dataset=_sources(cfg, "test", corpora, encoded) if with_test else None,
+        val_max_tokens=data.val_max_tokens,
+        collate=ShiftedTargetCollate(pad_id=tok.PAD_ID, pad_to_multiple_of=data.pad_to_multiple_of),
+        num_workers=data.num_workers,
+        on_resume_mismatch=cfg.get("on_resume_mismatch", "error"),
+        bucket_width=data.bucket_width,
+        tail=data.tail,
+        oversize=data.oversize,
+        pad_to_multiple_of=data.pad_to_multiple_of,
+        seed=data.seed,
+        **mixture,
+    )
+
+
 def build_datamodule(
     cfg: DictConfig, output_dir: Path
 ) -> tuple[TokenBudgetDataModule, Any, dict[str, Any]]:
     """The tokenizer and the token-budgeted DataModule over train/valid/test splits.
 
     Each corpus is split on its own and one BPE tokenizer is trained on every training split.
-    With ``data.corpora`` each split is a list of :class:`~lightning_varbatch.DataSource`, one
-    per corpus (named, with its own ``max_tokens``/``max_examples``), mixed by ``data.mixing``,
-    ``data.corpora.<name>.weight``, ``data.temperature`` and ``data.steps_per_epoch``;
-    validation and test cover every example of every corpus once.
+    Every split is a list of :class:`~lightning_varbatch.DataSource`, one per corpus (named,
+    with its own ``max_tokens``/``max_examples``), planned on the padded (source, target)
+    lengths with the loss counts (target minus BOS) as ``loss_lengths``
+    (:mod:`examples.translation.batching`). With ``data.corpora`` they are mixed by
+    ``data.mixing``, ``data.corpora.<name>.weight``, ``data.temperature`` and
+    ``data.steps_per_epoch``; validation and test cover every example of every corpus once.
+
+    The DataModule's own samplers are built once here (as rank 0 of 1, without a Trainer), so
+    that a budget or setting that cannot work fails before the Trainer writes anything, and
+    the examples skipped or truncated by ``data.oversize`` are reported (more than half of a
+    split is refused).
 
     Returns:
         The DataModule, the tokenizer and the split sizes (``train``/``valid``/``test``, plus
-        ``corpora``: the sizes per corpus, for a mixture).
+        ``corpora``: the sizes per corpus, for a mixture). The DataModule's ``oversize``
+        attribute holds the skipped and truncated counts per split.
 
     Raises:
         ConfigError: for a corpus that cannot be read or split, or a budget that cannot hold
@@ -166,73 +222,51 @@ def build_datamodule(
         cache = Path(data.cache_dir) / f"tokenizer-{data.vocab_size}.json"
     # Several ranks train the same (deterministic) tokenizer in memory: no shared-file race.
     tokenizer = tok.train_or_load_tokenizer(texts, vocab_size=data.vocab_size, cache_path=cache)
-    encoded: list[dict[str, tuple[list[dict[str, list[int]]], np.ndarray]]] = []
+    encoded: list[dict[str, Any]] = []
     for sp in splits:
         encoded.append({})
         for split in ("train", "valid", "test"):
-            items, lengths = tok.encode_pairs(tokenizer, sp[split], max_length=data.max_length)
-            encoded[-1][split] = (items, _loss_lengths(lengths))
-
-    def stage(split: str) -> tuple[Any, Any]:  # (dataset, lengths) of one split
-        if not mixture:
-            return encoded[0][split]
-        own = [{"max_tokens": c.max_tokens, "max_examples": c.max_examples} for c in corpora]
-        return [
-            DataSource(e[split][1], dataset=e[split][0], name=c.name, **kw)
-            for c, e, kw in zip(corpora, encoded, own, strict=True)
-        ], None
-
-    planner_kwargs: dict[str, Any] = {
-        "bucket_width": data.bucket_width,
-        "tail": data.tail,
-        "oversize": data.oversize,
-        "pad_to_multiple_of": data.pad_to_multiple_of,
-        "seed": data.seed,
-    }
-    for split, budget in (
-        ("train", data.max_tokens),
-        ("valid", data.val_max_tokens or data.max_tokens),
+            encoded[-1][split] = tok.encode_pairs(tokenizer, sp[split], max_length=data.max_length)
+    with_test = all(c.test for c in corpora)
+    try:
+        dm = _datamodule(cfg, corpora, encoded, mixture, with_test)
+    except ValueError as error:  # the DataModule may plan its splits when it is built
+        split = str(error).split("_dataset", 1)[0] if "_dataset cannot" in str(error) else "train"
+        split = {"val": "valid"}.get(split, split)
+        raise ConfigError(_plan_error(cfg, split, corpora, error)) from error
+    oversize: dict[str, dict[str, int]] = {}
+    for split, build in (
+        ("train", dm.train_dataloader),
+        ("valid", dm.val_dataloader),
+        ("test", dm.test_dataloader if with_test and cfg.get("test") else None),
     ):
-        one: dict[str, Any] = {"rank": 0, "world_size": 1, **planner_kwargs}
-        try:  # plan once here so that a bad budget fails before the Trainer writes anything
-            if mixture:
-                mixing = mixture if split == "train" else {"mixing": "per_batch"}
-                sampler = TokenBudgetBatchSampler.from_sources(
-                    stage(split)[0], budget, **mixing, **one
-                )
-            else:
-                sampler = TokenBudgetBatchSampler(stage(split)[1], budget, **one)
-            _ = sampler.plan
+        if build is None:
+            continue
+        try:  # the DataModule's own samplers: what the Trainer will get, here as rank 0 of 1
+            build()
         except ValueError as error:
-            longest = max(int(e[split][1].max()) for e in encoded)
-            own = " (or data.corpora.<name>.max_tokens)" if mixture else ""
-            budgets = [f"data.max_tokens={budget}"] + [
-                f"{c.setting}.max_tokens={c.max_tokens}" for c in corpora if c.max_tokens
-            ]
+            raise ConfigError(_plan_error(cfg, split, corpora, error)) from error
+        sampler = dm.samplers[
+            "train" if split == "train" else "val" if split == "valid" else "test"
+        ]
+        counts = oversize_counts(sampler)
+        oversize[split] = counts
+        lost = counts["skipped"] + counts["truncated"]
+        if lost > MAX_OVERSIZE_SHARE * counts["examples"]:
+            setting, _ = _budgets(cfg, split, corpora)
             raise ConfigError(
-                f"{' / '.join(budgets)} cannot batch the {split} split (longest example "
-                f"{longest} tokens per side, padded source+target cost): {error} Raise "
-                f"data.max_tokens{own}, lower data.max_length, or set data.oversize=skip|truncate."
-            ) from error
-    collate = PaddingCollate(
-        pad_id=tok.PAD_ID, pad_to_multiple_of=data.pad_to_multiple_of, check_ntokens=False
-    )
-    train_data, train_lengths = stage("train")
-    test = stage("test") if all(c.test for c in corpora) else (None, None)
-    dm = TokenBudgetDataModule(
-        train_data,
-        train_lengths,
-        data.max_tokens,
-        val_dataset=stage("valid")[0],
-        val_lengths=stage("valid")[1],
-        test_dataset=test[0],
-        test_lengths=test[1],
-        val_max_tokens=data.val_max_tokens,
-        collate=collate,
-        num_workers=data.num_workers,
-        **mixture,
-        **planner_kwargs,
-    )
+                f"data.oversize={data.oversize} with {setting}="
+                f"{data.get(setting.split('.')[1])} would leave out or cut most of the data: "
+                f"{describe_oversize(split + ' split', counts)}. Raise {setting}, lower "
+                "data.max_length, or set data.oversize=error to see the longest example."
+            )
+        if lost and _rank() == 0:
+            print(
+                f"WARNING: data.oversize={data.oversize}: {describe_oversize(split, counts)}.",
+                file=sys.stderr,
+            )
+    dm.samplers.clear()  # rebuilt for the Trainer's rank, world size and accumulation
+    dm.oversize = oversize  # type: ignore[attr-defined]  # for train()'s metrics
     sizes: dict[str, Any] = {
         split: sum(len(e[split][0]) for e in encoded) for split in ("train", "valid", "test")
     }
@@ -244,9 +278,40 @@ def build_datamodule(
     return dm, tokenizer, sizes
 
 
+def check_resume(cfg: DictConfig, dm: TokenBudgetDataModule, ckpt: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose sampler position was saved for other data or settings.
+
+    Raises:
+        ConfigError: naming ``ckpt_path`` and ``on_resume_mismatch=restart_epoch``.
+    """
+    state = sampler_state(ckpt)
+    if state is None or cfg.get("on_resume_mismatch", "error") != "error":
+        return
+    dm.train_dataloader()
+    sampler = dm.samplers.pop("train")
+    try:
+        sampler.load_state_dict(state)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} cannot resume on this data: {error} -- To keep the "
+            "weights and optimizer and start the checkpoint's epoch afresh on the current data "
+            "(every example of it trained once), add on_resume_mismatch=restart_epoch."
+        ) from error
+
+
+def _instantiate(setting: str, spec: Any, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate`` with a bad argument reported as a :class:`ConfigError`."""
+    try:
+        return hydra.utils.instantiate(spec, **kwargs)
+    except Exception as error:
+        cause = error.__cause__ or error
+        text = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+        raise ConfigError(f"{setting} cannot be built: {type(cause).__name__}: {text}") from error
+
+
 def build_strategy(cfg: DictConfig) -> Strategy | str:
     """The configured strategy object (``"auto"`` for DDP on a single device)."""
-    strategy = hydra.utils.instantiate(cfg.strategy)
+    strategy = _instantiate("strategy", cfg.strategy)
     devices = cfg.trainer.get("devices", 1)
     single = devices in (1, "1") and cfg.trainer.get("num_nodes", 1) == 1
     if isinstance(strategy, DDPStrategy) and type(strategy) is DDPStrategy and single:
@@ -269,12 +334,16 @@ def build_callbacks(cfg: DictConfig) -> list[Callback]:
         if spec is None:
             continue
         spec = OmegaConf.to_container(spec, resolve=True)
-        assert isinstance(spec, dict)
-        if not spec.pop("enabled", True):
+        if not isinstance(spec, dict):
+            raise ConfigError(f"callbacks.{name} must be a mapping with _target_, got {spec!r}.")
+        enabled = spec.pop("enabled", True)
+        if not isinstance(enabled, bool):
+            raise ConfigError(f"callbacks.{name}.enabled must be true or false, got {enabled!r}.")
+        if not enabled:
             continue
         if "_target_" not in spec:
             raise ConfigError(f"callbacks.{name} has no _target_.")
-        callback = hydra.utils.instantiate(spec)
+        callback = _instantiate(f"callbacks.{name}", spec)
         if isinstance(callback, LearningRateMonitor) and cfg.get("logger") is None:
             rank_zero_info(f"callbacks.{name} (LearningRateMonitor) is off: there is no logger.")
             continue
@@ -286,11 +355,49 @@ def build_logger(cfg: DictConfig) -> Logger | bool:
     """The configured logger, or ``False`` for ``logger=null``."""
     if cfg.get("logger") is None:
         return False
-    return hydra.utils.instantiate(cfg.logger)
+    return _instantiate("logger", cfg.logger)
 
 
 def _scalar_metrics(trainer: Trainer) -> dict[str, Any]:
     return {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+
+
+def _summary(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, dict))}
+
+
+def write_summary(metrics: dict[str, Any]) -> None:
+    """``<output_dir>/metrics.json`` (rank 0): the final metrics, or how the run stopped."""
+    if _rank() == 0 and metrics.get("output_dir"):
+        path = Path(metrics["output_dir"]) / "metrics.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(_summary(metrics), indent=2))
+
+
+def _stopped(trainer: Trainer, metrics: dict[str, Any], signum: int, ckpt: str | None) -> None:
+    """Write what the interrupted run has, say how to resume, exit with ``128 + signum``."""
+    name = signal.Signals(signum).name
+    metrics.update(_scalar_metrics(trainer))
+    metrics.update(
+        interrupted=name,
+        checkpoint=ckpt,
+        global_step=int(trainer.global_step),
+        exit_code=128 + signum,
+    )
+    write_summary(metrics)
+    if trainer.global_rank == 0:
+        resume = (
+            f"resume with the same overrides plus ckpt_path={ckpt}"
+            if ckpt
+            else "no checkpoint was written (the signal came before training started)"
+        )
+        print(
+            f"Interrupted by {name} after {metrics['global_step']} optimizer steps: {resume}. "
+            f"Summary: {Path(metrics['output_dir']) / 'metrics.json'}; exit status "
+            f"{128 + signum}.",
+            file=sys.stderr,
+        )
+    raise SystemExit(128 + signum)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -304,27 +411,39 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     Raises:
         ConfigError: for a setting that cannot work (nothing has been written then).
+        SystemExit: with status 143 (SIGTERM) or 130 (SIGINT) when training was interrupted,
+            after saving ``<output_dir>/checkpoints/last.ckpt`` (callbacks.preemption) and
+            writing ``metrics.json`` with ``interrupted`` and ``checkpoint``.
     """
     start = time.perf_counter()
     check_config(cfg)
+    ckpt = None
+    if cfg.get("ckpt_path") is not None:
+        deepspeed = "DeepSpeed" in str(cfg.strategy.get("_target_"))
+        ckpt = check_checkpoint_file(str(cfg.ckpt_path), deepspeed=deepspeed)
     seed_everything(cfg.seed, workers=True, verbose=False)
     if cfg.get("cpu_threads"):
         torch.set_num_threads(cfg.cpu_threads)
         # Processes Lightning launches inherit it, and Lightning's DDP keeps it.
         os.environ["OMP_NUM_THREADS"] = str(cfg.cpu_threads)
     output_dir = Path(cfg.output_dir).resolve()
+    strategy = build_strategy(cfg)
+    callbacks = build_callbacks(cfg)
+    logger = build_logger(cfg)
     dm, tokenizer, sizes = build_datamodule(cfg, output_dir)
-    model = hydra.utils.instantiate(  # plain containers: checkpoints load with weights_only
+    if ckpt is not None:
+        check_resume(cfg, dm, ckpt)
+        del ckpt
+    model = _instantiate(  # plain containers: checkpoints load with weights_only
+        "model",
         cfg.model,
         vocab_size=tokenizer.get_vocab_size(),
         decode_fn=partial(tok.decode, tokenizer),
         dataset_names=list(sizes.get("corpora", [])) or None,  # per-corpus loss keys
         _convert_="all",
     )
-    strategy = build_strategy(cfg)
-    callbacks = build_callbacks(cfg)
-    logger = build_logger(cfg)
-    trainer: Trainer = hydra.utils.instantiate(
+    trainer: Trainer = _instantiate(
+        "trainer",
         cfg.trainer,
         strategy=strategy,
         callbacks=callbacks,
@@ -334,11 +453,25 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if trainer.global_rank == 0:
         output_dir.mkdir(parents=True, exist_ok=True)
         tokenizer.save(str(output_dir / "tokenizer.json"))
-    trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
-    metrics = _scalar_metrics(trainer)
-    if cfg.get("test"):
-        trainer.test(model, dm)
-        metrics.update(_scalar_metrics(trainer))  # test() replaced the callback metrics
+    oversize = getattr(dm, "oversize", {})
+    metrics: dict[str, Any] = {"output_dir": str(output_dir), "sizes": sizes, "oversize": oversize}
+    try:
+        trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
+        metrics.update(_scalar_metrics(trainer))
+        if cfg.get("test"):
+            trainer.test(model, dm)
+            metrics.update(_scalar_metrics(trainer))  # test() replaced the callback metrics
+    except Interrupted as stop:
+        _stopped(trainer, metrics, stop.signum, stop.checkpoint)
+    except SIGTERMException:  # Lightning's own, outside training steps: nothing to save
+        _stopped(trainer, metrics, int(signal.SIGTERM), None)
+    except ValueError as error:  # a DeepSpeed checkpoint folder is only read by fit()
+        if "on_resume_mismatch" not in str(error):
+            raise
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} cannot resume on this data: {error} -- add "
+            "on_resume_mismatch=restart_epoch to start the checkpoint's epoch afresh."
+        ) from error
     checkpoint = trainer.checkpoint_callback
     metrics.update(
         bleu=metrics.get("val/bleu"),
@@ -348,6 +481,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         output_dir=str(output_dir),
         seconds=time.perf_counter() - start,
         sizes=sizes,
+        oversize=oversize,
         world_size=int(trainer.world_size),
         tokenizer_sha=hashlib.sha256(tokenizer.to_str().encode()).hexdigest(),
     )
@@ -403,10 +537,31 @@ def main(cfg: DictConfig) -> None:
         _drop_empty_run_dir()
         print(f"Configuration error: {error}", file=sys.stderr)
         sys.exit(2)
-    if _rank() == 0 and metrics["output_dir"]:
-        summary = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, dict))}
-        (Path(metrics["output_dir"]) / "metrics.json").write_text(json.dumps(summary, indent=2))
+    write_summary(metrics)
+
+
+def _check_overrides(argv: list[str]) -> None:
+    """Exit 2 (not Hydra's 1) for overrides that do not compose: an unknown key or option.
+
+    Only for a plain run (no ``-m``/``--flags`` and no ``hydra.*`` overrides); Hydra reports
+    everything else itself.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    overrides = argv[1:]
+    if any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in overrides):
+        return
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            compose("config", overrides=overrides)
+    except Exception as error:  # Hydra's and OmegaConf's composition errors
+        print(f"Configuration error: {error} (overrides: {' '.join(overrides)})", file=sys.stderr)
+        sys.exit(2)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 if __name__ == "__main__":
+    _check_overrides(sys.argv)
     main()

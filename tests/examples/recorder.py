@@ -47,3 +47,22 @@ class RecordBatches(Callback):
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The records :class:`RecordBatches` wrote to ``path``."""
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+class SlowBatches(Callback):
+    """Sleep ``seconds`` after every training micro-batch (gives a test time to send a signal).
+
+    Args:
+        seconds: the pause per micro-batch.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = float(seconds)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        import time
+
+        time.sleep(self.seconds)

@@ -67,6 +67,8 @@ def test_every_option_composes(group: str, option: str, tmp_path: Path) -> None:
             "TokenThroughputMonitor",
             "ModelCheckpoint",
             "LearningRateMonitor",
+            "PreemptionCheckpoint",
+            "OversizeReport",
         ]
     elif group == "model":
         model = instantiate(cfg.model, vocab_size=300)
@@ -82,9 +84,13 @@ def test_deepspeed_stage_and_offload_override() -> None:
 
 
 def test_callbacks_can_be_switched_off() -> None:
-    cfg = make("callbacks.lr_scaler.enabled=false", "callbacks.checkpoint.enabled=false")
+    cfg = make(
+        "callbacks.lr_scaler.enabled=false",
+        "callbacks.checkpoint.enabled=false",
+        "callbacks.preemption.enabled=false",
+    )
     names = [type(c).__name__ for c in build_callbacks(cfg)]
-    assert names == ["TokenThroughputMonitor", "LearningRateMonitor"]
+    assert names == ["TokenThroughputMonitor", "LearningRateMonitor", "OversizeReport"]
 
 
 def test_unknown_strategy_lists_choices() -> None:
@@ -137,7 +143,8 @@ def test_cli_errors_exit_nonzero_and_write_nothing(tmp_path: Path) -> None:
 def test_no_logger_leaves_out_the_lr_monitor() -> None:
     """Lightning refuses a LearningRateMonitor without a logger; ``~logger`` must still train."""
     names = [type(c).__name__ for c in build_callbacks(make("~logger"))]
-    assert names == ["BatchSizeLRScaler", "TokenThroughputMonitor", "ModelCheckpoint"]
+    assert "LearningRateMonitor" not in names
+    assert names[:3] == ["BatchSizeLRScaler", "TokenThroughputMonitor", "ModelCheckpoint"]
 
 
 @pytest.mark.parametrize("value", [0, "two", True])

@@ -64,8 +64,13 @@ def test_every_data_option_builds_its_datamodule(option: str, tmp_path: Path) ->
     batches = list(dm.train_dataloader())
     datasets = {int(b["dataset"]) for b in batches}
     if not names:
-        assert dm.sources["train"] is None and datasets == {0}
-        assert sizes == {"train": 105, "valid": 10, "test": 5}
+        # one corpus: one unnamed DataSource per split (it carries the loss_lengths)
+        assert [s.name for s in dm.sources["train"]] == [None] and datasets == {0}
+        assert {k: sizes[k] for k in ("train", "valid", "test")} == {
+            "train": 105,
+            "valid": 10,
+            "test": 5,
+        }
         return
     sources = dm.sources["train"]
     assert sources is not None and [s.name for s in sources] == names

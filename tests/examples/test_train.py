@@ -156,8 +156,8 @@ def test_resume_mid_epoch_is_exact(tmp_path: Path) -> None:
 
 
 def _planned_cost(record: dict[str, Any]) -> int:
-    """Padded cost of a recorded micro-batch as planned: examples x longest (source, target[1:])."""
-    longest = max(max(len(s) for s in record["sources"]), max(record["target_lengths"]) - 1)
+    """Padded cost of a recorded micro-batch: examples x its widest field (source, target)."""
+    longest = max(max(len(s) for s in record["sources"]), max(record["target_lengths"]))
     return len(record["sources"]) * longest
 
 

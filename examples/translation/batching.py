@@ -1,0 +1,150 @@
+"""How the example budgets its batches: planning lengths, loss counts, the collate's checks.
+
+The collate pads every item's ``source`` and its whole ``target`` (``BOS ... EOS``), so the
+planner gets those two lengths (after ``data.max_length``): with the default cost model
+(``"padded"``, :mod:`lightning_varbatch.costs`) a micro-batch of ``n`` pairs costs
+``n x max(padded source width, padded target width)``, i.e. *each* padded field holds at most
+``data.max_tokens`` slots (source and target together at most twice that).
+
+The loss predicts ``target[1:]`` (teacher forcing), one token fewer than the target: those
+counts go to the planner as ``loss_lengths`` so that ``step_ntokens`` is the exact number of
+loss tokens of the optimizer step. :class:`ShiftedTargetCollate` keeps both of the collate's
+checks meaningful: the width check (every field against the plan) stays on, and the loss-count
+check compares the plan's count with the real target tokens minus one per example.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
+from typing_extensions import override
+
+from lightning_varbatch import PaddingCollate, keys
+
+__all__ = ["OversizeReport", "ShiftedTargetCollate", "loss_lengths", "oversize_counts"]
+
+
+def loss_lengths(lengths: np.ndarray, truncate_to: int | None = None) -> np.ndarray:
+    """Loss tokens per pair: the target length minus BOS, after an ``oversize`` cut.
+
+    Args:
+        lengths: ``(n, 2)`` padded (source, target) lengths, specials included.
+        truncate_to: the length ``oversize="truncate"`` cuts every field to (``None``: none).
+
+    Example:
+        >>> loss_lengths(np.array([[4, 6], [3, 2]])).tolist()
+        [5, 1]
+        >>> loss_lengths(np.array([[4, 6], [3, 2]]), truncate_to=4).tolist()
+        [3, 1]
+    """
+    target = lengths[:, 1] if truncate_to is None else np.minimum(lengths[:, 1], truncate_to)
+    return np.asarray(target - 1, dtype=np.int64)
+
+
+def fitting_length(budget: int, pad_to_multiple_of: int) -> int:
+    """The longest field one example may have under the padded cost: what truncation cuts to.
+
+    Example:
+        >>> fitting_length(100, 8), fitting_length(100, 1)
+        (96, 100)
+    """
+    return (budget // pad_to_multiple_of) * pad_to_multiple_of
+
+
+class ShiftedTargetCollate(PaddingCollate):
+    """:class:`~lightning_varbatch.PaddingCollate` whose loss count is ``target - 1`` per pair.
+
+    The library's own count check compares the plan with the *whole* target field; here the
+    plan counts ``target[1:]`` (``loss_lengths``), so that check is replaced by one comparing
+    the plan's count with the real target tokens minus one per example. The width check of
+    every padded field against the plan stays on.
+
+    Example:
+        >>> from lightning_varbatch.collate import CollatedItems
+        >>> items = CollatedItems([{"source": [5, 2], "target": [1, 7, 2]}],
+        ...                       info={"ntokens": 2, "step_nexamples": 1, "epoch": 0,
+        ...                             "step": 0, "micro": 0, "step_ntokens": 2})
+        >>> int(ShiftedTargetCollate()(items)["ntokens"])
+        3
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("check_widths", True)
+        self.check_loss_tokens = bool(kwargs.pop("check_ntokens", True))
+        super().__init__(check_ntokens=False, **kwargs)
+
+    def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Collate and check the micro-batch's loss-token count against the plan."""
+        batch = super().__call__(items)
+        info = getattr(items, "info", None)
+        if info is not None and self.check_loss_tokens:
+            loss = int(batch[keys.NTOKENS]) - len(items)
+            if loss != int(info["ntokens"]):
+                raise ValueError(
+                    f"The micro-batch at epoch {info['epoch']}, step {info['step']}, micro-batch "
+                    f"{info['micro']} has {loss} loss tokens (target tokens minus BOS) but the "
+                    f"plan counted {info['ntokens']}: the example's loss_lengths do not match "
+                    "its items (examples/translation/batching.py: loss_lengths)."
+                )
+        return batch
+
+
+def oversize_counts(sampler: Any) -> dict[str, int]:
+    """The examples the plan leaves out (``skip``) or cuts (``truncate``), and its size."""
+    plan = sampler.plan
+    return {
+        "examples": int(sampler.planner.num_examples),
+        "skipped": int(plan.num_skipped),
+        "truncated": int(plan.num_truncated),
+        "truncate_to": int(getattr(sampler, "truncate_to", None) or 0),
+    }
+
+
+def describe_oversize(split: str, counts: Mapping[str, int]) -> str:
+    """One line: how many of a split's examples were skipped or truncated."""
+    n = max(counts["examples"], 1)
+    parts = []
+    if counts["skipped"]:
+        parts.append(f"skipped {counts['skipped']:,} ({counts['skipped'] / n:.1%})")
+    if counts["truncated"]:
+        parts.append(
+            f"truncated {counts['truncated']:,} ({counts['truncated'] / n:.1%}) to "
+            f"{counts['truncate_to']} tokens per side"
+        )
+    return f"{split}: of {counts['examples']:,} examples, " + (
+        ", ".join(parts) if parts else "none skipped or truncated"
+    )
+
+
+class OversizeReport(Callback):
+    """Log, every training epoch, how many examples the plan skipped or truncated.
+
+    Logs ``train/examples_skipped`` and ``train/examples_truncated`` (counts) to the loggers
+    and prints one line on rank 0 at the start of every epoch.
+    """
+
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        dm = trainer.datamodule
+        sampler = getattr(dm, "samplers", {}).get("train")
+        if sampler is None:
+            return
+        counts = oversize_counts(sampler)
+        rank_zero_info(
+            f"Epoch {trainer.current_epoch}: "
+            + describe_oversize("training split", counts)
+            + f" (data.oversize={sampler.config.oversize})."
+        )
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(
+                    {
+                        "train/examples_skipped": float(counts["skipped"]),
+                        "train/examples_truncated": float(counts["truncated"]),
+                    },
+                    step=trainer.global_step,
+                )
