@@ -12,9 +12,9 @@ Workload (stand-in for the translation example, which does not exist yet): an en
 vocabulary 8000, source/target/output embeddings tied), label-smoothed (0.1) cross entropy
 with ``reduction="sum"`` over the real target tokens, turned into the step's token mean by
 :func:`lightning_varbatch.loss.token_mean_loss`, Adam (lr 5e-4). Data: random token ids with
-WMT-like (source, target) lengths (:func:`lightning_varbatch.synthetic.wmt_like_lengths`,
+WMT-like (source, target) lengths (:func:`lightning_varbatch.planner.synthetic.wmt_like_lengths`,
 optionally scaled by ``--length-scale``) served by
-:class:`lightning_varbatch.datamodule.TokenBudgetDataModule` (``--max-tokens``, default 2048,
+:class:`lightning_varbatch.data.datamodule.TokenBudgetDataModule` (``--max-tokens``, default 2048,
 fixed seed: every run sees the same batches in the same order). Trainer:
 ``accelerator="cpu", devices=1``, ``CSVLogger`` in a temporary directory,
 ``log_every_n_steps=50``, no progress bar, no checkpointing; the module logs its loss
@@ -71,9 +71,9 @@ from torch import Tensor, nn
 
 from lightning_varbatch import keys
 from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
-from lightning_varbatch.datamodule import TokenBudgetDataModule
+from lightning_varbatch.data.datamodule import TokenBudgetDataModule
 from lightning_varbatch.loss import token_mean_loss
-from lightning_varbatch.synthetic import wmt_like_lengths
+from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
 PAD, BOS, FIRST_WORD = 0, 1, 4
 HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")

@@ -1,7 +1,7 @@
 """Plan-quality figures of one epoch of micro-batches, whatever made them.
 
 Padding efficiency, budget fill, per-step imbalance and coverage come from the library's own
-:func:`lightning_varbatch.diagnostics.diagnose`: one definition, the one ``python -m
+:func:`lightning_varbatch.planner.diagnostics.diagnose`: one definition, the one ``python -m
 lightning_varbatch.plan`` prints. A baseline's batches (index lists, with the
 rank and step each one runs in) are turned into :class:`EpochPlan` views over the same lengths
 (:func:`as_plans`), so that ``diagnose`` reads them like one of ours. Only what the library does
@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from lightning_varbatch.costs import resolve_cost
-from lightning_varbatch.diagnostics import PlanDiagnostics, diagnose
-from lightning_varbatch.planning import EpochPlan, EpochPlanner, PlanConfig
+from lightning_varbatch.planner.costs import resolve_cost
+from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, PlanConfig
 
 QUAD_COEF = 1 / 64
 """``c`` of the quadratic load ``n*L + c*n*L**2`` (the library's default ``quadratic_coef``)."""

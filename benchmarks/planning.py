@@ -8,7 +8,8 @@ Run from the repository root (``-m`` puts the root on ``sys.path``)::
     python -m benchmarks.planning --sizes 4500000 20000000 --ds-sizes 5000 10000
 
 Workload: WMT14 en-de-like (source, target) lengths from
-:func:`lightning_varbatch.synthetic.wmt_like_lengths`, ``max_tokens=16384``, ``world_size=8``,
+:func:`lightning_varbatch.planner.synthetic.wmt_like_lengths`, ``max_tokens=16384``,
+``world_size=8``,
 ``accumulate_grad_batches=1``, default :class:`PlanConfig` (cost ``"padded"``, tail
 ``"spread"``). The key of a pair is ``max(src, tgt)``. The first of ``--sizes`` is the main
 size: baselines run there and the targets are checked there; the largest size is the
@@ -31,7 +32,7 @@ Definitions:
   (``MALLOC_MMAP_THRESHOLD_``) so that freed buffers leave the resident set; it also sees
   buffers numpy allocates with plain ``malloc`` and does not report to tracemalloc (e.g. the
   8 B/example scratch of its radix argsort), and torch tensors.
-* The quality figures are :func:`lightning_varbatch.diagnostics.diagnose`'s (padding
+* The quality figures are :func:`lightning_varbatch.planner.diagnostics.diagnose`'s (padding
   efficiency, fill, imbalance, coverage), for ours and for every baseline's batches alike
   (:mod:`benchmarks.plan_metrics`); in words:
 * **padding efficiency**: sum over micro-batches of real key tokens (sum of ``max(src, tgt)``
@@ -71,7 +72,7 @@ same size, measured in the same run.
 Layout: this module holds the run and the command line; :mod:`benchmarks.planning_measure` the
 measurement of our planner and the floor, :mod:`benchmarks.planning_compare` the baselines'
 rows, :mod:`benchmarks.planning_report` the tables and targets, :mod:`benchmarks.plan_metrics`
-the quality figures (from :func:`lightning_varbatch.diagnostics.diagnose`) and
+the quality figures (from :func:`lightning_varbatch.planner.diagnostics.diagnose`) and
 :mod:`benchmarks.harness` the timing, memory and table plumbing every script shares.
 """
 
@@ -110,8 +111,8 @@ from benchmarks.planning_report import (
     print_targets,
     qual_row,
 )
-from lightning_varbatch.planning import EpochPlanner, PlanConfig
-from lightning_varbatch.synthetic import wmt_like_lengths
+from lightning_varbatch.planner.epoch_planner import EpochPlanner, PlanConfig
+from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
 MAIN_DEFAULT = 4_500_000
 BIG_DEFAULT = 100_000_000

@@ -20,8 +20,8 @@ import numpy as np
 
 from benchmarks.baselines import dist_sampler_rank, fixed_batch_size, greedy_rank
 from benchmarks.harness import ROOT, child_env, rss_peak, timed, traced
-from lightning_varbatch.planning import EpochPlan, EpochPlanner, PlanConfig
-from lightning_varbatch.synthetic import wmt_like_lengths
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, PlanConfig
+from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
 
 def _iterate_plan(plan: EpochPlan, rank: int) -> None:
@@ -63,7 +63,7 @@ def floor_once(key: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def load_sampler_cls() -> Any:
     try:
-        from lightning_varbatch.sampler import TokenBudgetBatchSampler
+        from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
     except ImportError:
         return None
     return TokenBudgetBatchSampler
@@ -73,8 +73,8 @@ def profile_pieces(
     lengths: np.ndarray, config: PlanConfig, world: int, rank: int, calls: int
 ) -> list[tuple[str, Callable[[], object]]]:
     """The planner's pieces, each a callable that can be called ``calls`` times."""
-    from lightning_varbatch.layout import Layout, SortedGroups
-    from lightning_varbatch.lengths import prepare_lengths
+    from lightning_varbatch.planner.layout import Layout, SortedGroups
+    from lightning_varbatch.planner.lengths import prepare_lengths
 
     prep = prepare_lengths(lengths, config)
     groups = SortedGroups.build(prep.key, prep.kept, config.bucket_width)

@@ -107,7 +107,7 @@ def cost_imbalance(
 ) -> tuple[float, float]:
     """Mean over steps of max/mean rank load, linear ``n*L`` and quadratic ``n*L + n*L^2/64``.
 
-    The library's definition (:func:`lightning_varbatch.diagnostics.diagnose`, through
+    The library's definition (:func:`lightning_varbatch.planner.diagnostics.diagnose`, through
     :func:`benchmarks.plan_metrics.quality`), over the planning key ``max(src, [BOS] + tgt)``.
     """
     key = plan_lengths(lengths).max(axis=1)

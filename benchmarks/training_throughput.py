@@ -9,7 +9,7 @@ Workload: the translation model of ``examples/translation/model.py`` (``Translat
 pre-norm encoder-decoder, tied embeddings), by default ``d_model=128``, 4 heads, 2 + 2 layers,
 FFN 512, vocabulary 8000, dropout 0.1, trained with Adam (lr 1e-4) on the summed cross
 entropy over real target tokens divided by their count. Data: random token ids with WMT14
-en-de-like (source, target) lengths (:func:`lightning_varbatch.synthetic.wmt_like_lengths`)
+en-de-like (source, target) lengths (:func:`lightning_varbatch.planner.synthetic.wmt_like_lengths`)
 multiplied by ``--length-scale`` (default 0.5: median 12, p99 55, longest 128; the shape of the
 long tail, p99 / median = 4.6, is kept) and rounded, at least 1; the target tensor is
 ``[BOS] + target`` (the model reads ``target[:, :-1]`` and predicts ``target[:, 1:]``). The

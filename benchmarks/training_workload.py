@@ -54,7 +54,7 @@ class Settings:
 
 def workload_lengths(s: Settings) -> np.ndarray:
     """(n, 2) int64 (source, target) lengths: WMT-like, scaled, enough real target tokens."""
-    from lightning_varbatch.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
     n = max(16, int(2 * s.target_tokens / max(1.0, 26.0 * s.length_scale)))
     while True:

@@ -1,5 +1,13 @@
 """Token-budgeted, variable-size batches for PyTorch Lightning under DDP, FSDP and DeepSpeed.
 
+The package is layered (see ``docs/architecture.md``): :mod:`lightning_varbatch.planner` is
+numpy only; :mod:`lightning_varbatch.data`, :mod:`lightning_varbatch.strategies`,
+:mod:`lightning_varbatch.callbacks` and :mod:`lightning_varbatch.loss` need torch and Lightning.
+The names below are imported on first use, so ``import lightning_varbatch`` and the numpy-only
+plan report (``python -m lightning_varbatch.plan``) do not load torch. The strategy names
+(``"deepspeed_varbatch"``, ``"fsdp_varbatch"``, ...) are registered with Lightning as soon as
+Lightning is imported.
+
 Example:
     >>> import numpy as np
     >>> from lightning_varbatch import TokenBudgetBatchSampler
@@ -9,24 +17,58 @@ Example:
     [0, 1, 2, 3, 4]
 """
 
-from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
-from lightning_varbatch.collate import BatchInfoDataset, CollatedItems, PaddingCollate
-from lightning_varbatch.config import PlanConfig
-from lightning_varbatch.datamodule import (
-    TokenBudgetDataLoader,
-    TokenBudgetDataModule,
-    token_budget_dataloader,
-)
-from lightning_varbatch.mixing import MixturePlanner
-from lightning_varbatch.planning import EpochPlan, EpochPlanner, plan_epoch
-from lightning_varbatch.sampler import MicroBatch, TokenBudgetBatchSampler
-from lightning_varbatch.sources import DataSource
-from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from lightning_varbatch._registration import register_when_lightning_loads
+
+if TYPE_CHECKING:
+    from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
+    from lightning_varbatch.data import (
+        MicroBatch,
+        PaddingCollate,
+        TokenBudgetBatchSampler,
+        TokenBudgetDataLoader,
+        TokenBudgetDataModule,
+        token_budget_dataloader,
+    )
+    from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
+    from lightning_varbatch.planner import (
+        DataSource,
+        EpochPlan,
+        EpochPlanner,
+        MixturePlanner,
+        PlanConfig,
+        plan_epoch,
+    )
+    from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
+
+_WHERE = {
+    "BatchSizeLRScaler": "lightning_varbatch.callbacks",
+    "TokenThroughputMonitor": "lightning_varbatch.callbacks",
+    "MicroBatch": "lightning_varbatch.data",
+    "PaddingCollate": "lightning_varbatch.data",
+    "TokenBudgetBatchSampler": "lightning_varbatch.data",
+    "TokenBudgetDataLoader": "lightning_varbatch.data",
+    "TokenBudgetDataModule": "lightning_varbatch.data",
+    "token_budget_dataloader": "lightning_varbatch.data",
+    "example_mean_loss": "lightning_varbatch.loss",
+    "step_token_mean": "lightning_varbatch.loss",
+    "token_mean_loss": "lightning_varbatch.loss",
+    "DataSource": "lightning_varbatch.planner",
+    "EpochPlan": "lightning_varbatch.planner",
+    "EpochPlanner": "lightning_varbatch.planner",
+    "MixturePlanner": "lightning_varbatch.planner",
+    "PlanConfig": "lightning_varbatch.planner",
+    "plan_epoch": "lightning_varbatch.planner",
+    "VarBatchDeepSpeedStrategy": "lightning_varbatch.strategies",
+    "VarBatchFSDPStrategy": "lightning_varbatch.strategies",
+}
 
 __all__ = [
-    "BatchInfoDataset",
     "BatchSizeLRScaler",
-    "CollatedItems",
     "DataSource",
     "EpochPlan",
     "EpochPlanner",
@@ -40,7 +82,27 @@ __all__ = [
     "TokenThroughputMonitor",
     "VarBatchDeepSpeedStrategy",
     "VarBatchFSDPStrategy",
+    "example_mean_loss",
     "plan_epoch",
+    "step_token_mean",
     "token_budget_dataloader",
+    "token_mean_loss",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its layer on first use."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_varbatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
+
+
+register_when_lightning_loads()

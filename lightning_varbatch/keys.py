@@ -1,7 +1,7 @@
 """Names of the bookkeeping entries our collate puts on every batch.
 
-Every batch produced by :class:`~lightning_varbatch.collate.PaddingCollate` (and so by
-:class:`~lightning_varbatch.datamodule.TokenBudgetDataModule`) is a ``dict`` holding the
+Every batch produced by :class:`~lightning_varbatch.data.collate.PaddingCollate` (and so by
+:class:`~lightning_varbatch.data.datamodule.TokenBudgetDataModule`) is a ``dict`` holding the
 model inputs plus these 0-dim ``torch.long`` tensors. Callbacks and the loss helpers read them;
 user code can too.
 

@@ -7,7 +7,7 @@ Usage::
     python -m lightning_varbatch.plan --lengths wmt.npy --lengths news.npy --max-tokens 16384 \
         --world-size 8 --mixing per_step --weights 3 1 --steps-per-epoch 1000
 
-Prints a :class:`~lightning_varbatch.diagnostics.PlanDiagnostics` report (or its JSON with
+Prints a :class:`~lightning_varbatch.planner.diagnostics.PlanDiagnostics` report (or its JSON with
 ``--json``) and writes a PNG with the examples-per-micro-batch histogram and every rank's token
 load over the optimizer steps. Several ``--lengths`` plan a mixture of datasets
 (:class:`~lightning_varbatch.MixturePlanner`) and add a per-dataset table (shares, tokens,
@@ -34,15 +34,15 @@ from pathlib import Path
 
 import numpy as np
 
-from lightning_varbatch.config import OVERSIZE_POLICIES, TAIL_POLICIES, PlanConfig
-from lightning_varbatch.costs import COST_NAMES
-from lightning_varbatch.diagnostics import PlanDiagnostics, diagnose, rank_loads
-from lightning_varbatch.lengths import _as_int_lengths
-from lightning_varbatch.mixing import MixturePlanner
-from lightning_varbatch.mixture_report import dataset_breakdown, format_breakdown
-from lightning_varbatch.planning import EpochPlan, EpochPlanner
-from lightning_varbatch.sources import MIXING_POLICIES, DataSource
-from lightning_varbatch.synthetic import wmt_like_lengths
+from lightning_varbatch.planner.costs import COST_NAMES
+from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
+from lightning_varbatch.planner.lengths import _as_int_lengths
+from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
+from lightning_varbatch.planner.settings import OVERSIZE_POLICIES, TAIL_POLICIES, PlanConfig
+from lightning_varbatch.planner.sources import MIXING_POLICIES, DataSource
+from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
 __all__ = ["main"]
 

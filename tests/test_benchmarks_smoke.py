@@ -95,8 +95,8 @@ def test_plan_metrics_adapter_reproduces_the_library_diagnostics() -> None:
     """Our plan read back as index lists gives the same figures as the plan itself."""
     from benchmarks.baselines import greedy_batches
     from benchmarks.plan_metrics import plan_batches, plan_quality, quality
-    from lightning_varbatch.planning import EpochPlanner, PlanConfig
-    from lightning_varbatch.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner.epoch_planner import EpochPlanner, PlanConfig
+    from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
     lengths = wmt_like_lengths(20_000, seed=0)
     key = lengths.max(axis=1)

@@ -9,8 +9,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_varbatch import keys
-from lightning_varbatch.collate import BatchInfoDataset, CollatedItems, PaddingCollate
-from lightning_varbatch.sampler import MicroBatch, TokenBudgetBatchSampler
+from lightning_varbatch.data.collate import BatchInfoDataset, CollatedItems, PaddingCollate
+from lightning_varbatch.data.sampler import MicroBatch, TokenBudgetBatchSampler
 
 
 def micro(

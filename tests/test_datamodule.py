@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from lightning_varbatch.datamodule import (
+from lightning_varbatch.data.datamodule import (
     TokenBudgetDataLoader,
     TokenBudgetDataModule,
     token_budget_dataloader,
 )
-from lightning_varbatch.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from tests.launch import launch
 from tests.scripts.datamodule_common import (
     NUM_TRAIN,

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lightning_varbatch.config import PlanConfig
-from lightning_varbatch.diagnostics import PlanDiagnostics, diagnose, rank_loads
-from lightning_varbatch.planning import EpochPlan, EpochPlanner
-from lightning_varbatch.synthetic import wmt_like_lengths
+from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
+from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
 
 def _diag(

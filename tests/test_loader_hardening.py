@@ -16,15 +16,15 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_varbatch import keys
-from lightning_varbatch.collate import BatchInfoDataset, PaddingCollate
-from lightning_varbatch.datamodule import (
+from lightning_varbatch.data.collate import BatchInfoDataset, PaddingCollate
+from lightning_varbatch.data.datamodule import (
     TokenBudgetDataLoader,
     TokenBudgetDataModule,
     token_budget_dataloader,
 )
-from lightning_varbatch.micro_batch import resolve_rank_world
-from lightning_varbatch.sampler import TokenBudgetBatchSampler
-from lightning_varbatch.sources import DataSource
+from lightning_varbatch.data.micro_batch import resolve_rank_world
+from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.planner.sources import DataSource
 from tests.scripts.datamodule_common import Model, make_pairs, pair_lengths, quiet_trainer
 
 

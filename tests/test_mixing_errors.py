@@ -12,7 +12,7 @@ from lightning_varbatch import (
     TokenBudgetBatchSampler,
     TokenBudgetDataModule,
 )
-from lightning_varbatch.collate import BatchInfoDataset, PaddingCollate
+from lightning_varbatch.data.collate import BatchInfoDataset, PaddingCollate
 
 A, B = np.full(20, 4), np.full(10, 8)
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lightning_varbatch import DataSource, MixturePlanner, PlanConfig, TokenBudgetBatchSampler
-from lightning_varbatch.sources import mixture_probabilities
+from lightning_varbatch.planner.sources import mixture_probabilities
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

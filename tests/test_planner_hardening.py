@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler, plan_epoch
-from lightning_varbatch.mixing import MixturePlanner
 from lightning_varbatch.plan import main
-from lightning_varbatch.sources import DataSource, mixture_probabilities
+from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.sources import DataSource, mixture_probabilities
 
 # -- §5: the tail is as even as the rest ----------------------------------------------------
 
@@ -73,7 +73,7 @@ def test_truncation_warns_with_counts_and_exposes_them() -> None:
 
 
 def test_exactly_the_allowed_fraction_is_accepted() -> None:
-    from lightning_varbatch.lengths import MAX_OVERSIZE_FRACTION
+    from lightning_varbatch.planner.lengths import MAX_OVERSIZE_FRACTION
 
     assert MAX_OVERSIZE_FRACTION == 0.5
     with pytest.warns(UserWarning):
@@ -388,8 +388,8 @@ def test_cli_prints_the_truncation_warning(
 
 
 def test_plan_of_another_planner_is_refused() -> None:
-    from lightning_varbatch.diagnostics import diagnose
-    from lightning_varbatch.mixture_report import dataset_breakdown
+    from lightning_varbatch.planner.diagnostics import diagnose
+    from lightning_varbatch.planner.mixture_report import dataset_breakdown
 
     small = EpochPlanner(np.full(20, 4), PlanConfig(16))
     other = EpochPlanner(np.full(50, 4), PlanConfig(16)).plan(0, 2)
@@ -420,7 +420,7 @@ def test_malformed_resume_history_is_named(history: object, match: str) -> None:
 
 
 def test_float_rank_and_counts_are_refused() -> None:
-    from lightning_varbatch.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
     plan = EpochPlanner(np.full(20, 4), PlanConfig(16)).plan(0, 2)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\).*got 0.5"):

@@ -268,7 +268,7 @@ def test_deal_pairs_big_with_small(acc: int) -> None:
 @pytest.mark.parametrize(("n", "world", "acc"), [(200_000, 8, 1), (50_000, 8, 2), (20_000, 3, 1)])
 def test_default_tail_keeps_every_step_balanced(n: int, world: int, acc: int) -> None:
     """The last, partial step is re-cut evenly: no step pairs full and half-size batches."""
-    from lightning_varbatch.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
     lengths = wmt_like_lengths(n, seed=1)
     plan = EpochPlanner(lengths, PlanConfig(max_tokens=16384)).plan(0, world, acc)
@@ -394,7 +394,7 @@ def test_tail_step_has_the_smallest_possible_largest_micro_batch(
     smallest micro-batch cost is the largest possible: both found here by brute force
     (dynamic programming over all cuts).
     """
-    from lightning_varbatch.layout import Layout
+    from lightning_varbatch.planner.layout import Layout
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, high + 1, size=n)

@@ -2,7 +2,7 @@
 
 The collate pads every item's ``source`` and its whole ``target`` (``BOS ... EOS``), so the
 planner gets those two lengths (after ``data.max_length``): with the default cost model
-(``"padded"``, :mod:`lightning_varbatch.costs`) a micro-batch of ``n`` pairs costs
+(``"padded"``, :mod:`lightning_varbatch.planner.costs`) a micro-batch of ``n`` pairs costs
 ``n x max(padded source width, padded target width)``, i.e. *each* padded field holds at most
 ``data.max_tokens`` slots (source and target together at most twice that).
 
@@ -64,7 +64,7 @@ class ShiftedTargetCollate(PaddingCollate):
     every padded field against the plan stays on.
 
     Example:
-        >>> from lightning_varbatch.collate import CollatedItems
+        >>> from lightning_varbatch.data.collate import CollatedItems
         >>> items = CollatedItems([{"source": [5, 2], "target": [1, 7, 2]}],
         ...                       info={"ntokens": 2, "step_nexamples": 1, "epoch": 0,
         ...                             "step": 0, "micro": 0, "step_ntokens": 2})

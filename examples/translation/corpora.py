@@ -27,7 +27,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from examples.translation import data as corpus_io
-from lightning_varbatch.sources import MIXING_POLICIES
+from lightning_varbatch.planner.sources import MIXING_POLICIES
 
 __all__ = ["KINDS", "ConfigError", "Corpus", "mixture_settings", "read_corpora"]
 

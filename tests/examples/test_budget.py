@@ -2,7 +2,7 @@
 
 The planner's cost model for the example's (source, target) pairs is ``"padded"``: a
 micro-batch of ``n`` pairs costs ``n x max(padded source width, padded target width)``
-(:mod:`lightning_varbatch.costs`, ``prepare_lengths``), so each padded field of a batch
+(:mod:`lightning_varbatch.planner.costs`, ``prepare_lengths``), so each padded field of a batch
 (``n x width``) must stay within the budget.
 """
 

@@ -11,7 +11,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
-from lightning_varbatch.datamodule import TokenBudgetDataModule
+from lightning_varbatch.data.datamodule import TokenBudgetDataModule
 from lightning_varbatch.loss import step_token_mean
 
 VOCAB = 12

@@ -1,0 +1,520 @@
+"""Padding collate for token-budgeted batches, carrying the plan's bookkeeping onto the batch.
+
+The batch sampler yields :class:`~lightning_varbatch.data.sampler.MicroBatch` lists that know their
+token counts and the whole optimizer step's token count. torch's fetcher hands that list, as it
+is, to ``dataset.__getitems__``; :class:`BatchInfoDataset` reads the metadata there and returns
+a :class:`CollatedItems` list carrying it (also across DataLoader worker processes, since both
+pickle with their attributes). :class:`PaddingCollate` pads the fields and puts the counts of
+:mod:`lightning_varbatch.keys` on the batch, checking the real token count against the plan.
+
+Example:
+    >>> import torch
+    >>> from lightning_varbatch import keys
+    >>> batch = PaddingCollate()([{"tokens": [5, 6, 7]}, {"tokens": [8]}])
+    >>> batch["tokens"].tolist(), batch["tokens_mask"].sum().item(), int(batch[keys.NTOKENS])
+    ([[5, 6, 7], [8, 0, 0]], 4, 4)
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+from lightning_varbatch import keys
+
+__all__ = ["BatchInfoDataset", "CollatedItems", "PaddingCollate", "check_map_style"]
+
+TOKENS_KEY = "tokens"
+_INFO_FIELDS = ("epoch", "step", "micro", "ntokens", "step_ntokens", "step_nexamples")
+
+
+class CollatedItems(list[Any]):
+    """The items of one micro-batch plus the plan's metadata for it (``info``).
+
+    Attributes:
+        info: ``epoch``, ``step``, ``micro``, ``ntokens``, ``step_ntokens``,
+            ``step_nexamples``, ``dataset`` and ``truncate_to`` (0: none) of the micro-batch,
+            or ``None`` when the indices were a plain list.
+        ids: the dataset index of every item (``None``: unknown), for error messages.
+        planned_lengths: the length the plan budgeted for every item
+            (:attr:`~lightning_varbatch.MicroBatch.planned_lengths`), ``None``: unknown.
+
+    Example:
+        >>> items = CollatedItems([{"tokens": [1]}], info={"ntokens": 1})
+        >>> len(items), items.info
+        (1, {'ntokens': 1})
+    """
+
+    def __init__(
+        self,
+        items: Sequence[Any],
+        info: dict[str, int] | None = None,
+        ids: list[int] | None = None,
+        planned_lengths: list[int] | None = None,
+    ) -> None:
+        super().__init__(items)
+        self.info = info
+        self.ids = ids
+        self.planned_lengths = planned_lengths
+
+
+def batch_info(indices: Sequence[int]) -> dict[str, int] | None:
+    """The plan metadata of a :class:`~lightning_varbatch.data.sampler.MicroBatch`, else ``None``.
+
+    Example:
+        >>> from lightning_varbatch.data.sampler import MicroBatch
+        >>> mb = MicroBatch([3], epoch=0, step=1, micro=0, rank=0, ntokens=4,
+        ...                 step_ntokens=9, step_nexamples=2)
+        >>> batch_info(mb)["step_ntokens"], batch_info([3])
+        (9, None)
+    """
+    if not all(hasattr(indices, name) for name in _INFO_FIELDS):
+        return None
+    info = {name: int(getattr(indices, name)) for name in _INFO_FIELDS}
+    info["dataset"] = int(getattr(indices, "dataset", 0))
+    info["truncate_to"] = int(getattr(indices, "truncate_to", None) or 0)  # 0: no truncation
+    for name in ("world_size", "accumulate_grad_batches"):  # the plan's topology; 0: unknown
+        info[name] = int(getattr(indices, name, None) or 0)
+    return info
+
+
+class BatchInfoDataset(Dataset[Any]):
+    """Wrap a map-style dataset so that each fetched micro-batch keeps the plan's metadata.
+
+    ``__getitems__`` receives the sampler's :class:`~lightning_varbatch.data.sampler.MicroBatch`
+    (torch's fetcher passes the batch sampler's list through unchanged) and returns a
+    :class:`CollatedItems` whose ``info`` :class:`PaddingCollate` turns into batch entries.
+
+    Args:
+        dataset: any map-style dataset (``__getitem__``; its ``__getitems__`` is used when it
+            has one).
+
+    Example:
+        >>> from lightning_varbatch.data.sampler import MicroBatch
+        >>> data = BatchInfoDataset([{"tokens": [1, 2]}, {"tokens": [3]}])
+        >>> mb = MicroBatch([1, 0], epoch=0, step=0, micro=0, rank=0, ntokens=3,
+        ...                 step_ntokens=3, step_nexamples=2)
+        >>> items = data.__getitems__(mb)
+        >>> items, items.info["step_ntokens"]
+        ([{'tokens': [3]}, {'tokens': [1, 2]}], 3)
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        check_map_style(dataset, "dataset")
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> CollatedItems:
+        """The items at ``indices`` with the micro-batch's metadata."""
+        inner = getattr(self.dataset, "__getitems__", None)
+        items = inner(indices) if callable(inner) else [self.dataset[i] for i in indices]
+        if len(items) != len(indices):
+            raise RuntimeError(
+                f"{type(self.dataset).__name__}.__getitems__ returned {len(items)} items for "
+                f"{len(indices)} indices; it must return one item per index, in order."
+            )
+        planned = getattr(indices, "planned_lengths", None)
+        return CollatedItems(
+            items,
+            batch_info(indices),
+            ids=[int(i) for i in indices],
+            planned_lengths=None if planned is None else list(planned),
+        )
+
+
+def check_map_style(dataset: Any, name: str = "dataset") -> None:
+    """Refuse an iterable-style dataset where a map-style one (items by index) is needed.
+
+    Raises:
+        TypeError: for a :class:`torch.utils.data.IterableDataset` or an object without
+            ``__getitem__``; the message says what to pass instead.
+
+    Example:
+        >>> check_map_style([{"tokens": [1]}])
+        >>> from torch.utils.data import IterableDataset
+        >>> class Stream(IterableDataset):
+        ...     def __iter__(self):
+        ...         yield {"tokens": [1]}
+        >>> check_map_style(Stream())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: dataset is an iterable-style dataset (Stream), but ...map-style dataset...
+    """
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        kind = (
+            "an iterable-style dataset"
+            if isinstance(dataset, IterableDataset)
+            else "not indexable (no __getitem__)"
+        )
+        raise TypeError(
+            f"{name} is {kind} ({type(dataset).__name__}), but token budgeting needs a "
+            "map-style dataset: the plan picks items by index (dataset[i]) from one length per "
+            "item. Materialise the data as a list or a torch Dataset with __getitem__ and "
+            "__len__ (for Hugging Face data: load it without streaming=True)."
+        )
+
+
+_INTEGER_DTYPES = frozenset(
+    {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
+    | {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
+)
+
+
+def _where(items: Sequence[Any], position: int) -> str:
+    """How an error message names the item at ``position`` of a micro-batch."""
+    ids = getattr(items, "ids", None)
+    info = getattr(items, "info", None)
+    text = (
+        f"dataset item {ids[position]}"
+        if ids is not None
+        else f"item {position} of the micro-batch"
+    )
+    if info is not None:
+        text += (
+            f" (epoch {info['epoch']}, step {info['step']}, micro-batch {info['micro']}, "
+            f"position {position})"
+        )
+    return text
+
+
+def _as_tokens(value: Any, field: str, where: str) -> torch.Tensor:
+    """``value`` as a 1-D long tensor of token ids, or a clear error naming the item."""
+    if isinstance(value, torch.Tensor):
+        tensor = value
+    elif isinstance(value, (str, bytes)):
+        raise TypeError(
+            f"Field {field!r} of {where} is a {type(value).__name__} ({value[:40]!r}); "
+            "expected a 1-D sequence of integer token ids: tokenize the text in the dataset."
+        )
+    else:
+        try:
+            tensor = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(
+                f"Field {field!r} of {where} is not a sequence of integer token ids "
+                f"({type(value).__name__}: {str(value)[:60]}): {error}. Expected a 1-D list, "
+                "numpy array or LongTensor of ints; tokenize the text in the dataset."
+            ) from None
+    if tensor.dim() != 1:
+        raise ValueError(
+            f"Field {field!r} of {where} must be a 1-D sequence of token ids, got shape "
+            f"{tuple(tensor.shape)}."
+        )
+    if tensor.dtype is torch.long:
+        return tensor
+    if tensor.dtype not in _INTEGER_DTYPES and tensor.numel():
+        raise TypeError(
+            f"Field {field!r} of {where} holds {tensor.dtype} values "
+            f"({tensor[:5].tolist()}...); expected integer token ids (a float or bool would be "
+            "silently cut to an id). Store the ids as ints."
+        )
+    return tensor.long()
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
+    return bool(value)
+
+
+class PaddingCollate:
+    """Pad token fields into ``(batch, length)`` tensors and add the bookkeeping counts.
+
+    Items are mappings holding 1-D LongTensors or lists of ints: ``source``/``target`` pairs
+    (keys configurable) or a single ``"tokens"`` field. The batch holds, per field ``f``, the
+    padded ``f`` and a bool ``f_mask`` (True on real tokens), plus 0-dim long tensors under the
+    names of :mod:`lightning_varbatch.keys`: ``NTOKENS`` (real target tokens; real tokens for a
+    single field), ``NEXAMPLES``, ``PADDED_TOKENS`` (slots of all padded fields),
+    ``INPUT_TOKENS`` (real tokens of all fields) and, when the items come through
+    :class:`BatchInfoDataset` from a :class:`~lightning_varbatch.TokenBudgetBatchSampler`,
+    ``STEP_NTOKENS``, ``STEP_NEXAMPLES`` and ``DATASET``. Other item entries are gathered:
+    ints into a ``(batch,)`` long tensor, anything else into a list.
+
+    Two checks against the plan run on micro-batches from a
+    :class:`~lightning_varbatch.TokenBudgetBatchSampler` (both on by default):
+
+    * ``check_widths``: no padded field of any item is longer (after truncation) than the
+      length the plan budgeted for that item (its planning length, ``max(source, target)``
+      for pairs), so no micro-batch pads to more slots than the plan allowed (``max_tokens``).
+      This holds whatever the ``loss_lengths``; it costs a few microseconds per micro-batch.
+    * ``check_ntokens``: the real loss-field tokens equal the plan's count (the exact loss
+      normaliser). Turn it off when the sampler was given ``loss_lengths`` that differ from the
+      loss field's length (e.g. target minus one for teacher forcing).
+
+    Args:
+        pad_id: the padding token id (an integer).
+        pad_to_multiple_of: pad lengths up to a multiple of this (use the sampler's).
+        source_key: key of the source field of pairs.
+        target_key: key of the target field of pairs.
+        truncate_to: cut every field to this length (the sampler's ``truncate_to`` under
+            ``oversize="truncate"``; :class:`TokenBudgetDataModule` sets it). A micro-batch
+            whose plan cuts shorter (a dataset of a mixture with its own budget) is cut to
+            the plan's length.
+        check_ntokens: compare the real loss-field token count with the plan's.
+        check_widths: check every padded field of every item against the plan's length for it.
+
+    Raises:
+        ValueError: for bad settings, non 1-D fields, an item without the expected fields, or
+            (when checking) a micro-batch that breaks the plan: the sampler's ``lengths`` do not
+            match the dataset.
+        TypeError: for a non-mapping item, or token ids that are not integers.
+
+    Example:
+        >>> collate = PaddingCollate(pad_to_multiple_of=4)
+        >>> batch = collate([{"source": [1, 2], "target": [3]},
+        ...                  {"source": [4, 5, 6, 7, 8], "target": [9, 9]}])
+        >>> tuple(batch["source"].shape), tuple(batch["target"].shape)
+        ((2, 8), (2, 4))
+        >>> [int(batch[k]) for k in ("ntokens", "padded_tokens", "input_tokens")]
+        [3, 24, 10]
+    """
+
+    def __init__(
+        self,
+        pad_id: int = 0,
+        pad_to_multiple_of: int = 1,
+        source_key: str = "source",
+        target_key: str = "target",
+        truncate_to: int | None = None,
+        check_ntokens: bool = True,
+        check_widths: bool = True,
+    ) -> None:
+        if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
+            raise TypeError(
+                f"pad_id must be an integer token id, got {pad_id!r}: set pad_id to the "
+                "tokenizer's padding id."
+            )
+        if not -(2**63) <= int(pad_id) < 2**63:
+            raise ValueError(f"pad_id must fit a 64-bit token id, got {pad_id}.")
+        if isinstance(pad_to_multiple_of, bool) or not isinstance(
+            pad_to_multiple_of, (int, np.integer)
+        ):
+            raise ValueError(f"pad_to_multiple_of must be an integer, got {pad_to_multiple_of!r}.")
+        if pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}.")
+        if truncate_to is not None and (
+            isinstance(truncate_to, bool)
+            or not isinstance(truncate_to, (int, np.integer))
+            or truncate_to < 1
+        ):
+            raise ValueError(
+                f"truncate_to must be a positive integer or None, got {truncate_to!r}."
+            )
+        for name, key in (("source_key", source_key), ("target_key", target_key)):
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"{name} must be a non-empty string, got {key!r}.")
+        if source_key == target_key:
+            raise ValueError(f"source_key and target_key must differ, both are {source_key!r}.")
+        self.pad_id = int(pad_id)
+        self.pad_to_multiple_of = int(pad_to_multiple_of)
+        self.source_key = source_key
+        self.target_key = target_key
+        self.truncate_to = None if truncate_to is None else int(truncate_to)
+        self.check_ntokens = _check_bool("check_ntokens", check_ntokens)
+        self.check_widths = _check_bool("check_widths", check_widths)
+
+    def with_truncation(self, truncate_to: int | None) -> PaddingCollate:
+        """A copy cutting fields to ``truncate_to`` (unless this one already cuts).
+
+        Example:
+            >>> PaddingCollate().with_truncation(8).truncate_to
+            8
+        """
+        other = copy.copy(self)
+        if other.truncate_to is None:
+            other.truncate_to = truncate_to
+        return other
+
+    def _fields(self, first: Any, where: str) -> tuple[tuple[str, ...], str]:
+        if not isinstance(first, Mapping):
+            raise TypeError(
+                f"PaddingCollate expects every item to be a mapping (dict) of fields, but "
+                f"{where} is a {type(first).__name__}: return e.g. {{{self.source_key!r}: "
+                f"ids, {self.target_key!r}: ids}} or {{{TOKENS_KEY!r}: ids}} from the "
+                "dataset, or pass your own collate."
+            )
+        if self.source_key in first and self.target_key in first:
+            return (self.source_key, self.target_key), self.target_key
+        if TOKENS_KEY in first:
+            return (TOKENS_KEY,), TOKENS_KEY
+        raise ValueError(
+            f"PaddingCollate expects items with {self.source_key!r} and {self.target_key!r} "
+            f"(pairs) or {TOKENS_KEY!r}; {where} has keys {sorted(map(str, first))}. Set "
+            "source_key/target_key to the dataset's field names."
+        )
+
+    def check_item(
+        self,
+        item: Any,
+        index: int,
+        planned_length: int | None = None,
+        truncate_to: int | None = None,
+    ) -> None:
+        """Check one dataset item as this collate will see it (run before training).
+
+        Args:
+            item: the item (``dataset[index]``).
+            index: its index in the dataset, for the message.
+            planned_length: the length the plan budgets for it; when given, no padded field
+                may be longer (after truncation).
+            truncate_to: the plan's truncation for this item, if any (the collate's own
+                ``truncate_to`` applies too).
+
+        Raises:
+            TypeError: for a non-mapping item or non-integer token ids.
+            ValueError: for missing fields, non 1-D fields, or a field over ``planned_length``.
+
+        Example:
+            >>> PaddingCollate().check_item({"source": [1, 2], "target": [3]}, 0, 2)
+            >>> PaddingCollate().check_item({"source": [1, 2]}, 5)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            ValueError: PaddingCollate expects items with ... dataset item 5 has keys ['source']...
+        """
+        items = CollatedItems([item], ids=[int(index)])
+        fields, _ = self._fields(item, _where(items, 0))
+        for field in fields:
+            row = _as_tokens(item[field], field, _where(items, 0))
+            width = min([len(row), *(t for t in (truncate_to, self.truncate_to) if t)])
+            if planned_length is not None and self.check_widths and width > planned_length:
+                raise ValueError(
+                    self._width_message(field, _where(items, 0), width, int(planned_length))
+                )
+
+    def _width_message(
+        self, field: str, where: str, got: int, planned: int, extra: str = ""
+    ) -> str:
+        return (
+            f"Field {field!r} of {where} has {got} tokens but the plan budgeted a length of "
+            f"{planned} for this item{extra}: the sampler's `lengths` understate this field, so "
+            "its micro-batch would pad to more slots than max_tokens allows. Pass lengths that "
+            "cover every padded field: (n, 2) source/target lengths for pairs, or per example "
+            "the longest of its fields; give loss-token counts separately through loss_lengths "
+            "(PaddingCollate(check_widths=False) turns this check off)."
+        )
+
+    def _pad(
+        self, rows: list[torch.Tensor], lengths: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(lengths) if rows else 0
+        m = self.pad_to_multiple_of
+        width = -(-width // m) * m
+        padded = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        for i, row in enumerate(rows):
+            padded[i, : lengths[i]] = row
+        mask = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
+        return padded, mask
+
+    def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Collate one micro-batch of items (a :class:`CollatedItems` or a plain list)."""
+        if len(items) == 0:
+            raise ValueError("PaddingCollate got an empty micro-batch.")
+        fields, loss_field = self._fields(items[0], _where(items, 0))
+        for position, item in enumerate(items):
+            if not isinstance(item, Mapping) or any(f not in item for f in fields):
+                if not isinstance(item, Mapping):
+                    self._fields(item, _where(items, position))  # raises a TypeError
+                missing = [f for f in fields if f not in item]
+                raise ValueError(
+                    f"{_where(items, position)} has no field {missing[0]!r} (its keys: "
+                    f"{sorted(map(str, item))}) while the micro-batch's first item has "
+                    f"{list(fields)}: every item needs the same token fields."
+                )
+        info = getattr(items, "info", None)
+        planned = getattr(items, "planned_lengths", None) if self.check_widths else None
+        if planned is not None and len(planned) != len(items):
+            planned = None  # a user's dataset wrapper changed the items: nothing to compare
+        limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0]
+        truncate_to = min((x for x in limits if x), default=0)
+        batch: dict[str, Any] = {}
+        real: dict[str, int] = {}
+        padded_slots = 0
+        for field in fields:
+            rows = []
+            for position, item in enumerate(items):
+                value = item[field]
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.dtype is torch.long
+                    and value.dim() == 1
+                ):
+                    rows.append(value)  # the common case, checked cheaply
+                else:
+                    rows.append(_as_tokens(value, field, _where(items, position)))
+            if truncate_to:
+                rows = [r[:truncate_to] for r in rows]
+            lengths = [len(r) for r in rows]
+            if planned is not None:
+                self._check_widths(items, field, lengths, planned)
+            padded, mask = self._pad(rows, lengths)
+            batch[field], batch[f"{field}_mask"] = padded, mask
+            real[field] = sum(lengths)
+            padded_slots += padded.numel()
+        for name in items[0]:
+            if name in fields:
+                continue
+            values = [item.get(name) for item in items]
+            if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+                batch[name] = torch.tensor(values, dtype=torch.long)
+            else:
+                batch[name] = values
+        ntokens = real[loss_field]
+        batch[keys.NTOKENS] = torch.tensor(ntokens)
+        batch[keys.NEXAMPLES] = torch.tensor(len(items))
+        batch[keys.PADDED_TOKENS] = torch.tensor(padded_slots)
+        batch[keys.INPUT_TOKENS] = torch.tensor(sum(real.values()))
+        if info is not None:
+            self._check(info, ntokens, len(items), loss_field)
+            batch[keys.STEP_NTOKENS] = torch.tensor(info["step_ntokens"])
+            batch[keys.STEP_NEXAMPLES] = torch.tensor(info["step_nexamples"])
+            batch[keys.DATASET] = torch.tensor(info.get("dataset", 0))
+            if info.get("world_size"):
+                batch[keys.PLAN_WORLD_SIZE] = torch.tensor(info["world_size"])
+                batch[keys.PLAN_ACCUMULATE] = torch.tensor(info["accumulate_grad_batches"])
+        return batch
+
+    def _check_widths(
+        self, items: Sequence[Any], field: str, lengths: list[int], planned: Sequence[int]
+    ) -> None:
+        for position, (got, budget) in enumerate(zip(lengths, planned, strict=True)):
+            if got > budget:
+                m = self.pad_to_multiple_of
+                pad_width = -(-max(lengths) // m) * m
+                plan_width = -(-max(planned) // m) * m
+                extra = (
+                    f"; the micro-batch would pad {field!r} to {len(items)} x {pad_width} = "
+                    f"{len(items) * pad_width} slots where the plan allowed "
+                    f"{len(items)} x {plan_width} = {len(items) * plan_width}"
+                )
+                raise ValueError(
+                    self._width_message(field, _where(items, position), got, int(budget), extra)
+                )
+
+    def _check(self, info: Mapping[str, int], ntokens: int, nexamples: int, field: str) -> None:
+        if not self.check_ntokens:
+            return
+        if info["ntokens"] != ntokens:
+            where = f"epoch {info['epoch']}, step {info['step']}, micro-batch {info['micro']}"
+            raise ValueError(
+                f"The micro-batch at {where} has {ntokens} real {field!r} tokens but the plan "
+                f"counted {info['ntokens']}: the sampler's `lengths` do not match the dataset. "
+                f"Pass one length per example equal to its {field!r} length ((n, 2) "
+                "source/target lengths for pairs), or, when the loss tokens deliberately differ, "
+                "give the sampler loss_lengths and PaddingCollate(check_ntokens=False) (the "
+                "width check, check_widths, stays on)."
+            )
+        if info["step_nexamples"] < nexamples:
+            raise ValueError(
+                f"The micro-batch has {nexamples} examples but its step only "
+                f"{info['step_nexamples']}: the dataset does not match the sampler's `lengths`."
+            )

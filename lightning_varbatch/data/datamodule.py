@@ -1,0 +1,570 @@
+"""A LightningDataModule serving token-budgeted batches that Lightning leaves alone.
+
+How it fits Lightning 2.6 (checked in its source):
+
+- Lightning replaces a loader's sampler with a ``DistributedSampler`` only when
+  ``_requires_distributed_sampler`` holds (``trainer/connectors/data_connector.py``): the
+  trainer's ``use_distributed_sampler`` is on, the run is distributed and ``dataloader.sampler``
+  is *not* already a ``DistributedSampler``. Our loaders' ``sampler`` is such a sampler
+  (:class:`_EpochRelay`, unused for indexing since the batch sampler drives the loader), so the
+  default ``use_distributed_sampler=True`` needs no change and no trainer state is touched.
+- Lightning calls ``set_epoch`` only on ``dataloader.sampler`` and
+  ``dataloader.batch_sampler.sampler`` (``fabric/utilities/data.py`` ``_set_sampler_epoch``, from
+  ``FitLoop.on_advance_start`` and the evaluation loop), never on the batch sampler itself: the
+  relay forwards the call to the token-budget sampler.
+- Lightning sizes the epoch with ``len(dataloader)`` and, on a mid-epoch resume, restores its
+  batch counter; our loader's length is therefore the whole epoch's
+  (:attr:`~lightning_varbatch.TokenBudgetBatchSampler.epoch_length`), not what is left.
+- On ``fit(ckpt_path=...)`` the datamodule's ``load_state_dict`` runs (``Trainer._run`` ->
+  ``_restore_modules_and_callbacks`` -> ``restore_datamodule``) before the fit loop calls
+  ``train_dataloader()`` (``_run_stage`` -> ``FitLoop.setup_data``), so the restored position is
+  kept pending and applied when the sampler is built.
+
+Example:
+    >>> import numpy as np
+    >>> data = [{"tokens": list(range(1, n + 1))} for n in (3, 5, 2, 7, 4)]
+    >>> dm = TokenBudgetDataModule(data, [3, 5, 2, 7, 4], max_tokens=10)
+    >>> loader = dm.train_dataloader()  # outside a Trainer: rank 0 of 1
+    >>> sorted(i for batch in loader.batch_sampler for i in batch), len(loader)
+    ([0, 1, 2, 3, 4], 3)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import ConcatDataset
+
+from lightning_varbatch.data.collate import PaddingCollate, check_map_style
+from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
+from lightning_varbatch.data.sampler import (
+    ON_MISMATCH,
+    OnMismatch,
+    Planner,
+    TokenBudgetBatchSampler,
+    _plain_settings,
+)
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
+
+__all__ = ["TokenBudgetDataLoader", "TokenBudgetDataModule", "token_budget_dataloader"]
+
+Lengths = npt.ArrayLike | Callable[[Any], npt.ArrayLike]
+_FIXED = {"lengths", "max_tokens", "rank", "world_size", "accumulate_grad_batches", "epoch"}
+_SAMPLER_KWARGS = frozenset(inspect.signature(TokenBudgetBatchSampler.__init__).parameters) - {
+    "self",
+    *_FIXED,
+}
+
+
+def _as_sources(stage: str, data: Any, lengths: Any) -> list[DataSource] | None:
+    """``data`` as a list of data sources, or ``None`` when it is one plain dataset."""
+    if not isinstance(data, (list, tuple)) or not any(isinstance(d, DataSource) for d in data):
+        return None
+    if not all(isinstance(d, DataSource) for d in data):
+        raise TypeError(
+            f"{stage}_dataset mixes DataSource and other items: pass a list of DataSource "
+            "(one per dataset) or a single dataset."
+        )
+    if lengths is not None:
+        raise ValueError(
+            f"{stage}_lengths must be None when {stage}_dataset is a list of DataSource: each "
+            "DataSource carries its own lengths."
+        )
+    for i, source in enumerate(data):
+        if source.dataset is None:
+            raise ValueError(
+                f"{stage}_dataset[{i}] ({source.name or i!s}) has no dataset: set "
+                "DataSource(dataset=...) so that the loader can fetch its items."
+            )
+        check_map_style(source.dataset, f"{stage}_dataset[{i}] ({source.name or i!s})")
+        if len(source.dataset) != len(np.asarray(source.lengths)):
+            raise ValueError(
+                f"{stage}_dataset[{i}] ({source.name or i!s}) has {len(source.dataset)} items "
+                f"but {len(np.asarray(source.lengths))} lengths: pass one length per item."
+            )
+    return list(data)
+
+
+def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
+    """A 63-bit digest of everything a plan depends on: lengths, loss lengths, settings.
+
+    Example:
+        >>> a = TokenBudgetBatchSampler([3, 4, 5], 8, rank=0, world_size=1)
+        >>> b = TokenBudgetBatchSampler([3, 4, 6], 8, rank=0, world_size=1)
+        >>> plan_digest(a) == plan_digest(a), plan_digest(a) == plan_digest(b)
+        (True, False)
+    """
+    h = hashlib.blake2b(digest_size=8)
+    h.update(sampler.lengths_digest.encode())  # cached on the sampler: computed once
+    h.update(sampler.planner.fingerprint().encode())
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def _as_lengths(stage: str, given: Any) -> np.ndarray:
+    """``given`` as an array, with a message naming the argument for ragged input."""
+    try:
+        return np.asarray(given)
+    except ValueError as error:
+        raise ValueError(
+            f"{stage}_lengths is ragged or not numeric ({error}): pass one integer length per "
+            "item, shape (n,), or one (source, target) pair per item, shape (n, 2)."
+        ) from None
+
+
+def _dataset_size(stage: str, dataset: Any) -> int:
+    try:
+        return len(dataset)
+    except TypeError:
+        raise TypeError(
+            f"{stage}_dataset ({type(dataset).__name__}) has no len(): a map-style dataset "
+            "needs __len__ and __getitem__ so that its lengths can be checked against it."
+        ) from None
+
+
+def _budget(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer token budget, got {value!r}: set {name} to "
+            "the (padded) tokens one micro-batch may hold on one device."
+        )
+    return int(value)
+
+
+def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) -> None:
+    """Every rank must plan from the same data and settings, else the ranks would hang.
+
+    One all-gather of an 8-byte digest, on every rank (Lightning builds the training loader on
+    all of them), so every rank raises together instead of some waiting forever.
+    """
+    if int(trainer.world_size) < 2:
+        return
+    mine = torch.tensor(
+        [plan_digest(sampler)], dtype=torch.int64, device=trainer.strategy.root_device
+    )
+    digests = trainer.strategy.all_gather(mine).reshape(-1).tolist()
+    if len(set(digests)) > 1:
+        groups: dict[int, list[int]] = {}
+        for rank, digest in enumerate(digests):
+            groups.setdefault(digest, []).append(rank)
+        raise RuntimeError(
+            "The ranks planned from different training data or settings (ranks grouped by "
+            f"what they planned: {sorted(groups.values())}): every rank must see the same "
+            "lengths, max_tokens, seed and planner settings, or they get different batches "
+            "and hang. Check that the data is loaded and tokenized identically on every rank."
+        )
+
+
+class TokenBudgetDataModule(LightningDataModule):
+    """Token-budgeted train/val/test loaders, sharded by rank, resumable mid-epoch.
+
+    Reads rank, world size and ``accumulate_grad_batches`` from the trainer; every rank plans
+    the same epoch and takes its own slice, so ranks run the same number of micro-batches.
+    Validation and test use ``shuffle=False, tail="spread"``: every example is evaluated exactly
+    once across ranks. ``state_dict`` saves how far the epoch was *trained* (not prefetched).
+
+    Several datasets: pass a list of :class:`~lightning_varbatch.DataSource` (each with its
+    ``dataset``, ``lengths`` and optionally its own ``max_tokens``/``max_examples``) as
+    ``train_dataset`` (and ``val_dataset``/``test_dataset``), no ``*_lengths``, and choose the
+    mixing (see :mod:`lightning_varbatch.planner.mixture`). Batches then carry ``keys.DATASET``, the
+    index of the dataset they come from; evaluation covers every example of every dataset
+    once.
+
+    Args:
+        train_dataset: map-style training dataset (items for ``collate``), or a list of
+            :class:`~lightning_varbatch.DataSource`.
+        train_lengths: one length per item (``(n,)`` or ``(n, 2)`` source/target), or a
+            callable ``dataset -> lengths`` evaluated once (``None`` with data sources).
+        max_tokens: token budget of one training micro-batch on one rank.
+        mixing: with several training datasets, ``"per_step"`` (every optimizer step on all
+            ranks from one dataset) or ``"per_batch"`` (every micro-batch from one dataset).
+        weights: with several training datasets, ``"size"`` or one weight per dataset
+            (needs ``steps_per_epoch``).
+        temperature: shares ``∝ weight ** (1 / temperature)`` (needs ``steps_per_epoch``).
+        steps_per_epoch: ``None`` for one pass over every training dataset, else the optimizer
+            steps of an epoch, sampled by weight.
+        val_dataset: optional validation dataset (or list of data sources).
+        val_lengths: its lengths (or callable); required with ``val_dataset``.
+        test_dataset: optional test dataset.
+        test_lengths: its lengths (or callable); required with ``test_dataset``.
+        val_max_tokens: budget for validation and test (default ``max_tokens``).
+        collate: the collate function (default :class:`PaddingCollate` with the sampler's
+            ``pad_to_multiple_of``); a :class:`PaddingCollate` gets the sampler's truncation.
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches in memory.
+        on_resume_mismatch: what resuming from a checkpoint whose training data or settings
+            differ does (lengths, loss lengths, number of examples, seed, batching settings):
+            ``"error"`` (default) refuses it with a message that lists what changed;
+            ``"restart_epoch"`` starts the checkpoint's epoch afresh on the current data: the
+            epoch number is kept and every example of that epoch is trained exactly once from
+            its start (see :meth:`TokenBudgetBatchSampler.load_state_dict`).
+        **sampler_kwargs: planner settings of :class:`~lightning_varbatch.TokenBudgetBatchSampler`
+            (``cost``, ``max_examples``, ``batch_size_multiple``, ``pad_to_multiple_of``,
+            ``bucket_width``, ``seed``, ``tail``, ``oversize``, ``shuffle``, ...).
+
+    Raises:
+        TypeError: for an unknown planner setting, or an iterable-style dataset (a map-style
+            one is needed).
+        ValueError: for a dataset without lengths, lengths whose count differs from the
+            dataset's size (both counts named), bad budgets or loader settings, or fewer
+            evaluation examples than ranks.
+
+    Example:
+        >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
+        >>> dm = TokenBudgetDataModule(data, lambda d: [len(x["tokens"]) for x in d], 12,
+        ...                            val_dataset=data[:3], val_lengths=[3, 5, 2], seed=1)
+        >>> sorted(i for b in dm.val_dataloader().batch_sampler for i in b)
+        [0, 1, 2]
+    """
+
+    def __init__(
+        self,
+        train_dataset: Any,
+        train_lengths: Lengths | None = None,
+        max_tokens: int | None = None,
+        *,
+        mixing: MixingPolicy = "per_step",
+        weights: Weights = "size",
+        temperature: float = 1.0,
+        steps_per_epoch: int | None = None,
+        val_dataset: Any = None,
+        val_lengths: Lengths | None = None,
+        test_dataset: Any = None,
+        test_lengths: Lengths | None = None,
+        val_max_tokens: int | None = None,
+        collate: Callable[[Any], Any] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        on_resume_mismatch: OnMismatch = "error",
+        **sampler_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        unknown = sorted(set(sampler_kwargs) - _SAMPLER_KWARGS)
+        if unknown:
+            raise TypeError(
+                f"Unknown planner setting(s) {unknown} for TokenBudgetDataModule; valid: "
+                f"{sorted(_SAMPLER_KWARGS)}."
+            )
+        if max_tokens is None:
+            raise TypeError("TokenBudgetDataModule needs max_tokens, the training budget.")
+        if not isinstance(train_dataset, (list, tuple)) or not any(
+            isinstance(d, DataSource) for d in train_dataset
+        ):
+            ignored = [
+                f"{name}={value!r}"
+                for name, value, default in (
+                    ("mixing", mixing, "per_step"),
+                    ("weights", weights, "size"),
+                    ("temperature", temperature, 1.0),
+                    ("steps_per_epoch", steps_per_epoch, None),
+                )
+                if not (isinstance(value, str) and value == default)
+                and not (value is None and default is None)
+                and not (
+                    isinstance(value, (int, float, np.number))
+                    and not isinstance(value, bool)
+                    and value == default
+                )
+            ]
+            if ignored:
+                raise ValueError(
+                    f"{', '.join(ignored)} set how several training datasets are mixed, but "
+                    "train_dataset is a single dataset, so they would be ignored: pass a list "
+                    "of DataSource (one per dataset) as train_dataset, or leave them unset."
+                )
+        max_tokens = _budget("max_tokens", max_tokens)
+        if val_max_tokens is not None:
+            val_max_tokens = _budget("val_max_tokens", val_max_tokens)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)):
+            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}.")
+        if num_workers < 0:
+            raise ValueError(
+                f"num_workers must be >= 0 (0: load in the main process), got {num_workers}."
+            )
+        if not isinstance(pin_memory, bool):
+            raise TypeError(f"pin_memory must be True or False, got {pin_memory!r}.")
+        if on_resume_mismatch not in ON_MISMATCH:
+            raise ValueError(
+                f"on_resume_mismatch must be one of {', '.join(map(repr, ON_MISMATCH))}, got "
+                f"{on_resume_mismatch!r}."
+            )
+        if collate is not None and not callable(collate):
+            raise TypeError(
+                f"collate must be callable (e.g. PaddingCollate(...)) or None, got "
+                f"{type(collate).__name__} {collate!r}."
+            )
+        self.sources: dict[str, list[DataSource] | None] = {}
+        self.datasets = {}
+        for name, data, lengths in (
+            ("train", train_dataset, train_lengths),
+            ("val", val_dataset, val_lengths),
+            ("test", test_dataset, test_lengths),
+        ):
+            self.sources[name] = _as_sources(name, data, lengths)
+            if self.sources[name] is None and data is not None and lengths is None:
+                raise ValueError(f"{name}_dataset was given without {name}_lengths.")
+            if data is None and lengths is not None:
+                raise ValueError(
+                    f"{name}_lengths was given without {name}_dataset: pass both or neither."
+                )
+            sources = self.sources[name]
+            if sources is None and data is not None:
+                check_map_style(data, f"{name}_dataset")
+            self.datasets[name] = (
+                data if sources is None else ConcatDataset([s.dataset for s in sources])
+            )
+        if sampler_kwargs.get("loss_lengths") is not None:
+            # loss_lengths describe the training items only; anywhere else they would be
+            # ignored (data sources) or describe the wrong items (validation, test).
+            others = [n for n in ("val", "test") if self.datasets[n] is not None]
+            if self.sources["train"] is not None or any(self.sources[n] is None for n in others):
+                raise ValueError(
+                    "loss_lengths (a planner setting of TokenBudgetDataModule) describes the "
+                    "items of one plain training dataset, but "
+                    + (
+                        "train_dataset is a list of DataSource"
+                        if self.sources["train"] is not None
+                        else f"{' and '.join(others)}_dataset would need their own"
+                    )
+                    + ": give every split as a list of DataSource(lengths, dataset=..., "
+                    "loss_lengths=...) instead."
+                )
+        self.mixing: dict[str, Any] = {
+            "mixing": mixing,
+            "weights": weights,
+            "temperature": temperature,
+            "steps_per_epoch": steps_per_epoch,
+        }
+        self._lengths_in: dict[str, Lengths | None] = {
+            "train": train_lengths,
+            "val": val_lengths,
+            "test": test_lengths,
+        }
+        self.on_resume_mismatch: OnMismatch = on_resume_mismatch
+        self.max_tokens = max_tokens
+        self.val_max_tokens = max_tokens if val_max_tokens is None else val_max_tokens
+        self._val_budget_default = val_max_tokens is None
+        self.collate = collate
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.sampler_kwargs = sampler_kwargs
+        self.samplers: dict[str, TokenBudgetBatchSampler] = {}
+        self._pending_state: dict[str, Any] | None = None
+        # Lengths, counts and settings are checked now, before any loader or Trainer exists;
+        # the planners (with their sort) are reused by every sampler built later.
+        self._planners: dict[str, Planner] = {}
+        for name in ("train", "val", "test"):
+            if self.datasets[name] is not None:
+                self._planner(name)
+
+    # -- building ------------------------------------------------------------------------
+
+    def _lengths(self, stage: str) -> np.ndarray:
+        given = self._lengths_in[stage]
+        if callable(given):
+            try:
+                computed = given(self.datasets[stage])
+            except Exception as error:
+                raise type(error)(
+                    f"{stage}_lengths (a callable) raised {type(error).__name__}: {error} while "
+                    f"computing the lengths of {stage}_dataset; it must return one length per "
+                    "item (shape (n,) or (n, 2)) from items as the dataset returns them."
+                ) from error
+            given = _as_lengths(stage, computed)
+            self._lengths_in[stage] = given  # computed once
+        lengths = _as_lengths(stage, given)
+        n = _dataset_size(stage, self.datasets[stage])
+        count = lengths.shape[0] if lengths.ndim else 0
+        if count != n:
+            raise ValueError(
+                f"{stage}_lengths has {count} entries but {stage}_dataset has {n} "
+                f"items: pass one length per item."
+            )
+        return lengths
+
+    def _topology(self, stage: str) -> tuple[int | None, int | None, int]:
+        trainer = self._trainer
+        if trainer is None:
+            return None, None, 1
+        accumulate = int(trainer.accumulate_grad_batches) if stage == "train" else 1
+        return int(trainer.global_rank), int(trainer.world_size), accumulate
+
+    def _planner(self, stage: str) -> Planner:
+        """The stage's planner: lengths and settings checked, built once (at construction)."""
+        planner = self._planners.get(stage)
+        if planner is not None:
+            return planner
+        kwargs = dict(self.sampler_kwargs)
+        loss_lengths = kwargs.pop("loss_lengths", None)
+        budget = self.max_tokens
+        mixing: dict[str, Any] = dict(self.mixing)
+        if stage != "train":
+            # tail="pad" would evaluate some examples twice; "spread" evaluates each once.
+            kwargs.update(shuffle=False, tail="spread")
+            budget = self.val_max_tokens
+            mixing = {"mixing": "per_batch"}  # one pass over every dataset
+            loss_lengths = None  # the training data's loss lengths; not those of this split
+        sources = self.sources[stage]
+        try:
+            config = PlanConfig(**_plain_settings(max_tokens=budget, **kwargs))
+            if sources is None:
+                planner = EpochPlanner(self._lengths(stage), config, loss_lengths)
+            else:
+                planner = MixturePlanner(sources, config, **mixing)
+        except (ValueError, TypeError) as error:
+            text = str(error)
+            if text.startswith("lengths"):  # name the DataModule's argument
+                text = f"{stage}_{text}"
+            if stage == "train" or isinstance(error, TypeError):
+                if text == str(error):
+                    raise
+                raise type(error)(text) from error
+            # The evaluation budget is val_max_tokens: name it, not max_tokens.
+            default = " (it defaults to max_tokens)" if self._val_budget_default else ""
+            text = re.sub(r"\bmax_tokens\b", "val_max_tokens", text)
+            raise ValueError(
+                f"{stage}_dataset cannot be planned with val_max_tokens={budget}, the budget "
+                f"of validation and test micro-batches{default}: {text}"
+            ) from error
+        self._planners[stage] = planner
+        return planner
+
+    def _sampler(self, stage: str) -> TokenBudgetBatchSampler:
+        rank, world, accumulate = self._topology(stage)
+        sampler = self.samplers.get(stage)
+        if sampler is None:
+            sampler = TokenBudgetBatchSampler.from_planner(
+                self._planner(stage),
+                rank=rank,
+                world_size=world,
+                accumulate_grad_batches=accumulate,
+            )
+            self.samplers[stage] = sampler
+        elif rank is not None and world is not None:
+            sampler.set_distributed(rank, world, accumulate)
+        if stage != "train":
+            n = sampler.planner.num_examples
+            if n < sampler.world_size:
+                raise ValueError(
+                    f"{stage}_dataset has {n} examples for {sampler.world_size} ranks: every "
+                    "rank needs at least one to evaluate each example exactly once; use fewer "
+                    "devices for evaluation or a larger dataset."
+                )
+            plan = sampler.plan
+            if plan.num_duplicated or plan.num_dropped:
+                raise RuntimeError(
+                    f"The {stage} plan repeats {plan.num_duplicated} and drops "
+                    f"{plan.num_dropped} examples; evaluation must see each exactly once."
+                )
+        return sampler
+
+    def _loader(self, stage: str) -> TokenBudgetDataLoader:
+        sampler = self.samplers[stage]
+        collate = self.collate
+        if collate is None:
+            collate = PaddingCollate(pad_to_multiple_of=sampler.config.pad_to_multiple_of)
+        if isinstance(collate, PaddingCollate):
+            collate = collate.with_truncation(sampler.truncate_to)
+        return TokenBudgetDataLoader(
+            self.datasets[stage],
+            sampler,
+            collate_fn=collate,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            evaluation=stage != "train",
+        )
+
+    @property
+    def _trainer(self) -> Any:
+        return getattr(self, "trainer", None)
+
+    # -- loaders -------------------------------------------------------------------------
+
+    def train_dataloader(self) -> TokenBudgetDataLoader:
+        """The training loader of this rank (the sampler is built once, then reused)."""
+        sampler = self._sampler("train")
+        trainer = self._trainer
+        if trainer is not None:
+            # Lightning sets the epoch only after its first iter() of the loader (FitLoop.setup_data
+            # then on_advance_start): set it now so that a prefetch starts in the right epoch.
+            sampler.set_epoch(int(trainer.fit_loop.epoch_progress.current.processed))
+            _check_same_plan_everywhere(trainer, sampler)
+        if self._pending_state is not None:
+            sampler.load_state_dict(self._pending_state, on_mismatch=self.on_resume_mismatch)
+            self._pending_state = None
+        sampler.plan  # noqa: B018  (plan now: a topology the data cannot serve fails here)
+        return self._loader("train")
+
+    def val_dataloader(self) -> TokenBudgetDataLoader | list[Any]:
+        """The validation loader of this rank: every example exactly once across ranks.
+
+        Without a ``val_dataset`` it is an empty list: ``fit`` skips validation, as it does
+        for a DataModule that defines no ``val_dataloader``.
+        """
+        if self.datasets["val"] is None:
+            return []
+        self._sampler("val")
+        return self._loader("val")
+
+    def test_dataloader(self) -> TokenBudgetDataLoader:
+        """The test loader of this rank: every example exactly once across ranks."""
+        if self.datasets["test"] is None:
+            raise ValueError("TokenBudgetDataModule has no test_dataset.")
+        self._sampler("test")
+        return self._loader("test")
+
+    # -- checkpointing -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The training sampler's position, counted in micro-batches *trained* this epoch.
+
+        The count is the fit loop's ``batch_progress.current.processed``: it already includes
+        the batch whose ``on_train_batch_end`` saves the checkpoint (Lightning increments it
+        before that hook), and it is not ahead like the loader's prefetching.
+        """
+        sampler = self.samplers.get("train")
+        if sampler is None:
+            return {} if self._pending_state is None else {"train_sampler": self._pending_state}
+        trainer = self._trainer
+        if trainer is None:
+            return {"train_sampler": sampler.state_dict()}
+        trained = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+        consumed = sampler.consumed_from_epoch_count(trained)
+        return {"train_sampler": sampler.state_dict(consumed=consumed)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep the saved position; it is applied when the training sampler is (re)built.
+
+        Raises:
+            TypeError: when ``state_dict`` (or its ``train_sampler`` entry) is not a mapping.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(
+                "TokenBudgetDataModule.load_state_dict expects the dict returned by its "
+                f"state_dict(), got {type(state_dict).__name__}: {str(state_dict)[:60]}."
+            )
+        unknown = sorted(map(str, set(state_dict) - {"train_sampler"}))
+        if unknown:
+            raise ValueError(
+                f"Not a TokenBudgetDataModule state: unknown keys {unknown} (expected only "
+                "'train_sampler'); the checkpoint is from another DataModule or version."
+            )
+        state = state_dict.get("train_sampler")
+        if state is None:
+            return
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                "The datamodule state's 'train_sampler' entry must be a sampler state dict, got "
+                f"{type(state).__name__}: the checkpoint is damaged or from another DataModule."
+            )
+        self._pending_state = dict(state)

@@ -1,0 +1,273 @@
+"""A DataLoader over a token-budget batch sampler that Lightning leaves alone.
+
+Lightning replaces a loader's sampler with a ``DistributedSampler`` only when the loader's
+``sampler`` is not one already (``_requires_distributed_sampler`` in Lightning 2.6's
+``trainer/connectors/data_connector.py``), and it calls ``set_epoch`` only on
+``dataloader.sampler`` / ``dataloader.batch_sampler.sampler``. Our loader's ``sampler`` is such
+a ``DistributedSampler`` (:class:`_EpochRelay`) that relays ``set_epoch`` to the batch sampler,
+so the trainer's default ``use_distributed_sampler=True`` needs no change.
+
+Example:
+    >>> from lightning_varbatch import TokenBudgetBatchSampler
+    >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7)]
+    >>> loader = token_budget_dataloader(data, TokenBudgetBatchSampler([3, 5, 2, 7], 10,
+    ...                                  rank=0, world_size=1))
+    >>> len(loader), sorted(int(b["nexamples"]) for b in loader)
+    (3, [1, 1, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+from lightning_varbatch.data.collate import BatchInfoDataset, PaddingCollate, check_map_style
+from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+
+__all__ = [
+    "TokenBudgetDataLoader",
+    "check_dataset_size",
+    "check_first_items_of",
+    "token_budget_dataloader",
+]
+
+
+class _EpochRelay(DistributedSampler[int]):
+    """The loader's ``sampler``: marks it sharded for Lightning and relays ``set_epoch``.
+
+    The batch sampler drives the DataLoader; this object is never iterated by it. Being a
+    ``DistributedSampler`` makes Lightning's ``_requires_distributed_sampler`` false, so the
+    loader is not rebuilt; ``set_epoch`` reaches the batch sampler through it.
+    """
+
+    def __init__(self, dataset: Any, batch_sampler: TokenBudgetBatchSampler, fixed: bool) -> None:
+        super().__init__(
+            dataset,
+            num_replicas=batch_sampler.world_size,
+            rank=batch_sampler.rank,
+            shuffle=False,
+        )
+        self.batch_sampler = batch_sampler
+        self.fixed = fixed
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        if not self.fixed:
+            self.batch_sampler.set_epoch(epoch)
+
+
+def check_dataset_size(
+    dataset: Any, sampler: TokenBudgetBatchSampler, name: str = "dataset"
+) -> None:
+    """The dataset must have exactly one item per length the sampler plans with.
+
+    Fewer lengths than items would train only the first items, silently; more would index past
+    the end. A dataset without ``__len__`` cannot be checked and is accepted.
+
+    Raises:
+        ValueError: when the counts differ; the message names both.
+
+    Example:
+        >>> s = TokenBudgetBatchSampler([3, 5, 2], 10, rank=0, world_size=1)
+        >>> check_dataset_size([{"tokens": [1]}] * 4, s)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: dataset has 4 items but the sampler plans with 3 lengths: ...
+    """
+    try:
+        size = len(dataset)
+    except TypeError:
+        return
+    planned = sampler.planner.num_examples
+    if size != planned:
+        raise ValueError(
+            f"{name} has {size} items but the sampler plans with {planned} lengths: pass one "
+            f"length per item (lengths of shape ({size},) or ({size}, 2))."
+        )
+
+
+def check_first_items_of(
+    dataset: Any, sampler: TokenBudgetBatchSampler, collate: PaddingCollate
+) -> None:
+    """Check the first item of the dataset (of every dataset of a mixture) with ``collate``.
+
+    Raises:
+        TypeError: for a non-mapping item or non-integer token ids.
+        ValueError: for missing fields or a field longer than the plan's length for the item.
+
+    Example:
+        >>> s = TokenBudgetBatchSampler([3, 1], 10, rank=0, world_size=1)
+        >>> collate = PaddingCollate()
+        >>> check_first_items_of([{"tokens": [1, 2, 3]}, {"tokens": [4]}], s, collate)
+        >>> check_first_items_of([{"tokens": ["a"]}], s, collate)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: Field 'tokens' of dataset item 0 is not a sequence of integer token ids ...
+    """
+    planner = sampler.planner
+    offsets = getattr(planner, "offsets", None)
+    starts = [0] if offsets is None else [int(o) for o in offsets[:-1]]
+    sizes = [planner.num_examples] if offsets is None else list(np.diff(offsets).tolist())
+    key = planner.prepared.key
+    for which, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+        if size < 1:
+            continue
+        collate.check_item(
+            dataset[start], start, int(key[start]), planner.dataset_truncate_to(which)
+        )
+
+
+class TokenBudgetDataLoader(DataLoader[Any]):
+    """A DataLoader over a :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
+
+    Its ``len`` is the epoch's micro-batch count as Lightning counts it (also after a resume),
+    Lightning neither replaces its sampler nor needs ``use_distributed_sampler=False``, and its
+    ``set_epoch`` calls reach the batch sampler. Build it with :func:`token_budget_dataloader`.
+
+    Args:
+        dataset: a map-style dataset (wrapped in :class:`BatchInfoDataset` unless it is one).
+        batch_sampler: the token-budget sampler, already set to this rank.
+        collate_fn: default :class:`PaddingCollate` (with the sampler's truncation).
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches in memory.
+        evaluation: start every iteration from the first micro-batch and keep the plan of
+            epoch 0 (validation and test); otherwise iteration resumes where it stopped.
+        check_first_items: with a :class:`PaddingCollate`, fetch the first item of the dataset
+            (of each dataset of a mixture) now and check it has the fields the collate
+            expects, integer 1-D token ids, and no field longer than its planned length, so a
+            bad dataset fails before training instead of when its batch is reached.
+        **kwargs: other DataLoader arguments (``prefetch_factor``, ``persistent_workers``...).
+
+    Raises:
+        TypeError: for a batch sampler that is not a token-budget sampler, an iterable-style
+            dataset, or a bad first item.
+        ValueError: when the dataset's size differs from the number of lengths the sampler
+            plans with, for a negative ``num_workers``, or a bad first item.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_sampler: TokenBudgetBatchSampler,
+        collate_fn: Callable[[Any], Any] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        evaluation: bool = False,
+        check_first_items: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(batch_sampler, TokenBudgetBatchSampler):
+            raise TypeError(
+                "batch_sampler must be a TokenBudgetBatchSampler, got "
+                f"{type(batch_sampler).__name__}."
+            )
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(
+                f"num_workers must be an integer >= 0 (0: load in the main process), got "
+                f"{num_workers!r}."
+            )
+        for name, flag in (("pin_memory", pin_memory), ("evaluation", evaluation)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}.")
+        inner = dataset.dataset if isinstance(dataset, BatchInfoDataset) else dataset
+        check_map_style(inner, "dataset")
+        check_dataset_size(inner, batch_sampler)
+        wrapped = dataset if isinstance(dataset, BatchInfoDataset) else BatchInfoDataset(dataset)
+        if collate_fn is None:
+            collate_fn = PaddingCollate(pad_to_multiple_of=batch_sampler.config.pad_to_multiple_of)
+            collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
+        elif not callable(collate_fn):
+            raise TypeError(
+                f"collate_fn must be callable (e.g. PaddingCollate(...)) or None, got "
+                f"{type(collate_fn).__name__} {collate_fn!r}."
+            )
+        if isinstance(collate_fn, PaddingCollate):
+            planned = batch_sampler.config.pad_to_multiple_of
+            if planned % collate_fn.pad_to_multiple_of:
+                raise ValueError(
+                    f"PaddingCollate(pad_to_multiple_of={collate_fn.pad_to_multiple_of}) pads "
+                    f"wider than the plan, made with pad_to_multiple_of={planned}: its "
+                    "micro-batches would exceed max_tokens. Give the sampler (or "
+                    "TokenBudgetDataModule) the same pad_to_multiple_of as the collate."
+                )
+        if check_first_items and isinstance(collate_fn, PaddingCollate):
+            check_first_items_of(inner, batch_sampler, collate_fn)
+        super().__init__(
+            wrapped,
+            batch_sampler=batch_sampler,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            **kwargs,
+        )
+        self.evaluation = evaluation
+        # DataLoader forbids assigning `sampler` after __init__ and forbids passing it together
+        # with a batch_sampler; it is only read by Lightning (see _EpochRelay), never iterated.
+        self.__dict__["sampler"] = _EpochRelay(wrapped, batch_sampler, fixed=evaluation)
+
+    @property
+    def token_sampler(self) -> TokenBudgetBatchSampler:
+        """The token-budget batch sampler."""
+        sampler = self.batch_sampler
+        assert isinstance(sampler, TokenBudgetBatchSampler)
+        return sampler
+
+    def __len__(self) -> int:
+        """Micro-batches of the epoch on this rank, counted from the epoch's start."""
+        return self.token_sampler.epoch_length
+
+    def __iter__(self) -> _BaseDataLoaderIter:
+        if self.evaluation:
+            sampler = self.token_sampler
+            sampler.set_epoch(1)  # a different epoch resets the position: evaluate from the start
+            sampler.set_epoch(0)
+        return super().__iter__()
+
+
+def token_budget_dataloader(
+    dataset: Any,
+    sampler: TokenBudgetBatchSampler,
+    collate_fn: Callable[[Any], Any] | None = None,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    **kwargs: Any,
+) -> TokenBudgetDataLoader:
+    """A DataLoader for your own DataModule or LightningModule; Lightning leaves it alone.
+
+    Set the sampler's rank, world size and accumulation from the trainer first
+    (``sampler.set_distributed(trainer.global_rank, trainer.world_size,
+    trainer.accumulate_grad_batches)``); the trainer's default ``use_distributed_sampler=True``
+    is fine. For validation, build the sampler with ``shuffle=False`` and pass
+    ``evaluation=True``.
+
+    Args:
+        dataset: a map-style dataset of items for ``collate_fn``.
+        sampler: the token-budget sampler of this rank.
+        collate_fn: default :class:`PaddingCollate` with the sampler's padding and truncation.
+        num_workers: DataLoader worker processes.
+        pin_memory: pin batches in memory.
+        **kwargs: other :class:`TokenBudgetDataLoader` / DataLoader arguments.
+
+    Returns:
+        The loader; its batches carry the step's token count for
+        :func:`~lightning_varbatch.loss.step_token_mean`.
+
+    Example:
+        >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7)]
+        >>> sampler = TokenBudgetBatchSampler([3, 5, 2, 7], 10, rank=0, world_size=1)
+        >>> loader = token_budget_dataloader(data, sampler)
+        >>> sum(int(b["ntokens"]) for b in loader), len(loader)
+        (17, 3)
+    """
+    return TokenBudgetDataLoader(
+        dataset,
+        sampler,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        **kwargs,
+    )

@@ -1,0 +1,158 @@
+"""Cost models: how much of the token budget a micro-batch uses.
+
+A cost model is a vectorised function ``cost(num_examples, longest, total) -> cost`` of three
+arrays of equal shape, one entry per candidate micro-batch:
+
+* ``num_examples``: examples in the micro-batch;
+* ``longest``: the padded length of its longest example (already rounded up to
+  ``pad_to_multiple_of``);
+* ``total``: the sum of its examples' lengths (unpadded tokens).
+
+It must be non-decreasing in each argument; the planner checks every planned micro-batch
+against the budget and raises if a user-supplied model breaks that promise.
+
+Built-in models (pass the name as ``cost=``):
+
+==============  ===============================================  ==============================
+name            cost of a micro-batch                            use it for
+==============  ===============================================  ==============================
+``"padded"``    ``num_examples * longest``                       padded batches (fairseq rule)
+``"sum"``       ``total``                                        packed / varlen attention
+``"quadratic"`` ``num_examples * (longest + c * longest**2)``    attention-dominated models
+==============  ===============================================  ==============================
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planner.costs import resolve_cost
+    >>> cost = resolve_cost("quadratic", quadratic_coef=1 / 64)
+    >>> float(cost(np.array([4]), np.array([64]), np.array([200]))[0])
+    512.0
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Literal, TypeAlias
+
+import numpy as np
+
+CostName: TypeAlias = Literal["padded", "sum", "quadratic"]
+CostFn: TypeAlias = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+COST_NAMES: tuple[str, ...] = ("padded", "sum", "quadratic")
+
+
+def padded_cost(num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Token slots after padding: ``num_examples * longest``.
+
+    Example:
+        >>> import numpy as np
+        >>> int(padded_cost(np.array([3]), np.array([10]), np.array([25]))[0])
+        30
+    """
+    del total
+    return np.asarray(num_examples, dtype=np.float64) * longest
+
+
+def sum_cost(num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Unpadded tokens: ``total``.
+
+    Example:
+        >>> import numpy as np
+        >>> int(sum_cost(np.array([3]), np.array([10]), np.array([25]))[0])
+        25
+    """
+    del num_examples, longest
+    return np.asarray(total, dtype=np.float64)
+
+
+def quadratic_cost(
+    num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray, *, coef: float
+) -> np.ndarray:
+    """Padded tokens plus an attention term: ``n * L + coef * n * L**2``.
+
+    Example:
+        >>> import numpy as np
+        >>> int(quadratic_cost(np.array([2]), np.array([8]), np.array([9]), coef=0.5)[0])
+        80
+    """
+    del total
+    longest = np.asarray(longest, dtype=np.float64)
+    return np.asarray(num_examples, dtype=np.float64) * (longest + coef * longest * longest)
+
+
+def resolve_cost(cost: CostName | CostFn, *, quadratic_coef: float = 1 / 64) -> CostFn:
+    """Turn a cost name or callable into a vectorised cost function.
+
+    Args:
+        cost: ``"padded"``, ``"sum"``, ``"quadratic"`` or a callable
+            ``(num_examples, longest, total) -> cost`` on numpy arrays.
+        quadratic_coef: the coefficient ``c`` of the ``"quadratic"`` model.
+
+    Returns:
+        The cost function.
+
+    Raises:
+        ValueError: for an unknown name or a negative ``quadratic_coef``.
+        TypeError: when ``cost`` is neither a name nor callable.
+
+    Example:
+        >>> import numpy as np
+        >>> resolve_cost("padded")(np.array([2]), np.array([5]), np.array([7])).tolist()
+        [10.0]
+    """
+    if isinstance(cost, str):
+        if cost == "padded":
+            return padded_cost
+        if cost == "sum":
+            return sum_cost
+        if cost == "quadratic":
+            if not quadratic_coef >= 0:
+                raise ValueError(f"quadratic_coef must be >= 0, got {quadratic_coef!r}.")
+            return partial(quadratic_cost, coef=float(quadratic_coef))
+        raise ValueError(
+            f"Unknown cost model cost={cost!r}; choose one of {', '.join(COST_NAMES)} "
+            "or pass a callable (num_examples, longest, total) -> cost."
+        )
+    if callable(cost):
+        return cost
+    raise TypeError(
+        f"cost must be one of {', '.join(COST_NAMES)} or a callable, got {type(cost).__name__}."
+    )
+
+
+def checked_cost(
+    cost_fn: CostFn, num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray
+) -> np.ndarray:
+    """The cost model on candidate micro-batches, checked for shape and finiteness.
+
+    Raises:
+        ValueError: when a custom ``cost=`` returns the wrong number of values, or NaN /
+            infinite / negative costs; the message names ``cost`` and the value.
+    """
+    raw = cost_fn(num_examples, longest, total)
+    try:
+        cost = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"cost= returned {type(raw).__name__} {raw!r:.60}, not numbers: a cost model "
+            "must return one float per candidate micro-batch (an array shaped like its "
+            f"num_examples argument) ({err})."
+        ) from None
+    shape = np.shape(num_examples)
+    if cost.shape != shape:
+        raise ValueError(
+            f"cost= returned shape {cost.shape} for {shape} candidate micro-batches: a cost "
+            "model must return one value per candidate (compute it elementwise from "
+            "num_examples, longest and total, e.g. num_examples * longest)."
+        )
+    bad = ~np.isfinite(cost) | (cost < 0)
+    if bad.any():
+        j = int(np.flatnonzero(bad.reshape(-1))[0])
+        raise ValueError(
+            f"cost= returned {cost.reshape(-1)[j]} for a micro-batch of "
+            f"{int(np.reshape(num_examples, -1)[j])} examples (longest "
+            f"{int(np.reshape(longest, -1)[j])}): costs must be finite and >= 0; fix the "
+            "cost model."
+        )
+    return cost

@@ -1,0 +1,359 @@
+"""Plan diagnostics: what an epoch plan will cost, before any GPU hour is spent.
+
+:func:`diagnose` turns an :class:`~lightning_varbatch.planner.epoch_planner.EpochPlan` into a small,
+JSON-friendly :class:`PlanDiagnostics`: padding efficiency, budget fill, the spread of examples
+per micro-batch, per-rank load imbalance under a linear and a quadratic cost, and the counts of
+examples the tail / oversize policies dropped, repeated, skipped or cut. Everything is computed
+on tile-level arrays (one entry per micro-batch) plus a few passes over the sorted lengths, so
+millions of examples take a fraction of a second.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planner.settings import PlanConfig
+    >>> from lightning_varbatch.planner.diagnostics import diagnose
+    >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
+    >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
+    >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=1))
+    >>> round(diag.padding_efficiency, 4), diag.num_micro_batches
+    (0.8667, 2)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
+from lightning_varbatch.planner.mixture import MixturePlanner
+
+Planner = EpochPlanner | MixturePlanner
+
+__all__ = ["LoadModel", "PlanDiagnostics", "diagnose", "rank_loads"]
+
+LoadModel = Literal["linear", "quadratic"]
+
+
+@dataclass(frozen=True)
+class PlanDiagnostics:
+    """Summary figures of one epoch plan; ratios are 0-1.
+
+    Attributes:
+        num_examples: examples in the dataset (skipped ones included).
+        num_planned: examples that take part in the plan (all but the skipped ones).
+        num_micro_batches: micro-batches run this epoch, all ranks together.
+        micro_batches_per_rank: micro-batches every rank runs.
+        num_steps: optimizer steps.
+        world_size: number of ranks.
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        max_tokens: the budget of one micro-batch.
+        cost: the planner's cost model (name, or the callable's qualified name).
+        real_tokens: summed planning lengths of every run example (``max(src, tgt)`` for pairs).
+        padded_tokens: token slots after padding: per micro-batch, examples × longest padded
+            planning length.
+        padding_efficiency: ``real_tokens / padded_tokens``.
+        budget_fill: mean micro-batch cost under the planner's cost model / ``max_tokens``
+            (each micro-batch over its own dataset's budget in a mixture).
+        examples_per_batch_min: fewest examples in a micro-batch.
+        examples_per_batch_mean: mean examples per micro-batch.
+        examples_per_batch_p50: median examples per micro-batch.
+        examples_per_batch_p95: 95th percentile of examples per micro-batch.
+        examples_per_batch_max: most examples in a micro-batch.
+        imbalance_linear_mean: per optimizer step, the busiest rank's load over the mean rank
+            load, with load = Σ examples × longest padded length; mean over steps (1 = even).
+        imbalance_linear_max: the same, worst step.
+        imbalance_quadratic_mean: as ``imbalance_linear_mean`` with load
+            Σ n·L + c·n·L² (``c = config.quadratic_coef``, 1/64 by default).
+        imbalance_quadratic_max: the same, worst step.
+        num_dropped: examples left out by ``tail="drop"``.
+        num_duplicated: examples repeated by ``tail="pad"`` (or a ``"spread"`` that ran out of
+            examples to split).
+        num_skipped: examples left out by ``oversize="skip"``.
+        num_truncated: examples cut by ``oversize="truncate"``.
+        coverage: distinct examples run / ``num_planned``.
+        equal_counts: every rank runs the same number of non-empty micro-batches.
+
+    Example:
+        >>> import numpy as np
+        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> planner = EpochPlanner(np.full(8, 4), PlanConfig(max_tokens=8))
+        >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=2))
+        >>> diag.padding_efficiency, diag.budget_fill, diag.imbalance_linear_max
+        (1.0, 1.0, 1.0)
+        >>> print(diag.format().splitlines()[0])
+        plan: 8 examples (8 planned)
+    """
+
+    num_examples: int
+    num_planned: int
+    num_micro_batches: int
+    micro_batches_per_rank: int
+    num_steps: int
+    world_size: int
+    accumulate_grad_batches: int
+    max_tokens: int
+    cost: str
+    real_tokens: int
+    padded_tokens: int
+    padding_efficiency: float
+    budget_fill: float
+    examples_per_batch_min: int
+    examples_per_batch_mean: float
+    examples_per_batch_p50: float
+    examples_per_batch_p95: float
+    examples_per_batch_max: int
+    imbalance_linear_mean: float
+    imbalance_linear_max: float
+    imbalance_quadratic_mean: float
+    imbalance_quadratic_max: float
+    num_dropped: int
+    num_duplicated: int
+    num_skipped: int
+    num_truncated: int
+    coverage: float
+    equal_counts: bool
+
+    def to_dict(self) -> dict[str, int | float | bool | str]:
+        """All fields as plain Python values (ready for ``json.dumps`` or a logger).
+
+        Example:
+            >>> import json
+            >>> import numpy as np
+            >>> from lightning_varbatch.planner.settings import PlanConfig
+            >>> planner = EpochPlanner(np.array([3, 5, 2]), PlanConfig(max_tokens=10))
+            >>> d = diagnose(planner, planner.plan(epoch=0)).to_dict()
+            >>> json.loads(json.dumps(d))["num_planned"]
+            3
+        """
+        return asdict(self)
+
+    def format(self) -> str:
+        """A human-readable, multi-line report.
+
+        Example:
+            >>> import numpy as np
+            >>> from lightning_varbatch.planner.settings import PlanConfig
+            >>> planner = EpochPlanner(np.full(8, 4), PlanConfig(max_tokens=8))
+            >>> print(diagnose(planner, planner.plan(epoch=0, world_size=2)).format())
+            ... # doctest: +NORMALIZE_WHITESPACE
+            plan: 8 examples (8 planned)
+              settings            world_size=2 accumulate_grad_batches=1 max_tokens=8 cost=padded
+              steps               2 optimizer steps x 2 ranks x 1 micro-batches = 4 micro-batches
+              padding efficiency  100.0 %  (32 real / 32 padded tokens)
+              budget fill         100.0 %  (mean micro-batch cost / max_tokens)
+              examples per batch  min 2  p50 2  mean 2.0  p95 2  max 2
+              rank imbalance      linear mean 1.000 max 1.000 | quadratic mean 1.000 max 1.000
+              coverage            100.0 % of planned examples
+              dropped/duplicated  0 dropped, 0 duplicated, 0 skipped, 0 truncated
+              equal counts        yes: every rank runs 2 micro-batches
+        """
+        return "\n".join(
+            [
+                f"plan: {self.num_examples:,} examples ({self.num_planned:,} planned)",
+                f"  settings            world_size={self.world_size} "
+                f"accumulate_grad_batches={self.accumulate_grad_batches} "
+                f"max_tokens={self.max_tokens:,} cost={self.cost}",
+                f"  steps               {self.num_steps:,} optimizer steps x {self.world_size} "
+                f"ranks x {self.accumulate_grad_batches} micro-batches = "
+                f"{self.num_micro_batches:,} micro-batches",
+                f"  padding efficiency  {100 * self.padding_efficiency:.1f} %  "
+                f"({self.real_tokens:,} real / {self.padded_tokens:,} padded tokens)",
+                f"  budget fill         {100 * self.budget_fill:.1f} %  "
+                "(mean micro-batch cost / max_tokens)",
+                f"  examples per batch  min {self.examples_per_batch_min:,}  "
+                f"p50 {self.examples_per_batch_p50:,.0f}  "
+                f"mean {self.examples_per_batch_mean:,.1f}  "
+                f"p95 {self.examples_per_batch_p95:,.0f}  max {self.examples_per_batch_max:,}",
+                f"  rank imbalance      linear mean {self.imbalance_linear_mean:.3f} "
+                f"max {self.imbalance_linear_max:.3f} | quadratic mean "
+                f"{self.imbalance_quadratic_mean:.3f} max {self.imbalance_quadratic_max:.3f}",
+                f"  coverage            {100 * self.coverage:.1f} % of planned examples",
+                f"  dropped/duplicated  {self.num_dropped:,} dropped, "
+                f"{self.num_duplicated:,} duplicated, {self.num_skipped:,} skipped, "
+                f"{self.num_truncated:,} truncated",
+                f"  equal counts        {'yes' if self.equal_counts else 'NO'}: every rank runs "
+                f"{self.micro_batches_per_rank:,} micro-batches",
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    """Per-tile figures of a plan's layout (one entry per tile, run or not)."""
+
+    size: np.ndarray  # examples, int64
+    longest: np.ndarray  # longest padded planning length, int64
+    real: np.ndarray  # summed planning lengths, int64
+
+
+def check_plan_of(planner: Planner, plan: EpochPlan) -> None:
+    """Refuse a plan that ``planner`` cannot have made (its ids would index other examples).
+
+    Raises:
+        ValueError: naming both sizes.
+    """
+    n = planner.num_examples
+    if plan.order.size and int(plan.order.max()) >= n:
+        raise ValueError(
+            f"plan holds example id {int(plan.order.max())} but the planner has only {n} "
+            "examples: pass the plan together with the planner that made it "
+            "(planner.plan(...))."
+        )
+
+
+def _tiles(planner: Planner, plan: EpochPlan) -> _Tiles:
+    check_plan_of(planner, plan)
+    size = np.asarray(plan.tile_size, dtype=np.int64)
+    if size.size == 0:
+        zero = np.zeros(0, dtype=np.int64)
+        return _Tiles(size=zero, longest=zero, real=zero)
+    start = np.asarray(plan.tile_start, dtype=np.int64)
+    # The lengths in tile order, plus a sentinel so that every tile's end is a valid index.
+    # Always the true in-tile maximum: with bucket_width > 1 the first member of a tile is
+    # only in the longest *bucket*, not necessarily the longest example.
+    key = planner.prepared.key[plan.order]
+    keys = np.concatenate([key, np.zeros(1, dtype=key.dtype)])
+    bounds = np.stack([start, start + size], axis=1).reshape(-1)
+    nonempty = size > 0
+    real = np.where(nonempty, np.add.reduceat(keys, bounds, dtype=np.int64)[::2], 0)
+    longest = np.where(nonempty, np.maximum.reduceat(keys, bounds)[::2].astype(np.int64), 0)
+    p = planner.config.pad_to_multiple_of
+    return _Tiles(size=size, longest=-(-longest // p) * p, real=real)
+
+
+def _tile_load(planner: Planner, tiles: _Tiles, model: LoadModel) -> np.ndarray:
+    n = tiles.size.astype(np.float64)
+    length = tiles.longest.astype(np.float64)
+    if model == "linear":
+        return n * length
+    if model == "quadratic":
+        return n * (length + planner.config.quadratic_coef * length * length)
+    raise ValueError(f"Unknown load model={model!r}; choose 'linear' or 'quadratic'.")
+
+
+def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -> np.ndarray:
+    """Every rank's load in every optimizer step, in run order.
+
+    Args:
+        planner: the planner that made ``plan``.
+        plan: the epoch plan.
+        model: ``"linear"`` (Σ examples × longest padded length over the rank's micro-batches
+            of the step) or ``"quadratic"`` (Σ n·L + c·n·L², ``c = config.quadratic_coef``).
+
+    Returns:
+        ``(num_steps, world_size)`` float64 loads.
+
+    Raises:
+        ValueError: for an unknown ``model``.
+
+    Example:
+        >>> import numpy as np
+        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
+        >>> rank_loads(planner, planner.plan(epoch=0, world_size=2)).tolist()
+        [[18.0, 12.0]]
+    """
+    load = _tile_load(planner, _tiles(planner, plan), model)
+    return load[plan.assign].sum(axis=2)
+
+
+def _budgets(planner: Planner, plan: EpochPlan) -> np.ndarray:
+    """Every tile's budget (its dataset's ``max_tokens`` in a mixture)."""
+    if isinstance(planner, MixturePlanner) and plan.tile_dataset is not None:
+        budgets = np.array([planner.budget(d) for d in range(planner.num_datasets)], float)
+        return budgets[plan.tile_dataset]
+    return np.full(plan.tile_cost.shape, float(planner.config.max_tokens))
+
+
+def _imbalance(loads: np.ndarray) -> tuple[float, float]:
+    if loads.shape[0] == 0:
+        return 1.0, 1.0
+    mean = loads.mean(axis=1)
+    ratio = np.divide(loads.max(axis=1), mean, out=np.ones_like(mean), where=mean > 0)
+    return float(ratio.mean()), float(ratio.max())
+
+
+def _coverage(planner: Planner, plan: EpochPlan, run_tiles: np.ndarray) -> int:
+    """Distinct example ids in the run tiles (robust to repeated tiles and repeated ids)."""
+    if run_tiles.size == 0:
+        return 0
+    delta = np.zeros(plan.order.shape[0] + 1, dtype=np.int64)
+    np.add.at(delta, plan.tile_start[run_tiles], 1)
+    np.add.at(delta, plan.tile_start[run_tiles] + plan.tile_size[run_tiles], -1)
+    covered = np.cumsum(delta[:-1]) > 0
+    seen = np.zeros(planner.num_examples, dtype=bool)
+    seen[plan.order[covered]] = True
+    return int(np.count_nonzero(seen))
+
+
+def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
+    """Compute the diagnostics of one epoch plan.
+
+    Micro-batches that a ``tail="pad"`` plan runs twice count twice (padding, fill, examples
+    per batch); micro-batches a ``tail="drop"`` plan leaves out do not count.
+
+    Args:
+        planner: the planner that made ``plan`` (its lengths and settings).
+        plan: the epoch plan.
+
+    Returns:
+        The diagnostics.
+
+    Example:
+        >>> import numpy as np
+        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
+        >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=2))
+        >>> diag.imbalance_linear_max, diag.real_tokens, diag.padded_tokens
+        (1.2, 26, 30)
+    """
+    cfg = planner.config
+    tiles = _tiles(planner, plan)
+    run = np.asarray(plan.assign, dtype=np.int64).reshape(-1)
+    size = tiles.size[run]
+    real = int(tiles.real[run].sum())
+    padded = int((size * tiles.longest[run]).sum())
+    lin = _tile_load(planner, tiles, "linear")[plan.assign].sum(axis=2)
+    quad = _tile_load(planner, tiles, "quadratic")[plan.assign].sum(axis=2)
+    lin_mean, lin_max = _imbalance(lin)
+    quad_mean, quad_max = _imbalance(quad)
+    per_rank = np.count_nonzero(tiles.size[plan.assign] > 0, axis=(0, 2))
+    cost = cfg.cost if isinstance(cfg.cost, str) else getattr(cfg.cost, "__qualname__", "custom")
+    empty = size.size == 0
+    return PlanDiagnostics(
+        num_examples=planner.num_examples,
+        num_planned=planner.num_planned,
+        num_micro_batches=int(run.size),
+        micro_batches_per_rank=plan.num_micro_batches_per_rank,
+        num_steps=plan.num_steps,
+        world_size=plan.world_size,
+        accumulate_grad_batches=plan.accumulate_grad_batches,
+        max_tokens=cfg.max_tokens,
+        cost=str(cost),
+        real_tokens=real,
+        padded_tokens=padded,
+        padding_efficiency=real / padded if padded else 0.0,
+        budget_fill=0.0
+        if empty
+        else float((plan.tile_cost[run] / _budgets(planner, plan)[run]).mean()),
+        examples_per_batch_min=0 if empty else int(size.min()),
+        examples_per_batch_mean=0.0 if empty else float(size.mean()),
+        examples_per_batch_p50=0.0 if empty else float(np.percentile(size, 50)),
+        examples_per_batch_p95=0.0 if empty else float(np.percentile(size, 95)),
+        examples_per_batch_max=0 if empty else int(size.max()),
+        imbalance_linear_mean=lin_mean,
+        imbalance_linear_max=lin_max,
+        imbalance_quadratic_mean=quad_mean,
+        imbalance_quadratic_max=quad_max,
+        num_dropped=int(plan.num_dropped),
+        num_duplicated=int(plan.num_duplicated),
+        num_skipped=int(plan.num_skipped),
+        num_truncated=int(plan.num_truncated),
+        coverage=(
+            _coverage(planner, plan, np.unique(run)) / planner.num_planned
+            if planner.num_planned
+            else 0.0
+        ),
+        equal_counts=bool(per_rank.size == 0 or (per_rank == per_rank[0]).all()),
+    )

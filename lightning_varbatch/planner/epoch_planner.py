@@ -1,0 +1,408 @@
+"""One epoch's plan: optimizer steps × ranks × micro-batches of example ids.
+
+Pure numpy, no torch.distributed and no Lightning: every rank computes the same plan from the
+same ``(lengths, config, epoch, world_size, accumulate_grad_batches)`` and reads its own slice,
+so every rank gets the same number of micro-batches by construction.
+
+How a plan is made (see ``docs/planning.md`` for the reasoning):
+
+1. Examples are sorted by decreasing (bucketed) length once; the sorted order is cut greedily
+   into micro-batches that fit ``max_tokens`` (:mod:`lightning_varbatch.planner.layout`).
+   This depends only on the lengths, so it is cached and reused every epoch.
+2. Each epoch, examples of equal bucket are shuffled among themselves (batch composition
+   changes, padding does not), the tail policy makes the number of micro-batches a multiple of
+   ``world_size * accumulate_grad_batches``, consecutive micro-batches form one optimizer step
+   (similar shapes on every rank: no stragglers), a step's micro-batches are dealt to ranks
+   largest first to the least-loaded rank (balanced load), and the steps are shuffled.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planner.epoch_planner import plan_epoch
+    >>> plan = plan_epoch(np.array([3, 5, 2, 7, 4, 6]), max_tokens=10, world_size=2)
+    >>> plan.num_micro_batches_per_rank, sorted(plan.example_ids().tolist())
+    (2, [0, 1, 2, 3, 4, 5])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from lightning_varbatch.planner.epoch_plan import EpochPlan
+from lightning_varbatch.planner.layout import Layout, SortedGroups
+from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
+from lightning_varbatch.planner.settings import PlanConfig
+
+__all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
+
+
+def _check_count(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` as an ``int`` (numpy integers too), or a ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(
+            f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__}); "
+            "pass a whole number (numpy integers are accepted; floats, bools and strings "
+            "are not)."
+        )
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+class EpochPlanner:
+    """Plans epochs over fixed lengths, caching the sort and the cut between epochs.
+
+    Args:
+        lengths: ``(n,)`` lengths, or ``(n, 2)`` (source, target) lengths; pairs are planned by
+            ``max(source, target)`` (fairseq's rule) and count target tokens as loss tokens.
+        config: the planner settings.
+        loss_lengths: loss tokens per example, when they are not the lengths (1-D) or the
+            target column (pairs).
+
+    Raises:
+        ValueError: for bad lengths or an example over the budget (see :class:`PlanConfig`).
+
+    Example:
+        >>> import numpy as np
+        >>> planner = EpochPlanner(np.array([[3, 4], [9, 2], [5, 5]]), PlanConfig(max_tokens=12))
+        >>> plan = planner.plan(epoch=0, world_size=1)
+        >>> int(plan.step_tokens.sum())  # target tokens of the whole epoch
+        11
+    """
+
+    def __init__(
+        self,
+        lengths: npt.ArrayLike,
+        config: PlanConfig,
+        loss_lengths: npt.ArrayLike | None = None,
+    ) -> None:
+        if not isinstance(config, PlanConfig):
+            raise TypeError(
+                f"config must be a PlanConfig, got {type(config).__name__} {config!r:.60}; "
+                "pass config=PlanConfig(max_tokens=...) (e.g. PlanConfig(**settings) for a "
+                "dict)."
+            )
+        self.config = config
+        self.prepared: PreparedLengths = prepare_lengths(lengths, config, loss_lengths)
+        self._exact_totals = (
+            not self.prepared.pairs and loss_lengths is None and config.bucket_width == 1
+        )
+        self._groups: SortedGroups | None = None
+        self._layouts: dict[int, Layout] = {}
+
+    @property
+    def num_examples(self) -> int:
+        """Examples in the dataset, skipped ones included."""
+        return self.prepared.num_examples
+
+    @property
+    def num_planned(self) -> int:
+        """Examples that take part in every epoch (all but the skipped ones)."""
+        kept = self.prepared.kept
+        return self.num_examples if kept is None else int(kept.shape[0])
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches of one pass before the tail policy (the data's size in budgets)."""
+        return self._layout(1).num_tiles
+
+    @property
+    def num_skipped(self) -> int:
+        """Examples left out of every epoch by ``oversize="skip"`` (0 otherwise)."""
+        return self.prepared.num_skipped
+
+    @property
+    def num_truncated(self) -> int:
+        """Examples cut to :attr:`truncate_to` by ``oversize="truncate"`` (0 otherwise)."""
+        return self.prepared.num_truncated
+
+    @property
+    def truncate_to(self) -> int | None:
+        """Length over-budget examples are cut to (``oversize="truncate"``), else ``None``."""
+        return self.prepared.truncate_to
+
+    def dataset_truncate_to(self, dataset: int) -> int | None:
+        """Truncation length of ``dataset`` (a single dataset: always :attr:`truncate_to`)."""
+        del dataset
+        return self.truncate_to
+
+    def fingerprint(self) -> str:
+        """A short hash of the settings that change the plan (for checkpoint checks)."""
+        return self.config.fingerprint()
+
+    @property
+    def groups(self) -> SortedGroups:
+        """The sorted order of all planned examples (computed once)."""
+        if self._groups is None:
+            self._groups = SortedGroups.build(
+                self.prepared.key, self.prepared.kept, self.config.bucket_width
+            )
+        return self._groups
+
+    def _layout(self, multiple: int) -> Layout:
+        if 1 not in self._layouts:
+            self._layouts[1] = Layout.build(self.groups, self.config)
+        if multiple not in self._layouts:
+            self._layouts[multiple] = self._layouts[1].balance_tail(
+                self.groups, multiple, self.config
+            )
+        return self._layouts[multiple]
+
+    def plan(
+        self,
+        epoch: int,
+        world_size: int = 1,
+        accumulate_grad_batches: int = 1,
+        *,
+        exclude: np.ndarray | None = None,
+        salt: int = 0,
+    ) -> EpochPlan:
+        """Plan one epoch.
+
+        Args:
+            epoch: the epoch (the plan depends only on ``config.seed``, ``epoch`` and ``salt``).
+            world_size: number of ranks.
+            accumulate_grad_batches: micro-batches per rank per optimizer step.
+            exclude: boolean mask over all examples; ``True`` ones are left out (resume with
+                another world size re-plans what an interrupted epoch has not consumed).
+            salt: extra randomness for re-plans, so they differ from the original plan.
+
+        Returns:
+            The plan.
+
+        Raises:
+            ValueError: for a non-positive ``world_size`` / ``accumulate_grad_batches``, or when
+                the data cannot give every rank a micro-batch (more ranks than batches).
+        """
+        epoch = _check_count("epoch", epoch, 0)
+        world = _check_count("world_size", world_size)
+        acc = _check_count("accumulate_grad_batches", accumulate_grad_batches)
+        wa = world * acc
+        cfg = self.config
+        tail = cfg.tail
+        if exclude is None:
+            groups = self.groups
+            available = groups.size
+        else:
+            exclude = np.asarray(exclude)
+            if exclude.dtype != np.bool_:
+                raise TypeError(
+                    f"exclude must be a boolean mask over the {self.num_examples} examples, "
+                    f"got dtype {exclude.dtype}; build it with np.zeros(n, dtype=bool) and set "
+                    "the excluded ids to True (a list of ids is not a mask)."
+                )
+            if exclude.shape != (self.num_examples,):
+                raise ValueError(
+                    f"exclude must be a boolean mask of {self.num_examples} examples, "
+                    f"got shape {exclude.shape}."
+                )
+            kept = self.prepared.kept
+            keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
+            groups = SortedGroups.build(self.prepared.key, keep, cfg.bucket_width)
+            available = groups.size
+            if available == 0:
+                return self._empty_plan(epoch, world, acc)
+            if tail != "pad" and (available < wa or tail == "drop"):
+                tail = "pad"  # a re-planned remainder is never dropped; pad only when too small
+        if tail == "spread" and available < wa:
+            raise ValueError(self._too_few_message(available, "examples", world, acc))
+        rng = np.random.default_rng([cfg.seed, epoch, salt])
+        if exclude is None:
+            layout = self._layout(wa if tail == "spread" else 1)
+        else:
+            layout = Layout.build(groups, cfg)
+            if tail == "spread":
+                layout = layout.balance_tail(groups, wa, cfg)
+        order = groups.ids.copy()
+        if cfg.shuffle:
+            starts = groups.starts
+            for g in np.flatnonzero(np.diff(starts) > 1):
+                rng.shuffle(order[starts[g] : starts[g + 1]])
+        m = layout.num_tiles
+        seq = np.arange(m, dtype=np.int64)
+        dropped = duplicated = 0
+        r = m % wa
+        if tail == "drop" and r:
+            if m < wa:
+                raise ValueError(self._too_few_message(m, "micro-batches", world, acc))
+            gone = rng.choice(m, size=r, replace=False)
+            dropped = int(layout.sizes[gone].sum())
+            seq = np.delete(seq, gone)
+        elif r:  # "pad", or "spread" with too few examples left to split (counted)
+            extra = wa - r
+            dup = rng.choice(m, size=extra, replace=extra > m)
+            duplicated = int(layout.sizes[dup].sum())
+            seq = np.sort(np.concatenate([seq, dup]), kind="stable")  # duplicates sit adjacent
+        assign = _deal(seq.reshape(-1, wa), layout.cost, world, acc)
+        if cfg.shuffle:
+            assign = assign[rng.permutation(assign.shape[0])]
+        prep = self.prepared
+        return EpochPlan(
+            epoch=epoch,
+            world_size=world,
+            accumulate_grad_batches=acc,
+            order=order,
+            tile_start=layout.starts,
+            tile_size=layout.sizes,
+            tile_cost=layout.cost,
+            assign=assign,
+            num_dropped=dropped,
+            num_duplicated=duplicated,
+            num_skipped=prep.num_skipped,
+            num_truncated=prep.num_truncated,
+            _loss=prep.loss,
+            _exact_tokens=layout.total if self._exact_totals else None,
+        )
+
+    def plan_resumed(
+        self,
+        epoch: int,
+        world_size: int,
+        accumulate_grad_batches: int,
+        history: Sequence[tuple[int, int, int]] = (),
+    ) -> EpochPlan:
+        """Plan what is left of ``epoch`` after topology changes.
+
+        Args:
+            epoch: the epoch.
+            world_size: the current number of ranks.
+            accumulate_grad_batches: the current accumulation.
+            history: ``(world_size, accumulate_grad_batches, consumed micro-batches per rank)``
+                of each earlier topology of this epoch, oldest first.
+
+        Returns:
+            The plan of the examples the earlier topologies did not consume (the whole epoch
+            when ``history`` is empty).
+        """
+        history = check_history(history)
+        exclude: np.ndarray | None = None
+        for depth, (world, acc, consumed) in enumerate(history):
+            done = self.plan(epoch, world, acc, exclude=exclude, salt=depth)
+            if exclude is None:
+                exclude = np.zeros(self.num_examples, dtype=bool)
+            exclude[done.consumed_ids(consumed)] = True
+        return self.plan(
+            epoch, world_size, accumulate_grad_batches, exclude=exclude, salt=len(history)
+        )
+
+    def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:
+        empty = np.zeros(0, dtype=np.int64)
+        return EpochPlan(
+            epoch=epoch,
+            world_size=world,
+            accumulate_grad_batches=acc,
+            order=empty.astype(np.int32),
+            tile_start=empty,
+            tile_size=empty,
+            tile_cost=empty.astype(np.float64),
+            assign=np.zeros((0, world, acc), dtype=np.int64),
+            num_skipped=self.prepared.num_skipped,
+            num_truncated=self.prepared.num_truncated,
+        )
+
+    def _too_few_message(self, count: int, what: str, world: int, acc: int) -> str:
+        return (
+            f"More ranks than batches: the data gives only {count} {what} but "
+            f"world_size={world} x accumulate_grad_batches={acc} = {world * acc} micro-batches "
+            f"are needed per optimizer step (max_tokens={self.config.max_tokens}, "
+            f"tail={self.config.tail!r}). Lower max_tokens, world_size or "
+            "accumulate_grad_batches, use more data, or set tail='pad'."
+        )
+
+
+def check_history(history: object) -> list[tuple[int, int, int]]:
+    """Validate ``plan_resumed``'s history: ``(world_size, accumulation, consumed)`` triples.
+
+    Raises:
+        ValueError: naming the bad entry and what it should be.
+    """
+    if isinstance(history, (str, bytes)) or not isinstance(history, (Sequence, np.ndarray)):
+        raise ValueError(
+            f"history must be a sequence of (world_size, accumulate_grad_batches, consumed "
+            f"micro-batches per rank) triples, got {type(history).__name__} {history!r:.60}."
+        )
+    out = []
+    for i, entry in enumerate(history):
+        if (
+            isinstance(entry, (str, bytes))
+            or not isinstance(entry, (Sequence, np.ndarray))
+            or len(entry) != 3
+        ):
+            raise ValueError(
+                f"history[{i}] is {entry!r}: each entry must be a (world_size, "
+                "accumulate_grad_batches, consumed micro-batches per rank) triple."
+            )
+        world, acc, consumed = entry
+        out.append(
+            (
+                _check_count(f"history[{i}] world_size", world),
+                _check_count(f"history[{i}] accumulate_grad_batches", acc),
+                _check_count(f"history[{i}] consumed micro-batches", consumed, 0),
+            )
+        )
+    return out
+
+
+def _deal(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.ndarray:
+    """Deal each step's tiles to ranks: balanced per-rank sums.
+
+    Largest tile first, each to the least-loaded rank with a free micro-batch slot (LPT
+    scheduling), vectorised over steps.
+    """
+    num_steps = steps.shape[0]
+    assign = np.empty((num_steps, world, acc), dtype=np.int64)
+    if num_steps == 0:
+        return assign
+    tile_cost = cost[steps]
+    by_cost = np.argsort(-tile_cost, axis=1, kind="stable")
+    ranked = np.take_along_axis(steps, by_cost, axis=1)
+    ranked_cost = np.take_along_axis(tile_cost, by_cost, axis=1)
+    if acc == 1:  # one slot per rank: the order of ranks does not change the balance
+        assign[:, :, 0] = ranked
+        return assign
+    load = np.zeros((num_steps, world))
+    used = np.zeros((num_steps, world), dtype=np.int64)
+    rows = np.arange(num_steps)
+    for k in range(world * acc):
+        rank = np.argmin(np.where(used < acc, load, np.inf), axis=1)
+        assign[rows, rank, used[rows, rank]] = ranked[:, k]
+        load[rows, rank] += ranked_cost[:, k]
+        used[rows, rank] += 1
+    return assign
+
+
+def plan_epoch(
+    lengths: npt.ArrayLike,
+    max_tokens: int,
+    *,
+    epoch: int = 0,
+    world_size: int = 1,
+    accumulate_grad_batches: int = 1,
+    loss_lengths: npt.ArrayLike | None = None,
+    **config: Any,
+) -> EpochPlan:
+    """Plan one epoch in one call (see :class:`EpochPlanner` to plan many epochs).
+
+    Args:
+        lengths: ``(n,)`` or ``(n, 2)`` lengths.
+        max_tokens: the token budget of one micro-batch.
+        epoch: the epoch.
+        world_size: number of ranks.
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        loss_lengths: loss tokens per example, when not the lengths / target column.
+        **config: any other :class:`PlanConfig` setting (``cost``, ``seed``, ``tail``, ...).
+
+    Returns:
+        The plan.
+
+    Example:
+        >>> import numpy as np
+        >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
+        >>> plan.tile_size[plan.rank_tiles(0)].tolist()
+        [2]
+    """
+    planner = EpochPlanner(lengths, PlanConfig(max_tokens=max_tokens, **config), loss_lengths)
+    return planner.plan(epoch, world_size, accumulate_grad_batches)

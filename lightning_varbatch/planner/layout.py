@@ -1,0 +1,321 @@
+"""Length-sorted layout: micro-batches as contiguous tiles of a sorted order.
+
+Sorting examples by length (longest first) and cutting the sorted order greedily gives the
+tightest padding; the tiles depend only on the multiset of lengths, not on which example sits
+where, so they are computed once and reused every epoch while the examples of equal length are
+reshuffled. Everything here works on groups of equal (bucketed) length, never per example in
+Python.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planner.settings import PlanConfig
+    >>> groups = SortedGroups.build(np.array([2, 9, 9, 4, 2], dtype=np.uint16), None, 1)
+    >>> lay = Layout.build(groups, PlanConfig(max_tokens=18))
+    >>> lay.sizes.tolist(), lay.cost.tolist()
+    ([2, 3], [18.0, 12.0])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_varbatch.planner.costs import checked_cost
+from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.tail import even_cuts
+
+
+@dataclass(frozen=True)
+class SortedGroups:
+    """Example ids sorted by decreasing length, cut into groups of equal bucket.
+
+    Attributes:
+        ids: example ids, longest first (int32 when they fit).
+        starts: ``(G + 1,)`` start position of each group, then the total count.
+        longest: ``(G,)`` the longest length in each group.
+    """
+
+    ids: np.ndarray
+    starts: np.ndarray
+    longest: np.ndarray
+
+    @property
+    def size(self) -> int:
+        """Number of examples."""
+        return int(self.ids.shape[0])
+
+    @classmethod
+    def build(cls, key: np.ndarray, subset: np.ndarray | None, bucket_width: int) -> SortedGroups:
+        """Sort ``key`` (or its ``subset`` of ids) by decreasing bucket, stably.
+
+        A stable counting sort done in cache-sized chunks (a radix argsort per chunk, then a
+        scatter to each bucket's next free slot): the extra memory is the 4-byte ids plus one
+        chunk, instead of the 8-byte index array (and numpy's 8-byte scratch) of a whole-array
+        argsort.
+        """
+        k = key if subset is None else key[subset]
+        if k.size == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls(
+                ids=empty.astype(np.int32), starts=np.zeros(1, dtype=np.int64), longest=empty
+            )
+        if int(k.max()) // bucket_width >= _DENSE_BUCKETS and k.max() > 8 * k.size:
+            return cls._build_sparse(k, subset, bucket_width, key.shape[0])
+        counts = np.bincount(k)
+        top = counts.size - 1
+        id_dtype = np.int32 if key.shape[0] < 2**31 else np.int64
+        ids = _counting_sort_desc(k, top // bucket_width, bucket_width, id_dtype)
+        if subset is not None:
+            ids = subset[ids].astype(id_dtype)
+        nb = top // bucket_width + 1
+        flat = np.zeros(nb * bucket_width, dtype=np.int64)
+        flat[: counts.size] = counts
+        per_bucket = flat.reshape(nb, bucket_width)
+        sizes = per_bucket.sum(axis=1)
+        offset = np.where(per_bucket > 0, np.arange(bucket_width), -1).max(axis=1)
+        longest = np.arange(nb, dtype=np.int64) * bucket_width + offset
+        nonempty = np.flatnonzero(sizes)[::-1]  # longest bucket first
+        starts = np.concatenate(([0], np.cumsum(sizes[nonempty]))).astype(np.int64)
+        return cls(ids=ids, starts=starts, longest=longest[nonempty])
+
+    @classmethod
+    def _build_sparse(
+        cls, k: np.ndarray, subset: np.ndarray | None, bucket_width: int, num_ids: int
+    ) -> SortedGroups:
+        """:meth:`build` for very long lengths (a count per possible length would not fit).
+
+        Buckets are renumbered densely first (a sort of the distinct buckets), then counted.
+        """
+        k64 = k.astype(np.int64)
+        buckets, dense = np.unique(k64 // bucket_width, return_inverse=True)
+        dense = dense.reshape(-1)
+        rank = (buckets.size - 1 - dense).astype(np.int64)  # 0 = the longest bucket
+        id_dtype = np.int32 if num_ids < 2**31 else np.int64
+        ids = np.argsort(rank, kind="stable").astype(id_dtype)
+        if subset is not None:
+            ids = subset[ids].astype(id_dtype)
+        sizes = np.bincount(rank, minlength=buckets.size)
+        longest = np.zeros(buckets.size, dtype=np.int64)
+        np.maximum.at(longest, rank, k64)
+        starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+        return cls(ids=ids, starts=starts, longest=longest)
+
+    def prefix(self, pos: np.ndarray) -> np.ndarray:
+        """Sum of the group lengths over positions ``[0, pos)`` (exact for bucket width 1)."""
+        sizes = np.diff(self.starts)
+        cum = np.concatenate(([0], np.cumsum(sizes * self.longest)))
+        g = np.clip(np.searchsorted(self.starts, pos, side="right") - 1, 0, len(self.longest) - 1)
+        return cum[g] + (pos - self.starts[g]) * self.longest[g]
+
+    def suffix(self, start: int) -> SortedGroups:
+        """The sorted order from position ``start`` on (positions renumbered from 0)."""
+        g0 = int(self.group_of(np.array([start]))[0])
+        starts = np.concatenate(([0], self.starts[g0 + 1 :] - start)).astype(np.int64)
+        return SortedGroups(ids=self.ids[start:], starts=starts, longest=self.longest[g0:])
+
+    def group_of(self, pos: np.ndarray) -> np.ndarray:
+        """Group index of each position."""
+        return np.searchsorted(self.starts, pos, side="right") - 1
+
+
+_SORT_CHUNK = 1 << 16
+#: Above this many possible buckets, :meth:`SortedGroups.build` sorts the distinct buckets
+#: instead of counting every possible length (lengths are allowed up to 2**31 - 1).
+_DENSE_BUCKETS = 1 << 22
+
+
+def _counting_sort_desc(
+    k: np.ndarray, top_bucket: int, bucket_width: int, id_dtype: type[np.integer]
+) -> np.ndarray:
+    """Positions of ``k`` sorted by decreasing ``k // bucket_width``, stable (ties keep order)."""
+    nb = top_bucket + 1
+    bucket_counts = np.bincount(k // bucket_width if bucket_width > 1 else k, minlength=nb)
+    # bucket v goes after every bucket above it: its first slot is the count of those
+    fill = np.cumsum(bucket_counts[::-1])[::-1] - bucket_counts
+    ids = np.empty(k.size, dtype=id_dtype)
+    for lo in range(0, k.size, _SORT_CHUNK):
+        chunk = k[lo : lo + _SORT_CHUNK]
+        if bucket_width > 1:
+            chunk = chunk // bucket_width
+        order = np.argsort(top_bucket - chunk, kind="stable")  # uint16 -> radix sort
+        ranked = chunk[order]
+        cnt = np.bincount(chunk, minlength=nb)
+        first = np.cumsum(cnt[::-1])[::-1] - cnt  # where each bucket starts in this chunk
+        ids[fill[ranked] + (np.arange(chunk.size) - first[ranked])] = order + lo
+        fill += cnt
+    return ids
+
+
+def _round_down(n: np.ndarray, multiple: int) -> np.ndarray:
+    if multiple == 1:
+        return n
+    return np.where(n >= multiple, n - n % multiple, n)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Micro-batches as tiles ``[start, start + size)`` of :attr:`SortedGroups.ids`.
+
+    Attributes:
+        starts: ``(m,)`` first position of each tile, ascending; tiles cover every position.
+        sizes: ``(m,)`` examples per tile.
+        cost: ``(m,)`` cost of each tile under the cost model (an upper bound when buckets are
+            wider than 1: the bucket's longest length stands in for every member).
+        total: ``(m,)`` summed planning lengths of each tile (exact for bucket width 1).
+    """
+
+    starts: np.ndarray
+    sizes: np.ndarray
+    cost: np.ndarray
+    total: np.ndarray
+
+    @property
+    def num_tiles(self) -> int:
+        """Number of micro-batches."""
+        return int(self.starts.shape[0])
+
+    @classmethod
+    def from_tiles(
+        cls, groups: SortedGroups, starts: np.ndarray, sizes: np.ndarray, config: PlanConfig
+    ) -> Layout:
+        """Compute costs of given tiles and check them against the budget."""
+        if starts.size == 0:
+            zero = np.zeros(0)
+            return cls(starts=starts, sizes=sizes, cost=zero, total=zero.astype(np.int64))
+        p = config.pad_to_multiple_of
+        longest = groups.longest[groups.group_of(starts)]
+        total = groups.prefix(starts + sizes) - groups.prefix(starts)
+        cost = checked_cost(config.cost_fn, sizes, -(-longest // p) * p, total)
+        over = np.flatnonzero(cost > config.max_tokens)
+        if over.size:
+            j = int(over[0])
+            raise ValueError(
+                f"The cost model gave a micro-batch of {int(sizes[j])} examples cost "
+                f"{cost[j]:g} > max_tokens={config.max_tokens} although smaller batches fit: "
+                "a custom cost= must be non-decreasing in num_examples, longest and total."
+            )
+        return cls(starts=starts, sizes=sizes, cost=cost, total=total)
+
+    @classmethod
+    def build(cls, groups: SortedGroups, config: PlanConfig) -> Layout:
+        """Cut the sorted order greedily into micro-batches that fit the budget."""
+        n = groups.size
+        if n == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls.from_tiles(groups, empty, empty, config)
+        cap = min(config.max_examples or n, n)
+        full = _full_batch_sizes(groups.longest, cap, config)
+        price_only_by_count = config.cost in ("padded", "quadratic")
+        starts_parts: list[np.ndarray] = []
+        sizes_parts: list[np.ndarray] = []
+        pos, g = 0, 0
+        while pos < n:
+            while groups.starts[g + 1] <= pos:
+                g += 1
+            end, nf = int(groups.starts[g + 1]), int(full[g])
+            k = (end - pos) // nf
+            if k:
+                starts_parts.append(pos + nf * np.arange(k, dtype=np.int64))
+                sizes_parts.append(np.full(k, nf, dtype=np.int64))
+                pos += k * nf
+            if pos >= end:
+                continue
+            # A micro-batch straddling into shorter groups: longest is this group's.
+            hi = min(n - pos, nf if price_only_by_count else cap)
+            size = _largest_fitting(groups, pos, end - pos, hi, int(groups.longest[g]), config)
+            starts_parts.append(np.array([pos], dtype=np.int64))
+            sizes_parts.append(np.array([size], dtype=np.int64))
+            pos += size
+        return cls.from_tiles(
+            groups, np.concatenate(starts_parts), np.concatenate(sizes_parts), config
+        )
+
+    def balance_tail(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
+        """Re-cut the last optimizer step into exactly ``multiple`` even micro-batches.
+
+        The greedy cut leaves ``m % multiple`` micro-batches for the last step (or a full step
+        whose last micro-batch is small). The examples of that step are re-cut into exactly
+        ``multiple`` contiguous micro-batches whose largest cost is as small as possible and,
+        under that, whose smallest cost is as large as the cut allows
+        (:func:`lightning_varbatch.planner.tail.even_cuts`): with equal lengths their sizes
+        differ by at most one example. Nothing is lost and the last step's ranks carry even
+        loads. With fewer examples than that, one more step is taken into the region.
+        """
+        m, n = self.num_tiles, groups.size
+        if m == 0:
+            return self
+        r = m % multiple
+        take = min(m, r if r else multiple)
+        target = multiple
+        while n - int(self.starts[m - take]) < target and take < m:
+            take, target = min(m, take + multiple), target + multiple
+        start = int(self.starts[m - take])
+        if n - start < target:
+            return self.spread(groups, multiple, config)  # too few examples: caller pads
+        cuts = even_cuts(groups.suffix(start), target, config)
+        starts = np.concatenate((self.starts[: m - take], cuts[:-1] + start))
+        sizes = np.concatenate((self.sizes[: m - take], np.diff(cuts)))
+        return Layout.from_tiles(groups, starts, sizes, config)
+
+    def spread(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
+        """Split the largest tiles until the tile count is a multiple of ``multiple``.
+
+        Pieces of a tile are subsets of it, so they fit the budget too; they stay adjacent,
+        so they land in the same optimizer step. When there are too few examples to split
+        that far (almost every tile a single example), it splits as far as it can and the
+        caller pads the rest.
+        """
+        m = self.num_tiles
+        extra = min(-m % multiple, groups.size - m)
+        if extra == 0:
+            return self
+        pieces = np.ones(m, dtype=np.int64)
+        while extra > 0:
+            cand = np.flatnonzero(pieces < self.sizes)
+            piece = self.sizes[cand] / pieces[cand]
+            take = cand[np.argsort(-piece, kind="stable")[:extra]]
+            pieces[take] += 1
+            extra -= take.size
+        tile = np.repeat(np.arange(m), pieces)
+        first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+        i = np.arange(tile.size) - first
+        lo = self.starts[tile] + (i * self.sizes[tile]) // pieces[tile]
+        hi = self.starts[tile] + ((i + 1) * self.sizes[tile]) // pieces[tile]
+        return Layout.from_tiles(groups, lo, hi - lo, config)
+
+
+def _full_batch_sizes(longest: np.ndarray, cap: int, config: PlanConfig) -> np.ndarray:
+    """Largest count of examples of each group's length that fits, found by bisection."""
+    p = config.pad_to_multiple_of
+    padded = -(-longest // p) * p
+    lo = np.ones_like(longest)
+    hi = np.full_like(longest, cap)
+    while (lo < hi).any():
+        mid = (lo + hi + 1) // 2
+        ok = checked_cost(config.cost_fn, mid, padded, mid * longest) <= config.max_tokens
+        lo = np.where(ok, mid, lo)
+        hi = np.where(ok, hi, mid - 1)
+    return _round_down(lo, config.batch_size_multiple)
+
+
+def _largest_fitting(
+    groups: SortedGroups, pos: int, lo: int, hi: int, longest: int, config: PlanConfig
+) -> int:
+    """Largest ``size`` in ``[lo, hi]`` whose tile starting at ``pos`` fits the budget."""
+    p = config.pad_to_multiple_of
+    padded = np.array([-(-longest // p) * p])
+    base = groups.prefix(np.array([pos]))
+
+    def fits(size: int) -> bool:
+        total = groups.prefix(np.array([pos + size])) - base
+        return bool(config.cost_fn(np.array([size]), padded, total)[0] <= config.max_tokens)
+
+    lo = max(lo, 1)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return int(_round_down(np.array([lo]), config.batch_size_multiple)[0])

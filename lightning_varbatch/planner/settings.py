@@ -1,0 +1,245 @@
+"""The planner's settings, validated once.
+
+Example:
+    >>> from lightning_varbatch.planner.settings import PlanConfig
+    >>> PlanConfig(max_tokens=4096, max_examples=128).max_examples
+    128
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Literal, TypeAlias
+
+import numpy as np
+
+from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
+
+TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
+OversizePolicy: TypeAlias = Literal["error", "skip", "truncate"]
+TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
+OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
+
+
+def check_count(
+    name: str,
+    value: object,
+    *,
+    minimum: int = 1,
+    allow_none: bool = False,
+    what: str = "",
+) -> int | None:
+    """Validate an integer setting and return it as a Python ``int``.
+
+    Python and numpy integers are accepted; ``bool``, floats (even whole ones), strings and
+    anything else are refused, as are values below ``minimum``.
+
+    Args:
+        name: the setting's name, as the user wrote it (used in the message).
+        value: the value received.
+        minimum: the smallest allowed value.
+        allow_none: whether ``None`` is allowed (then returned as ``None``).
+        what: what the setting means, appended to the message.
+
+    Returns:
+        ``int(value)``, or ``None`` when ``value`` is ``None`` and that is allowed.
+
+    Raises:
+        ValueError: naming the setting, the value received and what is allowed.
+
+    Example:
+        >>> import numpy as np
+        >>> check_count("max_tokens", np.int64(1024))
+        1024
+    """
+    if value is None and allow_none:
+        return None
+    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+    if minimum == 0:
+        kind = "a non-negative integer"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        shown = f"{value!r} ({type(value).__name__})"
+        raise ValueError(
+            f"{name} must be {kind}, got {shown}{what}; pass a whole number such as "
+            f"{max(minimum, 1)}"
+            + (" or None" if allow_none else "")
+            + " (numpy integers are accepted; floats, bools and strings are not)."
+        )
+    if value < minimum:
+        raise ValueError(f"{name} must be {kind}, got {value!r}{what}.")
+    return int(value)
+
+
+def check_flag(name: str, value: object) -> bool:
+    """Validate a boolean setting: ``True``/``False`` (or numpy booleans) only.
+
+    Raises:
+        TypeError: for anything else (``"false"`` is a non-empty string, hence true, so it is
+            refused rather than guessed).
+
+    Example:
+        >>> check_flag("shuffle", False)
+        False
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(
+        f"{name} must be True or False, got {value!r} ({type(value).__name__}); pass a "
+        f"bool, e.g. {name}=False (a string such as 'false' is not read as a bool)."
+    )
+
+
+def _probe_cost(fn: CostFn) -> None:
+    """Call a custom cost model once on two candidates and check what comes back.
+
+    Raises:
+        ValueError: when it fails, returns the wrong shape, or non-finite / negative costs.
+    """
+    n, longest, total = np.array([1, 2]), np.array([8, 8]), np.array([8, 16])
+    try:
+        out = np.asarray(fn(n, longest, total), dtype=np.float64)
+    except Exception as err:  # any failure of user code is reported the same way
+        raise ValueError(
+            f"cost= raised {type(err).__name__}: {err} when called as cost(num_examples, "
+            "longest, total) on numpy arrays of two candidates; a cost model must work "
+            "elementwise on arrays (e.g. lambda n, longest, total: n * longest)."
+        ) from err
+    if out.shape != n.shape or not np.isfinite(out).all() or (out < 0).any():
+        raise ValueError(
+            f"cost= returned {out.tolist()!r} (shape {out.shape}) for two candidate "
+            "micro-batches: a cost model must return one finite cost >= 0 per candidate, an "
+            "array shaped like num_examples (e.g. lambda n, longest, total: n * longest)."
+        )
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """How to cut an epoch into token-budgeted micro-batches.
+
+    Args:
+        max_tokens: the budget of one micro-batch on one rank, in the units of ``cost``
+            (for ``"padded"``: examples × longest padded length, fairseq's ``--max-tokens``).
+        max_examples: at most this many examples per micro-batch (``None``: no cap).
+        cost: ``"padded"`` (default), ``"sum"``, ``"quadratic"`` or a callable
+            ``(num_examples, longest, total) -> cost``; see :mod:`lightning_varbatch.planner.costs`.
+        quadratic_coef: ``c`` in the quadratic model ``n * (L + c * L**2)``.
+        batch_size_multiple: round the number of examples of a micro-batch down to a multiple
+            of this (e.g. 8 for tensor cores) when it holds at least that many.
+        pad_to_multiple_of: lengths are padded up to a multiple of this; the cost model sees
+            the padded length.
+        bucket_width: examples whose lengths fall in the same ``bucket_width``-wide bucket are
+            mixed freely (1: exact length sorting, the tightest padding; larger values add
+            randomness at the price of padding, budgeted with the bucket's longest example).
+        shuffle: shuffle examples of equal bucket and the order of optimizer steps each epoch.
+        seed: the plan depends only on ``seed`` and the epoch.
+        tail: what to do when the number of micro-batches is not a multiple of
+            ``world_size * accumulate_grad_batches``: ``"spread"`` (default) re-cuts the
+            examples of the last, partial optimizer step into exactly that many even
+            micro-batches, so nothing is lost and its ranks stay balanced (only when there are
+            fewer examples than micro-batches needed does it repeat some, counted);
+            ``"drop"`` drops randomly chosen
+            micro-batches (counted); ``"pad"`` repeats randomly chosen micro-batches (counted).
+        oversize: what to do with an example that does not fit the budget on its own:
+            ``"error"`` (default), ``"skip"`` (counted) or ``"truncate"`` (to the longest length
+            that fits; the collate cuts the tokens).
+
+    Raises:
+        ValueError: for a setting out of range; the message names it.
+
+    Example:
+        >>> PlanConfig(max_tokens=16384, cost="quadratic", tail="drop").tail
+        'drop'
+    """
+
+    max_tokens: int
+    max_examples: int | None = None
+    cost: CostName | CostFn = "padded"
+    quadratic_coef: float = 1 / 64
+    batch_size_multiple: int = 1
+    pad_to_multiple_of: int = 1
+    bucket_width: int = 1
+    shuffle: bool = True
+    seed: int = 0
+    tail: TailPolicy = "spread"
+    oversize: OversizePolicy = "error"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_tokens, (bool, np.bool_)) or not isinstance(
+            self.max_tokens, (int, np.integer)
+        ):
+            raise ValueError(
+                f"max_tokens must be a positive integer token budget, got {self.max_tokens!r} "
+                f"({type(self.max_tokens).__name__}); pass a whole number of (padded) tokens "
+                "one micro-batch may hold on one device, e.g. max_tokens=4096."
+            )
+        if self.max_tokens < 1:
+            raise ValueError(
+                f"max_tokens must be > 0, got {self.max_tokens}; set max_tokens to the number "
+                "of (padded) tokens one micro-batch may hold on one device."
+            )
+        counts = {
+            "max_tokens": check_count("max_tokens", self.max_tokens),
+            "max_examples": check_count("max_examples", self.max_examples, allow_none=True),
+            "batch_size_multiple": check_count("batch_size_multiple", self.batch_size_multiple),
+            "pad_to_multiple_of": check_count("pad_to_multiple_of", self.pad_to_multiple_of),
+            "bucket_width": check_count("bucket_width", self.bucket_width),
+            "seed": check_count("seed", self.seed, minimum=0),
+        }
+        for name, value in counts.items():  # numpy integers become Python ints
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "shuffle", check_flag("shuffle", self.shuffle))
+        if self.max_examples is not None and self.batch_size_multiple > self.max_examples:
+            warnings.warn(
+                f"batch_size_multiple={self.batch_size_multiple} is larger than "
+                f"max_examples={self.max_examples}: no micro-batch can hold a multiple of it, "
+                "so it has no effect. Lower batch_size_multiple or raise max_examples.",
+                UserWarning,
+                stacklevel=3,
+            )
+        if not isinstance(self.tail, str) or self.tail not in TAIL_POLICIES:
+            raise ValueError(
+                f"Unknown tail={self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}."
+            )
+        if not isinstance(self.oversize, str) or self.oversize not in OVERSIZE_POLICIES:
+            raise ValueError(
+                f"Unknown oversize={self.oversize!r}; choose one of {', '.join(OVERSIZE_POLICIES)}."
+            )
+        coef = self.quadratic_coef
+        if isinstance(coef, (bool, np.bool_)) or not isinstance(coef, (int, float, np.number)):
+            raise ValueError(
+                f"quadratic_coef must be a finite number >= 0, got {coef!r} "
+                f"({type(coef).__name__}); pass e.g. quadratic_coef=1/64."
+            )
+        if not (math.isfinite(float(coef)) and coef >= 0):
+            raise ValueError(
+                f"quadratic_coef must be >= 0 and finite, got {coef!r}; pass e.g. "
+                "quadratic_coef=1/64 (0 makes the quadratic cost the padded one)."
+            )
+        object.__setattr__(self, "quadratic_coef", float(coef))
+        if isinstance(self.cost, str) and self.cost not in COST_NAMES:
+            resolve_cost(self.cost)  # raises with the list of valid names
+        fn = resolve_cost(self.cost, quadratic_coef=self.quadratic_coef)
+        if not isinstance(self.cost, str):
+            _probe_cost(fn)
+
+    @property
+    def cost_fn(self) -> CostFn:
+        """The resolved, vectorised cost function."""
+        return resolve_cost(self.cost, quadratic_coef=self.quadratic_coef)
+
+    def fingerprint(self) -> str:
+        """A short hash of every setting that changes the plan (for checkpoint checks).
+
+        Example:
+            >>> PlanConfig(8).fingerprint() == PlanConfig(8).fingerprint()
+            True
+        """
+        fields = asdict(self)
+        if callable(self.cost):
+            fields["cost"] = getattr(self.cost, "__qualname__", repr(self.cost))
+        blob = json.dumps(fields, sort_keys=True, default=str).encode()
+        return hashlib.sha1(blob).hexdigest()[:16]

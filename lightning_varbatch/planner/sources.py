@@ -1,0 +1,169 @@
+"""One dataset of a mixture, and how the datasets' shares are weighted.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planner.sources import DataSource, mixture_probabilities
+    >>> long = DataSource(np.full(4, 4096), name="long", max_examples=4)
+    >>> long.name, long.max_examples
+    ('long', 4)
+    >>> mixture_probabilities(np.array([100, 25]), "size").tolist()
+    [0.8, 0.2]
+    >>> mixture_probabilities(np.array([100, 25]), "size", temperature=2.0).round(3).tolist()
+    [0.667, 0.333]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+from lightning_varbatch.planner.settings import check_count
+
+MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
+MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
+Weights: TypeAlias = Literal["size"] | Sequence[float]
+
+__all__ = ["MIXING_POLICIES", "DataSource", "MixingPolicy", "Weights", "mixture_probabilities"]
+
+
+@dataclass(frozen=True, eq=False)
+class DataSource:
+    """One dataset of a mixture: its lengths, optionally its items and its own budget.
+
+    Args:
+        lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths, one per item.
+        dataset: the map-style dataset (needed by
+            :class:`~lightning_varbatch.TokenBudgetDataModule`, not by the planner).
+        max_tokens: this dataset's budget of one micro-batch (default: the common
+            ``max_tokens``).
+        max_examples: this dataset's cap on examples per micro-batch (default: the common one).
+        loss_lengths: loss tokens per item when they are not the lengths / target column.
+        name: a label for logs and reports (default: the dataset's index).
+
+    Example:
+        >>> import numpy as np
+        >>> DataSource(np.array([[3, 4], [5, 2]]), max_tokens=4096).max_tokens
+        4096
+    """
+
+    lengths: npt.ArrayLike
+    dataset: Any = None
+    max_tokens: int | None = None
+    max_examples: int | None = None
+    loss_lengths: npt.ArrayLike | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (not isinstance(self.name, str) or not self.name):
+            raise ValueError(
+                f"DataSource name must be a non-empty string or None, got {self.name!r} "
+                f"({type(self.name).__name__}); pass e.g. name='wmt' (None: the index)."
+            )
+        label = "DataSource" if self.name is None else f"DataSource {self.name!r}"
+        for setting in ("max_tokens", "max_examples"):
+            value = check_count(
+                f"{label}: {setting}",
+                getattr(self, setting),
+                allow_none=True,
+                what=" (None: use the common setting)",
+            )
+            object.__setattr__(self, setting, value)
+
+
+def mixture_probabilities(
+    sizes: np.ndarray, weights: Weights = "size", temperature: float = 1.0
+) -> np.ndarray:
+    """Each dataset's share: ``p_i ∝ w_i ** (1 / temperature)``.
+
+    Args:
+        sizes: every dataset's size (micro-batches of one pass: its tokens in budgets).
+        weights: ``"size"`` (``w_i = sizes[i]``) or one non-negative weight per dataset.
+        temperature: ``T > 0``; ``T > 1`` flattens the shares towards uniform (upsampling
+            small datasets), ``T = 1`` keeps them.
+
+    Returns:
+        Probabilities summing to 1.
+
+    Raises:
+        ValueError: for weights that do not match the datasets, negative, non-finite or all
+            zero weights, or a non-positive temperature; the message names the setting.
+
+    Example:
+        >>> mixture_probabilities(np.array([10, 10]), [3, 1]).tolist()
+        [0.75, 0.25]
+    """
+    n = len(sizes)
+    if isinstance(temperature, (bool, np.bool_)) or not isinstance(
+        temperature, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(
+            f"temperature must be a positive number, got {temperature!r} "
+            f"({type(temperature).__name__}); pass e.g. temperature=2.0 (1: shares by weight)."
+        )
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(
+            f"temperature must be a positive finite number, got {temperature!r}; pass e.g. "
+            "temperature=2.0 to flatten the shares, 1 to keep them."
+        )
+    if isinstance(weights, str):
+        if weights != "size":
+            raise ValueError(f"Unknown weights={weights!r}; pass 'size' or one number per dataset.")
+        raw = np.asarray(sizes, dtype=np.float64)
+    else:
+        raw = _weights_array(weights, n)
+        if raw.shape != (n,):
+            raise ValueError(
+                f"weights has {raw.size} entries but there are {n} datasets: pass one weight "
+                "per dataset, or weights='size'."
+            )
+        if not np.isfinite(raw).all() or (raw < 0).any():
+            raise ValueError(
+                f"weights must be finite and >= 0, got {raw.tolist()}; a weight of 0 leaves "
+                "that dataset out."
+            )
+    if not (raw > 0).any():
+        raise ValueError(
+            f"weights are all zero ({raw.tolist()}): give at least one dataset a positive weight."
+        )
+    scaled = np.where(raw > 0, raw / raw.max(), 0.0) ** (1.0 / temperature)
+    return scaled / scaled.sum()
+
+
+def _weights_array(weights: object, n: int) -> np.ndarray:
+    """``weights`` as floats, or a ValueError that names the bad entry."""
+    if isinstance(weights, (Mapping, bytes)) or not isinstance(weights, Iterable):
+        raise ValueError(
+            f"weights must be 'size' or a sequence of {n} numbers (one per dataset), got "
+            f"{type(weights).__name__} {weights!r:.60}."
+        )
+    listed = list(weights)
+    for i, w in enumerate(listed):
+        if isinstance(w, (bool, np.bool_)) or not isinstance(
+            w, (int, float, np.integer, np.floating)
+        ):
+            raise ValueError(
+                f"weights[{i}] is {w!r} ({type(w).__name__}); weights must be numbers >= 0, "
+                f"one per dataset ({n} datasets)."
+            )
+    return np.asarray(listed, dtype=np.float64).reshape(-1)
+
+
+def apportion(total: int, probabilities: np.ndarray) -> np.ndarray:
+    """Split ``total`` into integer counts closest to ``total * probabilities``.
+
+    Largest-remainder rounding: every count is ``floor`` or ``ceil`` of its exact share.
+
+    Example:
+        >>> apportion(10, np.array([0.55, 0.3, 0.15])).tolist()
+        [6, 3, 1]
+    """
+    exact = total * np.asarray(probabilities, dtype=np.float64)
+    counts = np.floor(exact).astype(np.int64)
+    rest = total - int(counts.sum())
+    counts[np.argsort(counts - exact, kind="stable")[:rest]] += 1
+    return counts

@@ -1,0 +1,236 @@
+"""The layers of the package, enforced: a numpy-only planner, imports in one direction, no cycles.
+
+The rule (docs/architecture.md): ``lightning_varbatch.planner`` and the plan CLI import only
+numpy and the standard library; ``import lightning_varbatch`` loads no torch; the torch layers
+never import each other in a circle; and no module anywhere in the repository takes part in an
+import cycle.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lightning_varbatch"
+
+# Imports fail for these inside the subprocess, as on a machine that never installed them.
+BLOCKER = """
+import importlib.abc, sys
+BLOCKED = {"torch", "lightning", "pytorch_lightning", "deepspeed", "hydra", "omegaconf",
+           "torchmetrics", "lightning_fabric", "lightning_utilities"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ImportError(f"{name} is blocked in this test")
+        return None
+sys.meta_path.insert(0, Block())
+"""
+
+
+def run_blocked(code: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", BLOCKER + code, *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_planner_runs_without_torch_lightning_deepspeed_hydra() -> None:
+    done = run_blocked(
+        "import lightning_varbatch\n"
+        "from lightning_varbatch.planner import EpochPlanner, MixturePlanner, PlanConfig\n"
+        "from lightning_varbatch.planner import diagnose\n"
+        "planner = EpochPlanner([3, 5, 2, 7, 4] * 20, PlanConfig(max_tokens=16))\n"
+        "mix = MixturePlanner([[3] * 40, [5] * 12], PlanConfig(max_tokens=16))\n"
+        "plan = planner.plan(epoch=1, world_size=2, accumulate_grad_batches=2)\n"
+        "print(diagnose(planner, plan).num_micro_batches, mix.plan(0, 2).num_steps)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    counts, loaded = done.stdout.strip().splitlines()
+    assert loaded == "[]"
+    assert all(int(c) > 0 for c in counts.split())
+
+
+def test_plan_cli_runs_without_torch(tmp_path: Path) -> None:
+    done = run_blocked(
+        "import runpy\n"
+        "sys.argv = ['plan'] + sys.argv[1:]\n"
+        "runpy.run_module('lightning_varbatch.plan', run_name='__main__')\n",
+        "--synthetic",
+        "wmt",
+        "--num-examples",
+        "20000",
+        "--max-tokens",
+        "4096",
+        "--world-size",
+        "4",
+        "--no-png",
+        "--json",
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["equal_counts"] is True
+    assert report["num_examples"] == 20000
+
+
+def test_a_torch_name_still_fails_clearly_without_torch() -> None:
+    done = run_blocked("import lightning_varbatch\nlightning_varbatch.TokenBudgetDataModule\n")
+    assert done.returncode != 0
+    assert "torch is blocked" in done.stderr
+
+
+def test_strategies_are_registered_after_a_plain_import() -> None:
+    code = (
+        "import lightning_varbatch\n"
+        "from lightning.pytorch import Trainer\n"
+        "trainer = Trainer(strategy='deepspeed_varbatch', accelerator='cpu', devices=1,"
+        " logger=False, enable_progress_bar=False)\n"
+        "print(type(trainer.strategy).__name__)\n"
+        "trainer = Trainer(strategy='fsdp_varbatch', accelerator='cpu', devices=1, logger=False)\n"
+        "print(type(trainer.strategy).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-2:] == ["VarBatchDeepSpeedStrategy", "VarBatchFSDPStrategy"]
+
+
+# -- the import graph ---------------------------------------------------------------------
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def python_files() -> list[Path]:
+    skip = {".venv", ".git", "outputs", "build", "__pycache__"}
+    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts))
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """Repository modules ``path`` imports (at any depth in the file, not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent)
+    found: set[str] = set()
+    type_checking = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if id(node) in type_checking:
+            continue
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            # `from pkg import sub` imports the submodule; `from pkg import name` the package.
+            names = [
+                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            ]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module_name(path):
+                found.add(name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    files = python_files()
+    known = {module_name(p) for p in files}
+    return {module_name(p): imports_of(p, known) for p in files}
+
+
+def test_no_import_cycles_anywhere_in_the_repository() -> None:
+    edges = graph()
+    # A package's __init__ importing its own submodules is not a cycle of the layers.
+    for name, targets in edges.items():
+        edges[name] = {t for t in targets if not name.startswith(t + ".")}
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+LAYERS = {  # what each layer of the package may import from the package
+    "lightning_varbatch.planner": {"lightning_varbatch.planner"},
+    "lightning_varbatch.plan": {"lightning_varbatch.planner"},
+    "lightning_varbatch.keys": set(),
+    "lightning_varbatch.loss": {"lightning_varbatch.keys"},
+    "lightning_varbatch.data": {
+        "lightning_varbatch.planner",
+        "lightning_varbatch.data",
+        "lightning_varbatch.keys",
+    },
+    "lightning_varbatch.strategies": {"lightning_varbatch.strategies"},
+    "lightning_varbatch.callbacks": {"lightning_varbatch.callbacks", "lightning_varbatch.keys"},
+}
+THIRD_PARTY_OF_PLANNER = {"numpy"}
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layer_imports_only_what_it_may(layer: str) -> None:
+    edges = graph()
+    allowed = LAYERS[layer]
+    members = [m for m in edges if m == layer or m.startswith(layer + ".")]
+    assert members, layer
+    wrong = {
+        (m, t)
+        for m in members
+        for t in edges[m]
+        if t.startswith("lightning_varbatch")
+        and t != "lightning_varbatch"
+        and not any(t == a or t.startswith(a + ".") for a in allowed)
+    }
+    wrong |= {(m, t) for m in members for t in edges[m] if t == "lightning_varbatch"}
+    assert wrong == set()
+
+
+def test_planner_imports_only_numpy_and_the_standard_library() -> None:
+    stdlib = set(sys.stdlib_module_names)
+    for path in (PACKAGE / "planner").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            for name in names:
+                top = name.split(".")[0]
+                assert top in stdlib | THIRD_PARTY_OF_PLANNER | {"lightning_varbatch"}, (
+                    f"{path.name} imports {name}"
+                )
