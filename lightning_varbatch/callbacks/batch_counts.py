@@ -87,6 +87,17 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
     return float(value)
 
 
+def _count(value: float, owner: str, where: str) -> float:
+    """A count must be finite and >= 0: a NaN would silently turn the LR or a rate into NaN."""
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(
+            f"{owner} read a count of {value!r} from {where}: counts of tokens or examples must "
+            "be finite numbers >= 0; fix the function (or the batch entry) so that it returns "
+            "this micro-batch's count on this rank."
+        )
+    return value
+
+
 def read_count(batch: Any, key: str, fn: CountFn | None, arg: str, owner: str) -> float:
     """One count of a micro-batch: ``fn(batch)`` if given, else ``batch[key]``.
 
@@ -99,9 +110,9 @@ def read_count(batch: Any, key: str, fn: CountFn | None, arg: str, owner: str) -
         5.0
     """
     if fn is not None:
-        return as_number(fn(batch), f"{owner}({arg}=...) return value")
+        return _count(as_number(fn(batch), f"{owner}({arg}=...) return value"), owner, arg)
     if isinstance(batch, Mapping) and key in batch:
-        return as_number(batch[key], f"batch[{key!r}]")
+        return _count(as_number(batch[key], f"batch[{key!r}]"), owner, f"batch[{key!r}]")
     got = (
         f"a dict with keys {sorted(map(str, batch))}"
         if isinstance(batch, Mapping)

@@ -166,7 +166,8 @@ class BatchSizeLRScaler(Callback):
             and self.min_scale > self.max_scale
         ):
             raise ValueError(
-                f"BatchSizeLRScaler: min_scale={min_scale} is larger than max_scale={max_scale}."
+                f"BatchSizeLRScaler: min_scale={min_scale} is larger than max_scale={max_scale}; "
+                "the factor is clamped to [min_scale, max_scale], so set min_scale <= max_scale."
             )
         for name, fn in (("tokens_fn", tokens_fn), ("examples_fn", examples_fn)):
             if fn is not None and not callable(fn):

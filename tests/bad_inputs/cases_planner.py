@@ -1,0 +1,527 @@
+"""Planner API: every PlanConfig setting, and every kind of bad lengths.
+
+Example:
+    >>> len(CASES) > 60
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler, plan_epoch
+from tests.bad_inputs.case import BAD_ARG, Case, accepted, error
+from tests.bad_inputs.families import int_family, real_family
+
+L = np.array([3, 5, 2, 7, 4, 6, 1, 8])
+CONFIG = "lightning_varbatch/config.py"
+LENGTHS = "lightning_varbatch/lengths.py"
+
+
+def _config(name: str) -> Any:
+    def call(value: Any) -> Any:
+        kwargs: dict[str, Any] = {"max_tokens": 16, name: value}
+        return PlanConfig(**kwargs)
+
+    return call
+
+
+def _cover(sampler: TokenBudgetBatchSampler, n: int) -> None:
+    """Every example exactly once (the accepted cases check the result, not only no error)."""
+    seen = sorted(i for batch in sampler for i in batch)
+    assert seen == list(range(n)), f"the epoch covered {seen}, not 0..{n - 1}"
+
+
+def _sampler(lengths: Any, max_tokens: Any = 16, **kwargs: Any) -> TokenBudgetBatchSampler:
+    return TokenBudgetBatchSampler(lengths, max_tokens, rank=0, world_size=1, **kwargs)
+
+
+def _lengths_case(id: str, words: str, lengths: Any, *match: Any, raises: Any = BAD_ARG) -> Case:
+    def run(tmp: Path) -> Any:
+        return _sampler(lengths)
+
+    return error(id, "lengths", words, run, "lengths", *match, raises=raises, fix_in=LENGTHS)
+
+
+def _loss_over_length(tmp: Path) -> None:
+    _sampler(L, loss_lengths=L * 10)  # more loss tokens than the example has tokens
+
+
+def _huge(tmp: Path) -> None:
+    n = 2**22 + 5
+    sampler = _sampler(np.array([3, n, 5]), max_tokens=2**23)
+    _cover(sampler, 3)
+
+
+def _huge_pairs(tmp: Path) -> None:
+    sampler = _sampler(np.array([[2**23, 4], [3, 3]]), max_tokens=2**24)
+    _cover(sampler, 2)
+
+
+def _list_lengths(tmp: Path) -> None:
+    _cover(_sampler([3, 5, 2, 7]), 4)
+
+
+def _float_integral(tmp: Path) -> None:
+    _cover(_sampler(np.array([3.0, 5.0, 2.0])), 3)
+
+
+def _uint16(tmp: Path) -> None:
+    _cover(_sampler(np.array([3, 5, 2], dtype=np.uint16)), 3)
+
+
+def _torch_lengths(tmp: Path) -> None:
+    import torch
+
+    _cover(_sampler(torch.tensor([3, 5, 2])), 3)
+
+
+def _truncate_almost_all(tmp: Path) -> None:
+    # 10 of 11 examples over a budget of 8: truncating nearly everything must not be silent.
+    lengths = np.array([4] + [40] * 10)
+    TokenBudgetBatchSampler(lengths, 8, rank=0, world_size=1, oversize="truncate")
+
+
+def _skip_all(tmp: Path) -> None:
+    _sampler(np.array([40, 50, 60]), max_tokens=8, oversize="skip")
+
+
+def _over_budget(tmp: Path) -> None:
+    _sampler(np.array([3, 5, 99, 4]), max_tokens=16)
+
+
+def _loss_count(tmp: Path) -> None:
+    _sampler(L, loss_lengths=np.array([1, 2, 3]))
+
+
+def _loss_negative(tmp: Path) -> None:
+    _sampler(L, loss_lengths=np.array([1, 2, 3, -4, 1, 1, 1, 1]))
+
+
+def _cost_raises(tmp: Path) -> None:
+    def cost(n: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
+        return n * longest / 0 if isinstance(n, int) else n["tokens"]  # a bug in the user's model
+
+    _sampler(L, cost=cost)
+
+
+def _cost_negative(tmp: Path) -> None:
+    def cost(n: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
+        return -(n * longest).astype(float)
+
+    _cover(_sampler(L, cost=cost), len(L))
+
+
+def _loss_pairs(tmp: Path) -> None:
+    _sampler(L, loss_lengths=np.ones((len(L), 2), dtype=int))
+
+
+def _cost_bad_shape(tmp: Path) -> None:
+    def cost(n: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
+        return np.array([1.0])  # one number for any number of candidates
+
+    _sampler(L, cost=cost)
+
+
+def _cost_nan(tmp: Path) -> None:
+    def cost(n: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
+        return np.full(np.shape(n), np.nan)
+
+    _cover(_sampler(L, cost=cost), len(L))
+
+
+def _more_ranks(tmp: Path) -> None:
+    plan_epoch(np.array([3, 4, 5]), max_tokens=16, world_size=8)
+
+
+def _planner_config(tmp: Path) -> None:
+    EpochPlanner(L, {"max_tokens": 16})
+
+
+def _epoch_plan(value: Any) -> Any:
+    return EpochPlanner(L, PlanConfig(16)).plan(epoch=value)
+
+
+CASES: list[Case] = [
+    *int_family(
+        "config-max_tokens",
+        "planner API",
+        "max_tokens",
+        _config("max_tokens"),
+        what="PlanConfig(max_tokens=",
+        fix_in=CONFIG,
+    ),
+    *int_family(
+        "config-max_examples",
+        "planner API",
+        "max_examples",
+        _config("max_examples"),
+        required=False,
+        what="PlanConfig(max_examples=",
+        fix_in=CONFIG,
+    ),
+    *int_family(
+        "config-batch_size_multiple",
+        "planner API",
+        "batch_size_multiple",
+        _config("batch_size_multiple"),
+        what="PlanConfig(batch_size_multiple=",
+        fix_in=CONFIG,
+    ),
+    *int_family(
+        "config-pad_to_multiple_of",
+        "planner API",
+        "pad_to_multiple_of",
+        _config("pad_to_multiple_of"),
+        what="PlanConfig(pad_to_multiple_of=",
+        fix_in=CONFIG,
+        not_blame=("raise max_tokens",),
+    ),
+    *int_family(
+        "config-bucket_width",
+        "planner API",
+        "bucket_width",
+        _config("bucket_width"),
+        what="PlanConfig(bucket_width=",
+        fix_in=CONFIG,
+        not_blame=("raise max_tokens",),
+    ),
+    *int_family(
+        "config-seed",
+        "planner API",
+        "seed",
+        _config("seed"),
+        zero_ok=True,
+        what="PlanConfig(seed=",
+        fix_in=CONFIG,
+    ),
+    *real_family(
+        "config-quadratic_coef",
+        "planner API",
+        "quadratic_coef",
+        lambda v: PlanConfig(16, cost="quadratic", quadratic_coef=v),
+        what="PlanConfig(cost='quadratic', quadratic_coef=",
+        members=[
+            ("negative", -0.5, "-0.5"),
+            ("nan", math.nan, "nan"),
+            ("inf", math.inf, "inf"),
+            ("str", "0.5", ("'0.5'", "str")),
+            ("none", None, "None"),
+            ("bool", True, "True"),
+        ],
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-tail-unknown",
+        "planner API",
+        "PlanConfig(tail='keep')",
+        lambda tmp: PlanConfig(16, tail="keep"),
+        "tail",
+        "keep",
+        "spread",
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-tail-none",
+        "planner API",
+        "PlanConfig(tail=None)",
+        lambda tmp: PlanConfig(16, tail=None),
+        "tail",
+        "None",
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-oversize-unknown",
+        "planner API",
+        "PlanConfig(oversize='clip')",
+        lambda tmp: PlanConfig(16, oversize="clip"),
+        "oversize",
+        "clip",
+        "truncate",
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-oversize-bool",
+        "planner API",
+        "PlanConfig(oversize=True)",
+        lambda tmp: PlanConfig(16, oversize=True),
+        "oversize",
+        "True",
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-cost-unknown",
+        "planner API",
+        "PlanConfig(cost='linear')",
+        lambda tmp: PlanConfig(16, cost="linear"),
+        "cost",
+        "linear",
+        "padded",
+        fix_in="lightning_varbatch/costs.py",
+    ),
+    error(
+        "config-cost-int",
+        "planner API",
+        "PlanConfig(cost=5)",
+        lambda tmp: PlanConfig(16, cost=5),
+        "cost",
+        ("int", "5"),
+        fix_in="lightning_varbatch/costs.py",
+    ),
+    error(
+        "config-cost-none",
+        "planner API",
+        "PlanConfig(cost=None)",
+        lambda tmp: PlanConfig(16, cost=None),
+        "cost",
+        "None",
+        fix_in="lightning_varbatch/costs.py",
+    ),
+    error(
+        "config-shuffle-str-false",
+        "planner API",
+        "PlanConfig(shuffle='false')",
+        lambda tmp: PlanConfig(16, shuffle="false"),
+        "shuffle",
+        "false",
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-shuffle-none",
+        "planner API",
+        "PlanConfig(shuffle=None)",
+        lambda tmp: PlanConfig(16, shuffle=None),
+        "shuffle",
+        "None",
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-shuffle-int",
+        "planner API",
+        "PlanConfig(shuffle=2)",
+        lambda tmp: PlanConfig(16, shuffle=2),
+        "shuffle",
+        "2",
+        fix_in=CONFIG,
+    ),
+    accepted(
+        "config-shuffle-np-bool",
+        "planner API",
+        "PlanConfig(shuffle=np.bool_(False))",
+        lambda tmp: PlanConfig(16, shuffle=np.bool_(False)),
+        fix_in=CONFIG,
+    ),
+    error(
+        "planner-config-dict",
+        "planner API",
+        "EpochPlanner(lengths, config={'max_tokens': 16})",
+        _planner_config,
+        "config",
+        "PlanConfig",
+        fix_in="lightning_varbatch/planning.py",
+    ),
+    *int_family(
+        "planner-epoch",
+        "planner API",
+        "epoch",
+        _epoch_plan,
+        zero_ok=True,
+        what="EpochPlanner.plan(epoch=",
+        fix_in="lightning_varbatch/planning.py",
+    ),
+    error(
+        "planner-more-ranks-than-examples",
+        "planner API",
+        "plan_epoch(3 examples, world_size=8, tail='spread')",
+        _more_ranks,
+        "world_size",
+        "8",
+        "3",
+        fix_in="lightning_varbatch/planning.py",
+    ),
+    error(
+        "planner-cost-raises",
+        "planner API",
+        "cost= a callable that raises inside (a bug in the user's cost model)",
+        _cost_raises,
+        "cost",
+        raises=(ValueError, TypeError, IndexError),
+        fix_in="lightning_varbatch/layout.py",
+    ),
+    error(
+        "planner-cost-negative",
+        "planner API",
+        "cost= a callable returning negative costs",
+        _cost_negative,
+        "cost",
+        ("negative", "< 0", ">= 0"),
+        fix_in="lightning_varbatch/layout.py",
+    ),
+    error(
+        "planner-cost-bad-shape",
+        "planner API",
+        "cost= a callable returning one number for any number of candidates",
+        _cost_bad_shape,
+        "cost",
+        "shape",
+        fix_in="lightning_varbatch/layout.py",
+    ),
+    error(
+        "planner-cost-nan",
+        "planner API",
+        "cost= a callable returning NaN",
+        _cost_nan,
+        "cost",
+        "nan",
+        fix_in="lightning_varbatch/layout.py",
+    ),
+    # -- lengths -------------------------------------------------------------------------
+    _lengths_case("lengths-ragged", "lengths=[[3, 4], [5]] (ragged pairs)", [[3, 4], [5]]),
+    _lengths_case(
+        "lengths-three-columns", "lengths of shape (4, 3)", np.ones((4, 3), dtype=int), "(4, 3)"
+    ),
+    _lengths_case(
+        "lengths-one-column", "lengths of shape (4, 1)", np.ones((4, 1), dtype=int), "(4, 1)"
+    ),
+    _lengths_case(
+        "lengths-3d", "lengths of shape (2, 2, 2)", np.ones((2, 2, 2), dtype=int), "(2, 2, 2)"
+    ),
+    _lengths_case(
+        "lengths-strings", "lengths=['3', '5']", np.array(["3", "5"]), ("str", "<U", "'3'")
+    ),
+    _lengths_case(
+        "lengths-str-scalar", "lengths='3 5 2' (a string)", "3 5 2", ("str", "<U", "'3 5 2'")
+    ),
+    _lengths_case("lengths-bool", "lengths=[True, False]", np.array([True, False]), "bool"),
+    _lengths_case("lengths-object-none", "lengths=[3, None, 4]", [3, None, 4], ("None", "object")),
+    _lengths_case("lengths-none", "lengths=None", None, "None"),
+    _lengths_case("lengths-dict", "lengths={'a': 3}", {"a": 3}, ("dict", "object")),
+    _lengths_case("lengths-nan", "lengths=[3, nan, 4]", np.array([3.0, np.nan, 4.0]), "nan"),
+    _lengths_case("lengths-inf", "lengths=[3, inf]", np.array([3.0, np.inf]), "inf"),
+    _lengths_case("lengths-fraction", "lengths=[3, 2.5]", np.array([3.0, 2.5]), "2.5"),
+    _lengths_case("lengths-negative", "lengths=[3, -2, 4]", np.array([3, -2, 4]), "-2"),
+    _lengths_case("lengths-zero", "lengths=[3, 0, 4]", np.array([3, 0, 4]), "0", ">= 1"),
+    _lengths_case("lengths-pair-zero", "lengths=[[3, 4], [0, 2]]", np.array([[3, 4], [0, 2]]), "0"),
+    _lengths_case("lengths-empty", "lengths=[]", np.array([], dtype=np.int64), "empty"),
+    _lengths_case("lengths-empty-list", "lengths=[] (a Python list)", [], "empty"),
+    _lengths_case("lengths-0d", "lengths=np.array(5) (0-d)", np.array(5), ("()", "0-d", "scalar")),
+    _lengths_case("lengths-int-scalar", "lengths=5 (an int)", 5, ("int", "()", "scalar")),
+    _lengths_case("lengths-2-31", "lengths=[3, 2**31]", np.array([3, 2**31]), "2147483648"),
+    _lengths_case(
+        "lengths-uint64-overflow",
+        "lengths=[3, 2**63] (uint64)",
+        np.array([3, 2**63], dtype=np.uint64),
+        "9223372036854775808",
+    ),
+    error(
+        "lengths-over-budget",
+        "lengths",
+        "an example of length 99 with max_tokens=16",
+        _over_budget,
+        "max_tokens",
+        "16",
+        "99",
+        "oversize",
+        fix_in=LENGTHS,
+    ),
+    error(
+        "lengths-skip-all",
+        "lengths",
+        "oversize='skip' with every example over the budget",
+        _skip_all,
+        "max_tokens",
+        "8",
+        "skip",
+        fix_in=LENGTHS,
+    ),
+    error(
+        "lengths-truncate-almost-all",
+        "lengths",
+        "oversize='truncate' with 10 of 11 examples over max_tokens=8",
+        _truncate_almost_all,
+        "truncate",
+        "10",
+        "max_tokens",
+        warn_ok=True,
+        fix_in=LENGTHS,
+    ),
+    _lengths_case(
+        "lengths-generator",
+        "lengths=(n for n in ...) (a generator)",
+        (n for n in (3, 5, 2)),
+        ("generator", "object"),
+    ),
+    error(
+        "lengths-loss-over-length",
+        "lengths",
+        "loss_lengths ten times the 1-D lengths (more loss tokens than tokens)",
+        _loss_over_length,
+        "loss_lengths",
+        "30",
+        fix_in=LENGTHS,
+    ),
+    error(
+        "lengths-loss-count",
+        "lengths",
+        "loss_lengths with 3 entries for 8 lengths",
+        _loss_count,
+        "loss_lengths",
+        "3",
+        "8",
+        fix_in=LENGTHS,
+    ),
+    error(
+        "lengths-loss-pairs",
+        "lengths",
+        "loss_lengths of shape (8, 2) (pairs) for 8 examples",
+        _loss_pairs,
+        "loss_lengths",
+        "(8, 2)",
+        fix_in=LENGTHS,
+    ),
+    error(
+        "lengths-loss-negative",
+        "lengths",
+        "loss_lengths holding -4",
+        _loss_negative,
+        "loss_lengths",
+        "-4",
+        fix_in=LENGTHS,
+    ),
+    accepted(
+        "lengths-huge-within-budget",
+        "lengths",
+        "a length of 2**22 + 5 with max_tokens=2**23",
+        _huge,
+        fix_in=LENGTHS,
+    ),
+    accepted(
+        "lengths-huge-pairs-within-budget",
+        "lengths",
+        "pair lengths [[2**23, 4], [3, 3]] with max_tokens=2**24",
+        _huge_pairs,
+        fix_in=LENGTHS,
+    ),
+    accepted(
+        "lengths-python-list", "lengths", "lengths as a Python list", _list_lengths, fix_in=LENGTHS
+    ),
+    accepted(
+        "lengths-integral-floats",
+        "lengths",
+        "lengths=[3.0, 5.0, 2.0]",
+        _float_integral,
+        fix_in=LENGTHS,
+    ),
+    accepted("lengths-uint16", "lengths", "lengths of dtype uint16", _uint16, fix_in=LENGTHS),
+    accepted(
+        "lengths-torch-tensor",
+        "lengths",
+        "lengths as a torch tensor",
+        _torch_lengths,
+        fix_in=LENGTHS,
+    ),
+]

@@ -1,0 +1,493 @@
+"""TokenBudgetBatchSampler: its own arguments, and resuming from saved states.
+
+Example:
+    >>> len(CASES) > 40
+    True
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_varbatch import TokenBudgetBatchSampler
+from tests.bad_inputs.case import BAD_ARG, Case, accepted, error
+from tests.bad_inputs.families import int_family
+
+L = np.array([3, 5, 2, 7, 4, 6, 1, 8, 2, 3, 5, 4])
+SAMPLER = "lightning_varbatch/sampler.py"
+RANKS = "lightning_varbatch/micro_batch.py"
+
+
+def _sampler(lengths: Any = L, max_tokens: Any = 16, **kwargs: Any) -> TokenBudgetBatchSampler:
+    kwargs.setdefault("rank", 0)
+    kwargs.setdefault("world_size", 1)
+    return TokenBudgetBatchSampler(lengths, max_tokens, **kwargs)
+
+
+def _with(name: str, **base: Any) -> Any:
+    def call(value: Any) -> Any:
+        sampler = _sampler(**{**base, name: value})
+        return len(sampler)
+
+    return call
+
+
+def _max_tokens(value: Any) -> Any:
+    sampler = _sampler(max_tokens=value)
+    assert sorted(i for b in sampler for i in b) == list(range(len(L)))
+
+
+def _set_epoch(value: Any) -> None:
+    _sampler().set_epoch(value)
+
+
+def _set_distributed_rank(value: Any) -> None:
+    _sampler().set_distributed(value, 2)
+
+
+def _set_distributed_acc(value: Any) -> None:
+    _sampler().set_distributed(0, 1, value)
+
+
+def _saved(consume: int = 2, **kwargs: Any) -> dict[str, Any]:
+    sampler = _sampler(**kwargs)
+    it = iter(sampler)
+    for _ in range(consume):
+        next(it)
+    return sampler.state_dict()
+
+
+def _load(state: Any, **kwargs: Any) -> TokenBudgetBatchSampler:
+    sampler = _sampler(**kwargs)
+    sampler.load_state_dict(state)
+    return sampler
+
+
+def _load_none(tmp: Path) -> None:
+    _load(None)
+
+
+def _load_str(tmp: Path) -> None:
+    _load("checkpoint.ckpt")
+
+
+def _load_empty(tmp: Path) -> None:
+    _load({})
+
+
+def _load_extra_key(tmp: Path) -> None:
+    _load({**_saved(), "bogus": 1})
+
+
+def _load_missing_key(tmp: Path) -> None:
+    state = _saved()
+    del state["consumed"]
+    _load(state)
+
+
+def _load_other_count(tmp: Path) -> None:
+    _load(_saved(), lengths=L[:-1])
+
+
+def _load_other_seed(tmp: Path) -> None:
+    _load(_saved(seed=1), seed=2)
+
+
+def _load_other_budget(tmp: Path) -> None:
+    _load(_saved(max_tokens=16), max_tokens=20)
+
+
+def _load_other_tail(tmp: Path) -> None:
+    _load(_saved(tail="pad"), tail="drop")
+
+
+def _load_changed_lengths(tmp: Path) -> None:
+    changed = L.copy()
+    changed[[0, 3]] = [8, 1]  # same count, same multiset size, different lengths
+    _load(_saved(), lengths=changed)
+
+
+def _load_changed_lengths_same_total(tmp: Path) -> None:
+    changed = L[::-1].copy()  # same lengths, other order: other examples would be skipped
+    _load(_saved(), lengths=changed)
+
+
+def _load_consumed_too_many(tmp: Path) -> None:
+    _load({**_saved(), "consumed": 999})
+
+
+def _load_consumed_negative(tmp: Path) -> None:
+    _load({**_saved(), "consumed": -1})
+
+
+def _load_consumed_str(tmp: Path) -> None:
+    _load({**_saved(), "consumed": "2"})
+
+
+def _load_version(tmp: Path) -> None:
+    _load({**_saved(), "version": 99})
+
+
+def _load_epoch_negative(tmp: Path) -> None:
+    _load({**_saved(), "epoch": -1})
+
+
+def _load_history_garbage(tmp: Path) -> None:
+    _load({**_saved(), "history": [[2]]})
+
+
+def _load_from_mixture(tmp: Path) -> None:
+    mixed = TokenBudgetBatchSampler.from_sources([L[:6], L[6:]], 16, rank=0, world_size=1)
+    next(iter(mixed))
+    _load(mixed.state_dict())
+
+
+def _state_consumed(value: Any) -> None:
+    _sampler().state_dict(consumed=value)
+
+
+def _call_consumed(value: Any, tmp: Path) -> None:
+    _state_consumed(value)
+
+
+def _resume_other_world(tmp: Path) -> None:
+    state = _saved(consume=2)
+    ranks = [_sampler(rank=r, world_size=2) for r in (0, 1)]
+    for s in ranks:
+        s.load_state_dict(state)
+    first = _sampler()
+    consumed = [i for b in list(first)[:2] for i in b]
+    rest = [i for s in ranks for b in s for i in b]
+    assert sorted(consumed + rest) == list(range(len(L))), "resume lost or repeated examples"
+
+
+def _resume_same(tmp: Path) -> None:
+    state = _saved(consume=2)
+    sampler = _load(state)
+    rest = [i for b in sampler for i in b]
+    first = [i for b in list(_sampler())[:2] for i in b]
+    assert sorted(first + rest) == list(range(len(L)))
+
+
+CASES: list[Case] = [
+    *int_family(
+        "sampler-max_tokens",
+        "sampler",
+        "max_tokens",
+        _max_tokens,
+        good=16,
+        what="TokenBudgetBatchSampler(lengths, max_tokens=",
+        fix_in=SAMPLER,
+    ),
+    *int_family(
+        "sampler-accumulate_grad_batches",
+        "sampler",
+        "accumulate_grad_batches",
+        _with("accumulate_grad_batches"),
+        good=2,
+        what="TokenBudgetBatchSampler(accumulate_grad_batches=",
+        fix_in=SAMPLER,
+    ),
+    *int_family(
+        "sampler-world_size",
+        "sampler",
+        "world_size",
+        _with("world_size"),
+        required=False,
+        good=2,
+        what="TokenBudgetBatchSampler(rank=0, world_size=",
+        fix_in=RANKS,
+    ),
+    *int_family(
+        "sampler-rank",
+        "sampler",
+        "rank",
+        _with("rank", world_size=4),
+        required=False,
+        zero_ok=True,
+        good=1,
+        what="TokenBudgetBatchSampler(world_size=4, rank=",
+        fix_in=RANKS,
+    ),
+    error(
+        "sampler-rank-equals-world",
+        "sampler",
+        "rank=2 with world_size=2",
+        lambda tmp: _sampler(rank=2, world_size=2),
+        "rank",
+        "2",
+        "world_size",
+        fix_in=RANKS,
+    ),
+    *int_family(
+        "sampler-epoch",
+        "sampler",
+        "epoch",
+        _with("epoch"),
+        zero_ok=True,
+        good=3,
+        what="TokenBudgetBatchSampler(epoch=",
+        fix_in=SAMPLER,
+    ),
+    *int_family(
+        "sampler-set_epoch",
+        "sampler",
+        "epoch",
+        _set_epoch,
+        zero_ok=True,
+        good=3,
+        what="sampler.set_epoch(",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "sampler-set_distributed-rank",
+        "sampler",
+        "sampler.set_distributed(rank=3, 2)",
+        lambda tmp: _set_distributed_rank(3),
+        "rank",
+        "3",
+        "world_size",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "sampler-set_distributed-acc-zero",
+        "sampler",
+        "sampler.set_distributed(0, 1, accumulate_grad_batches=0)",
+        lambda tmp: _set_distributed_acc(0),
+        "accumulate_grad_batches",
+        "0",
+        fix_in=SAMPLER,
+    ),
+    accepted(
+        "sampler-set_distributed-np",
+        "sampler",
+        "sampler.set_distributed(np.int64(1), np.int64(2), np.int64(2))",
+        lambda tmp: _sampler().set_distributed(np.int64(1), np.int64(2), np.int64(2)),
+        fix_in=SAMPLER,
+    ),
+    error(
+        "sampler-unknown-kwarg",
+        "sampler",
+        "TokenBudgetBatchSampler(..., max_token=16)",
+        lambda tmp: TokenBudgetBatchSampler(L, 16, max_token=16, rank=0, world_size=1),
+        "max_token",
+        raises=TypeError,
+        fix_in=SAMPLER,
+    ),
+    error(
+        "sampler-from_sources-unknown-setting",
+        "sampler",
+        "TokenBudgetBatchSampler.from_sources(..., bucket_widht=4)",
+        lambda tmp: TokenBudgetBatchSampler.from_sources(
+            [L], 16, rank=0, world_size=1, bucket_widht=4
+        ),
+        "bucket_widht",
+        raises=TypeError,
+        fix_in=SAMPLER,
+    ),
+    # -- resume / state ------------------------------------------------------------------
+    error(
+        "state-none",
+        "resume/state",
+        "load_state_dict(None)",
+        _load_none,
+        "None",
+        ("state", "load_state_dict"),
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-str",
+        "resume/state",
+        "load_state_dict('checkpoint.ckpt') (a path)",
+        _load_str,
+        "checkpoint.ckpt",
+        ("state", "load_state_dict"),
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-empty",
+        "resume/state",
+        "load_state_dict({})",
+        _load_empty,
+        "missing",
+        "consumed",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-extra-key",
+        "resume/state",
+        "a saved state with an extra key 'bogus'",
+        _load_extra_key,
+        "bogus",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-missing-key",
+        "resume/state",
+        "a saved state without 'consumed'",
+        _load_missing_key,
+        "consumed",
+        "missing",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-other-data",
+        "resume/state",
+        "a state saved for 12 examples, loaded with 11",
+        _load_other_count,
+        "num_examples",
+        "12",
+        "11",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-other-seed",
+        "resume/state",
+        "a state saved with seed=1, loaded with seed=2",
+        _load_other_seed,
+        "seed",
+        "1",
+        "2",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-other-budget",
+        "resume/state",
+        "a state saved with max_tokens=16, loaded with max_tokens=20",
+        _load_other_budget,
+        "max_tokens",
+        "16",
+        "20",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-other-tail",
+        "resume/state",
+        "a state saved with tail='pad', loaded with 'drop'",
+        _load_other_tail,
+        "tail",
+        "pad",
+        "drop",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-changed-lengths",
+        "resume/state",
+        "same number of examples and settings, two lengths changed",
+        _load_changed_lengths,
+        "lengths",
+        ("afresh", "start", "reset"),
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-permuted-lengths",
+        "resume/state",
+        "same lengths in another order (a re-sorted corpus)",
+        _load_changed_lengths_same_total,
+        "lengths",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-from-mixture",
+        "resume/state",
+        "a state saved by a two-dataset sampler, loaded into a one-dataset sampler",
+        _load_from_mixture,
+        ("dataset", "mixture", "sources"),
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-consumed-too-many",
+        "resume/state",
+        "a state with consumed=999",
+        _load_consumed_too_many,
+        "consumed",
+        "999",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-consumed-negative",
+        "resume/state",
+        "a state with consumed=-1",
+        _load_consumed_negative,
+        "consumed",
+        "-1",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-consumed-str",
+        "resume/state",
+        "a state with consumed='2'",
+        _load_consumed_str,
+        "consumed",
+        "'2'",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-version",
+        "resume/state",
+        "a state with version=99",
+        _load_version,
+        "version",
+        "99",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-epoch-negative",
+        "resume/state",
+        "a state with epoch=-1",
+        _load_epoch_negative,
+        "epoch",
+        "-1",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "state-history-garbage",
+        "resume/state",
+        "a state with history=[[2]]",
+        _load_history_garbage,
+        "history",
+        fix_in=SAMPLER,
+    ),
+    *[
+        error(
+            f"state_dict-consumed-{name}",
+            "resume/state",
+            f"sampler.state_dict(consumed={v!r})",
+            partial(_call_consumed, v),
+            "consumed",
+            shown,
+            raises=BAD_ARG,
+            fix_in=SAMPLER,
+        )
+        for name, v, shown in (
+            ("negative", -1, "-1"),
+            ("too-many", 10_000, "10000"),
+            ("float", 1.5, "1.5"),
+        )
+    ],
+    accepted(
+        "state_dict-consumed-np",
+        "resume/state",
+        "sampler.state_dict(consumed=np.int64(1))",
+        lambda tmp: _state_consumed(np.int64(1)),
+        fix_in=SAMPLER,
+    ),
+    accepted(
+        "state-resume-same",
+        "resume/state",
+        "resume with the same data and settings",
+        _resume_same,
+        fix_in=SAMPLER,
+    ),
+    accepted(
+        "state-resume-other-world",
+        "resume/state",
+        "resume a 1-rank state on 2 ranks (elastic)",
+        _resume_other_world,
+        fix_in=SAMPLER,
+    ),
+]

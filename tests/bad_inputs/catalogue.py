@@ -1,0 +1,34 @@
+"""Every case of every area, in table order.
+
+Example:
+    >>> len(CASES) >= 150
+    True
+"""
+
+from __future__ import annotations
+
+from tests.bad_inputs import (
+    cases_callbacks,
+    cases_cli,
+    cases_collate,
+    cases_datamodule,
+    cases_env,
+    cases_mixing,
+    cases_planner,
+    cases_sampler,
+)
+from tests.bad_inputs.case import AREAS, Case
+
+CASES: list[Case] = sorted(
+    [
+        *cases_planner.CASES,
+        *cases_sampler.CASES,
+        *cases_collate.CASES,
+        *cases_datamodule.CASES,
+        *cases_mixing.CASES,
+        *cases_cli.CASES,
+        *cases_callbacks.CASES,
+        *cases_env.CASES,
+    ],
+    key=lambda c: AREAS.index(c.area),
+)
