@@ -234,3 +234,18 @@ def test_planner_imports_only_numpy_and_the_standard_library() -> None:
                 assert top in stdlib | THIRD_PARTY_OF_PLANNER | {"lightning_varbatch"}, (
                     f"{path.name} imports {name}"
                 )
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "lightning_varbatch"
+            ):
+                found += [
+                    f"{path.relative_to(ROOT)}: {node.module}.{a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and a.name != "__version__"
+                ]
+    assert found == []
