@@ -28,7 +28,7 @@ A, B = np.full(20, 4), np.full(10, 8)
         ({"weights": [1.0, 2.0]}, "set steps_per_epoch"),
         ({"temperature": 2.0}, "set steps_per_epoch"),
         ({"temperature": 0.0, "steps_per_epoch": 4}, "temperature must be a positive"),
-        ({"steps_per_epoch": 0}, "steps_per_epoch must be an integer >= 1"),
+        ({"steps_per_epoch": 0}, "steps_per_epoch must be a positive integer"),
         ({"mixing": "per_epoch"}, "Unknown mixing='per_epoch'; choose one of per_step"),
     ],
 )

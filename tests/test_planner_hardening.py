@@ -134,8 +134,8 @@ def test_per_dataset_settings_are_honoured_and_errors_name_the_dataset() -> None
         ({"weights": [1, 2, 3], "steps_per_epoch": 4}, "weights has 3 entries"),
         ({"temperature": "2"}, r"temperature must be a positive number, got '2' \(str\)"),
         ({"temperature": 0.0}, "temperature must be a positive finite number, got 0.0"),
-        ({"steps_per_epoch": 0}, "steps_per_epoch must be an integer >= 1, got 0"),
-        ({"steps_per_epoch": 2.0}, r"steps_per_epoch must be an integer >= 1, got 2.0"),
+        ({"steps_per_epoch": 0}, "steps_per_epoch must be a positive integer, got 0"),
+        ({"steps_per_epoch": 2.0}, r"steps_per_epoch must be a positive integer, got 2.0"),
         ({"mixing": None}, "Unknown mixing=None"),
     ],
 )
@@ -208,7 +208,7 @@ def test_batch_size_multiple_above_max_examples_warns() -> None:
 
 @pytest.mark.parametrize("world", [2.0, "2", True])
 def test_float_world_size_is_refused(world: object) -> None:
-    with pytest.raises(ValueError, match=f"world_size must be an integer >= 1, got {world!r}"):
+    with pytest.raises(ValueError, match=f"world_size must be a positive integer, got {world!r}"):
         EpochPlanner(np.full(8, 4), PlanConfig(16)).plan(0, world)  # type: ignore[arg-type]
 
 
@@ -406,7 +406,7 @@ def test_plan_of_another_planner_is_refused() -> None:
     ("history", "match"),
     [
         ([(2, 1)], r"history\[0\] is \(2, 1\): each entry must be a \(world_size"),
-        ([(2, 1.0, 0)], r"history\[0\] accumulate_grad_batches must be an integer >= 1"),
+        ([(2, 1.0, 0)], r"history\[0\] accumulate_grad_batches must be a positive integer"),
         ("21", "history must be a sequence of"),
     ],
 )

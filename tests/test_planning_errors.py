@@ -165,9 +165,9 @@ def test_loss_lengths_shape_mismatch() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"world_size": 0}, "world_size must be an integer >= 1, got 0"),
-        ({"accumulate_grad_batches": 0}, "accumulate_grad_batches must be an integer >= 1"),
-        ({"epoch": -1}, "epoch must be an integer >= 0, got -1"),
+        ({"world_size": 0}, "world_size must be a positive integer, got 0"),
+        ({"accumulate_grad_batches": 0}, "accumulate_grad_batches must be a positive integer"),
+        ({"epoch": -1}, "epoch must be a non-negative integer, got -1"),
     ],
 )
 def test_bad_topology(kwargs: dict[str, int], match: str) -> None:

@@ -3,7 +3,8 @@
 Everything that decides *which examples form which micro-batch on which rank* lives here:
 settings (:class:`PlanConfig`), cost models, length validation, the sorted layout, the tail
 policy, the dealing of micro-batches to ranks, the epoch plan, the mixture planner for several
-datasets and the diagnostics. The torch and Lightning layers (:mod:`lightning_varbatch.data`,
+datasets and the diagnostics. :class:`Planner` is the contract both planners keep with the
+sampler. The torch and Lightning layers (:mod:`lightning_varbatch.data`,
 strategies, callbacks) only read plans; nothing here imports them.
 
 Example:
@@ -18,6 +19,7 @@ from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, ra
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner, plan_epoch
 from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.sources import DataSource
 
@@ -28,6 +30,7 @@ __all__ = [
     "MixturePlanner",
     "PlanConfig",
     "PlanDiagnostics",
+    "Planner",
     "diagnose",
     "plan_epoch",
     "rank_loads",

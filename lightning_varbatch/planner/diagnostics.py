@@ -9,7 +9,7 @@ millions of examples take a fraction of a second.
 
 Example:
     >>> import numpy as np
-    >>> from lightning_varbatch.planner.settings import PlanConfig
+    >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
     >>> from lightning_varbatch.planner.diagnostics import diagnose
     >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
     >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
@@ -25,10 +25,9 @@ from typing import Literal
 
 import numpy as np
 
-from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
+from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.mixture import MixturePlanner
-
-Planner = EpochPlanner | MixturePlanner
+from lightning_varbatch.planner.protocol import Planner
 
 __all__ = ["LoadModel", "PlanDiagnostics", "diagnose", "rank_loads"]
 
@@ -76,7 +75,7 @@ class PlanDiagnostics:
 
     Example:
         >>> import numpy as np
-        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.full(8, 4), PlanConfig(max_tokens=8))
         >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=2))
         >>> diag.padding_efficiency, diag.budget_fill, diag.imbalance_linear_max
@@ -120,7 +119,7 @@ class PlanDiagnostics:
         Example:
             >>> import json
             >>> import numpy as np
-            >>> from lightning_varbatch.planner.settings import PlanConfig
+            >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
             >>> planner = EpochPlanner(np.array([3, 5, 2]), PlanConfig(max_tokens=10))
             >>> d = diagnose(planner, planner.plan(epoch=0)).to_dict()
             >>> json.loads(json.dumps(d))["num_planned"]
@@ -133,7 +132,7 @@ class PlanDiagnostics:
 
         Example:
             >>> import numpy as np
-            >>> from lightning_varbatch.planner.settings import PlanConfig
+            >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
             >>> planner = EpochPlanner(np.full(8, 4), PlanConfig(max_tokens=8))
             >>> print(diagnose(planner, planner.plan(epoch=0, world_size=2)).format())
             ... # doctest: +NORMALIZE_WHITESPACE
@@ -249,7 +248,7 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
 
     Example:
         >>> import numpy as np
-        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
         >>> rank_loads(planner, planner.plan(epoch=0, world_size=2)).tolist()
         [[18.0, 12.0]]
@@ -302,7 +301,7 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
 
     Example:
         >>> import numpy as np
-        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
         >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=2))
         >>> diag.imbalance_linear_max, diag.real_tokens, diag.padded_tokens

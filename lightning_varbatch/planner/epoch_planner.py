@@ -10,10 +10,11 @@ How a plan is made (see ``docs/planning.md`` for the reasoning):
    into micro-batches that fit ``max_tokens`` (:mod:`lightning_varbatch.planner.layout`).
    This depends only on the lengths, so it is cached and reused every epoch.
 2. Each epoch, examples of equal bucket are shuffled among themselves (batch composition
-   changes, padding does not), the tail policy makes the number of micro-batches a multiple of
-   ``world_size * accumulate_grad_batches``, consecutive micro-batches form one optimizer step
-   (similar shapes on every rank: no stragglers), a step's micro-batches are dealt to ranks
-   largest first to the least-loaded rank (balanced load), and the steps are shuffled.
+   changes, padding does not), the tail policy (:mod:`lightning_varbatch.planner.tail`) makes
+   the number of micro-batches a multiple of ``world_size * accumulate_grad_batches``,
+   consecutive micro-batches form one optimizer step (similar shapes on every rank: no
+   stragglers), a step's micro-batches are dealt to ranks largest first to the least-loaded
+   rank (balanced load, :mod:`lightning_varbatch.planner.dealing`), and the steps are shuffled.
 
 Example:
     >>> import numpy as np
@@ -31,25 +32,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lightning_varbatch.planner.dealing import deal_steps
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.layout import Layout, SortedGroups
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
-from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_count
+from lightning_varbatch.planner.tail import effective_tail, select_tiles, tail_layout
 
 __all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
-
-
-def _check_count(name: str, value: object, minimum: int = 1) -> int:
-    """``value`` as an ``int`` (numpy integers too), or a ValueError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ValueError(
-            f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__}); "
-            "pass a whole number (numpy integers are accepted; floats, bools and strings "
-            "are not)."
-        )
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
-    return int(value)
 
 
 class EpochPlanner:
@@ -107,7 +97,7 @@ class EpochPlanner:
     @property
     def num_micro_batches(self) -> int:
         """Micro-batches of one pass before the tail policy (the data's size in budgets)."""
-        return self._layout(1).num_tiles
+        return self._layout().num_tiles
 
     @property
     def num_skipped(self) -> int:
@@ -123,6 +113,16 @@ class EpochPlanner:
     def truncate_to(self) -> int | None:
         """Length over-budget examples are cut to (``oversize="truncate"``), else ``None``."""
         return self.prepared.truncate_to
+
+    @property
+    def names(self) -> list[str]:
+        """The dataset's name, as a one-dataset mixture would name it: ``["0"]``."""
+        return ["0"]
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``[0, num_examples]``: the one dataset's ids (as a mixture's offsets)."""
+        return np.array([0, self.num_examples], dtype=np.int64)
 
     def dataset_truncate_to(self, dataset: int) -> int | None:
         """Truncation length of ``dataset`` (a single dataset: always :attr:`truncate_to`)."""
@@ -142,14 +142,14 @@ class EpochPlanner:
             )
         return self._groups
 
-    def _layout(self, multiple: int) -> Layout:
+    def _layout(self, tail: TailPolicy = "pad", multiple: int = 1) -> Layout:
+        """The layout of all planned examples under ``tail`` (cached per step size)."""
         if 1 not in self._layouts:
             self._layouts[1] = Layout.build(self.groups, self.config)
-        if multiple not in self._layouts:
-            self._layouts[multiple] = self._layouts[1].balance_tail(
-                self.groups, multiple, self.config
-            )
-        return self._layouts[multiple]
+        key = multiple if tail == "spread" else 1
+        if key not in self._layouts:
+            self._layouts[key] = tail_layout(self._layouts[1], self.groups, tail, key, self.config)
+        return self._layouts[key]
 
     def plan(
         self,
@@ -177,15 +177,13 @@ class EpochPlanner:
             ValueError: for a non-positive ``world_size`` / ``accumulate_grad_batches``, or when
                 the data cannot give every rank a micro-batch (more ranks than batches).
         """
-        epoch = _check_count("epoch", epoch, 0)
-        world = _check_count("world_size", world_size)
-        acc = _check_count("accumulate_grad_batches", accumulate_grad_batches)
+        epoch = _count("epoch", epoch, 0)
+        world = _count("world_size", world_size)
+        acc = _count("accumulate_grad_batches", accumulate_grad_batches)
         wa = world * acc
         cfg = self.config
-        tail = cfg.tail
         if exclude is None:
             groups = self.groups
-            available = groups.size
         else:
             exclude = np.asarray(exclude)
             if exclude.dtype != np.bool_:
@@ -202,41 +200,22 @@ class EpochPlanner:
             kept = self.prepared.kept
             keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
             groups = SortedGroups.build(self.prepared.key, keep, cfg.bucket_width)
-            available = groups.size
-            if available == 0:
+            if groups.size == 0:
                 return self._empty_plan(epoch, world, acc)
-            if tail != "pad" and (available < wa or tail == "drop"):
-                tail = "pad"  # a re-planned remainder is never dropped; pad only when too small
-        if tail == "spread" and available < wa:
-            raise ValueError(self._too_few_message(available, "examples", world, acc))
+        replanned = exclude is not None
+        tail = effective_tail(cfg, groups.size, world, acc, replanned=replanned)
         rng = np.random.default_rng([cfg.seed, epoch, salt])
-        if exclude is None:
-            layout = self._layout(wa if tail == "spread" else 1)
+        if replanned:
+            layout = tail_layout(Layout.build(groups, cfg), groups, tail, wa, cfg)
         else:
-            layout = Layout.build(groups, cfg)
-            if tail == "spread":
-                layout = layout.balance_tail(groups, wa, cfg)
+            layout = self._layout(tail, wa)
         order = groups.ids.copy()
         if cfg.shuffle:
             starts = groups.starts
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
-        m = layout.num_tiles
-        seq = np.arange(m, dtype=np.int64)
-        dropped = duplicated = 0
-        r = m % wa
-        if tail == "drop" and r:
-            if m < wa:
-                raise ValueError(self._too_few_message(m, "micro-batches", world, acc))
-            gone = rng.choice(m, size=r, replace=False)
-            dropped = int(layout.sizes[gone].sum())
-            seq = np.delete(seq, gone)
-        elif r:  # "pad", or "spread" with too few examples left to split (counted)
-            extra = wa - r
-            dup = rng.choice(m, size=extra, replace=extra > m)
-            duplicated = int(layout.sizes[dup].sum())
-            seq = np.sort(np.concatenate([seq, dup]), kind="stable")  # duplicates sit adjacent
-        assign = _deal(seq.reshape(-1, wa), layout.cost, world, acc)
+        selected = select_tiles(layout, tail, world, acc, rng, cfg)
+        assign = deal_steps(selected.tiles.reshape(-1, wa), layout.cost, world, acc)
         if cfg.shuffle:
             assign = assign[rng.permutation(assign.shape[0])]
         prep = self.prepared
@@ -249,8 +228,8 @@ class EpochPlanner:
             tile_size=layout.sizes,
             tile_cost=layout.cost,
             assign=assign,
-            num_dropped=dropped,
-            num_duplicated=duplicated,
+            num_dropped=selected.num_dropped,
+            num_duplicated=selected.num_duplicated,
             num_skipped=prep.num_skipped,
             num_truncated=prep.num_truncated,
             _loss=prep.loss,
@@ -303,15 +282,6 @@ class EpochPlanner:
             num_truncated=self.prepared.num_truncated,
         )
 
-    def _too_few_message(self, count: int, what: str, world: int, acc: int) -> str:
-        return (
-            f"More ranks than batches: the data gives only {count} {what} but "
-            f"world_size={world} x accumulate_grad_batches={acc} = {world * acc} micro-batches "
-            f"are needed per optimizer step (max_tokens={self.config.max_tokens}, "
-            f"tail={self.config.tail!r}). Lower max_tokens, world_size or "
-            "accumulate_grad_batches, use more data, or set tail='pad'."
-        )
-
 
 def check_history(history: object) -> list[tuple[int, int, int]]:
     """Validate ``plan_resumed``'s history: ``(world_size, accumulation, consumed)`` triples.
@@ -338,40 +308,19 @@ def check_history(history: object) -> list[tuple[int, int, int]]:
         world, acc, consumed = entry
         out.append(
             (
-                _check_count(f"history[{i}] world_size", world),
-                _check_count(f"history[{i}] accumulate_grad_batches", acc),
-                _check_count(f"history[{i}] consumed micro-batches", consumed, 0),
+                _count(f"history[{i}] world_size", world),
+                _count(f"history[{i}] accumulate_grad_batches", acc),
+                _count(f"history[{i}] consumed micro-batches", consumed, 0),
             )
         )
     return out
 
 
-def _deal(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.ndarray:
-    """Deal each step's tiles to ranks: balanced per-rank sums.
-
-    Largest tile first, each to the least-loaded rank with a free micro-batch slot (LPT
-    scheduling), vectorised over steps.
-    """
-    num_steps = steps.shape[0]
-    assign = np.empty((num_steps, world, acc), dtype=np.int64)
-    if num_steps == 0:
-        return assign
-    tile_cost = cost[steps]
-    by_cost = np.argsort(-tile_cost, axis=1, kind="stable")
-    ranked = np.take_along_axis(steps, by_cost, axis=1)
-    ranked_cost = np.take_along_axis(tile_cost, by_cost, axis=1)
-    if acc == 1:  # one slot per rank: the order of ranks does not change the balance
-        assign[:, :, 0] = ranked
-        return assign
-    load = np.zeros((num_steps, world))
-    used = np.zeros((num_steps, world), dtype=np.int64)
-    rows = np.arange(num_steps)
-    for k in range(world * acc):
-        rank = np.argmin(np.where(used < acc, load, np.inf), axis=1)
-        assign[rows, rank, used[rows, rank]] = ranked[:, k]
-        load[rows, rank] += ranked_cost[:, k]
-        used[rows, rank] += 1
-    return assign
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    """:func:`~lightning_varbatch.planner.settings.check_count`, typed ``int`` (no ``None``)."""
+    count = check_count(name, value, minimum=minimum)
+    assert count is not None  # allow_none is False
+    return count
 
 
 def plan_epoch(

@@ -4,7 +4,8 @@ Sorting examples by length (longest first) and cutting the sorted order greedily
 tightest padding; the tiles depend only on the multiset of lengths, not on which example sits
 where, so they are computed once and reused every epoch while the examples of equal length are
 reshuffled. Everything here works on groups of equal (bucketed) length, never per example in
-Python.
+Python. What becomes of the last, partial optimizer step (re-cut evenly, padded or dropped)
+is the tail policy's business: :mod:`lightning_varbatch.planner.tail`.
 
 Example:
     >>> import numpy as np
@@ -23,7 +24,6 @@ import numpy as np
 
 from lightning_varbatch.planner.costs import checked_cost
 from lightning_varbatch.planner.settings import PlanConfig
-from lightning_varbatch.planner.tail import even_cuts
 
 
 @dataclass(frozen=True)
@@ -230,59 +230,6 @@ class Layout:
         return cls.from_tiles(
             groups, np.concatenate(starts_parts), np.concatenate(sizes_parts), config
         )
-
-    def balance_tail(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
-        """Re-cut the last optimizer step into exactly ``multiple`` even micro-batches.
-
-        The greedy cut leaves ``m % multiple`` micro-batches for the last step (or a full step
-        whose last micro-batch is small). The examples of that step are re-cut into exactly
-        ``multiple`` contiguous micro-batches whose largest cost is as small as possible and,
-        under that, whose smallest cost is as large as the cut allows
-        (:func:`lightning_varbatch.planner.tail.even_cuts`): with equal lengths their sizes
-        differ by at most one example. Nothing is lost and the last step's ranks carry even
-        loads. With fewer examples than that, one more step is taken into the region.
-        """
-        m, n = self.num_tiles, groups.size
-        if m == 0:
-            return self
-        r = m % multiple
-        take = min(m, r if r else multiple)
-        target = multiple
-        while n - int(self.starts[m - take]) < target and take < m:
-            take, target = min(m, take + multiple), target + multiple
-        start = int(self.starts[m - take])
-        if n - start < target:
-            return self.spread(groups, multiple, config)  # too few examples: caller pads
-        cuts = even_cuts(groups.suffix(start), target, config)
-        starts = np.concatenate((self.starts[: m - take], cuts[:-1] + start))
-        sizes = np.concatenate((self.sizes[: m - take], np.diff(cuts)))
-        return Layout.from_tiles(groups, starts, sizes, config)
-
-    def spread(self, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
-        """Split the largest tiles until the tile count is a multiple of ``multiple``.
-
-        Pieces of a tile are subsets of it, so they fit the budget too; they stay adjacent,
-        so they land in the same optimizer step. When there are too few examples to split
-        that far (almost every tile a single example), it splits as far as it can and the
-        caller pads the rest.
-        """
-        m = self.num_tiles
-        extra = min(-m % multiple, groups.size - m)
-        if extra == 0:
-            return self
-        pieces = np.ones(m, dtype=np.int64)
-        while extra > 0:
-            cand = np.flatnonzero(pieces < self.sizes)
-            piece = self.sizes[cand] / pieces[cand]
-            take = cand[np.argsort(-piece, kind="stable")[:extra]]
-            pieces[take] += 1
-            extra -= take.size
-        tile = np.repeat(np.arange(m), pieces)
-        first = np.repeat(np.cumsum(pieces) - pieces, pieces)
-        i = np.arange(tile.size) - first
-        lo = self.starts[tile] + (i * self.sizes[tile]) // pieces[tile]
-        hi = self.starts[tile] + ((i + 1) * self.sizes[tile]) // pieces[tile]
-        return Layout.from_tiles(groups, lo, hi - lo, config)
 
 
 def _full_batch_sizes(longest: np.ndarray, cap: int, config: PlanConfig) -> np.ndarray:

@@ -49,6 +49,32 @@ class PreparedLengths:
         """Number of examples in the dataset (skipped ones included)."""
         return int(self.key.shape[0])
 
+    @classmethod
+    def concat(cls, preps: list[PreparedLengths], truncate_to: int | None) -> PreparedLengths:
+        """Several datasets' lengths as one, in global id order (dataset after dataset).
+
+        ``truncate_to`` is the common truncation length (``None`` when the datasets differ).
+        """
+        kept = None
+        if any(p.kept is not None for p in preps):
+            offsets = np.cumsum([0] + [p.num_examples for p in preps]).tolist()
+            kept = np.concatenate(
+                [
+                    (np.arange(p.num_examples) if p.kept is None else p.kept) + off
+                    for p, off in zip(preps, offsets, strict=False)
+                ]
+            )
+        wide = any(p.key.dtype != np.uint16 for p in preps)
+        return cls(
+            key=np.concatenate([p.key.astype(np.int32 if wide else np.uint16) for p in preps]),
+            loss=np.concatenate([p.loss.astype(np.int32) for p in preps]),
+            kept=kept,
+            num_skipped=sum(p.num_skipped for p in preps),
+            num_truncated=sum(p.num_truncated for p in preps),
+            truncate_to=truncate_to,
+            pairs=all(p.pairs for p in preps),
+        )
+
 
 #: ``oversize="truncate"`` / ``"skip"`` refuse to cut or leave out more than this fraction of
 #: the examples: a budget below most examples is a wrong ``max_tokens``, not a data cleanup.
@@ -85,7 +111,14 @@ def _ragged_message(lengths: object, name: str, err: Exception) -> str:
     )
 
 
-def _as_int_lengths(lengths: npt.ArrayLike, name: str) -> np.ndarray:
+def as_int_lengths(lengths: npt.ArrayLike, name: str) -> np.ndarray:
+    """``lengths`` (``(n,)`` or ``(n, 2)``) as an integer array, or an error naming ``name``.
+
+    Raises:
+        TypeError: for something that is not an array of numbers.
+        ValueError: for a ragged, empty or badly shaped array, or lengths that are not whole
+            numbers >= 1.
+    """
     if lengths is None or isinstance(lengths, (str, bytes, dict, set)):
         raise TypeError(
             f"{name} must be {_ALLOWED}, got {type(lengths).__name__} {lengths!r:.60}; pass "
@@ -199,6 +232,10 @@ def _largest_fitting_length(config: PlanConfig, upper: int) -> int:
     return lo
 
 
+#: Old private name, kept until ``lightning_varbatch/plan.py`` imports :func:`as_int_lengths`.
+_as_int_lengths = as_int_lengths
+
+
 def prepare_lengths(
     lengths: npt.ArrayLike, config: PlanConfig, loss_lengths: npt.ArrayLike | None = None
 ) -> PreparedLengths:
@@ -226,13 +263,13 @@ def prepare_lengths(
         >>> p.kept.tolist(), p.num_skipped
         ([0], 1)
     """
-    arr = _as_int_lengths(lengths, "lengths")
+    arr = as_int_lengths(lengths, "lengths")
     pairs = arr.ndim == 2
     key = np.maximum(arr[:, 0], arr[:, 1]) if pairs else arr
     if loss_lengths is None:
         loss = arr[:, 1] if pairs else arr
     else:
-        loss = _as_int_lengths(loss_lengths, "loss_lengths")
+        loss = as_int_lengths(loss_lengths, "loss_lengths")
         if loss.shape != key.shape:
             raise ValueError(
                 f"loss_lengths has shape {loss.shape} but lengths describe {key.shape[0]} "

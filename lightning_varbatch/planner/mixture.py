@@ -24,8 +24,10 @@ How much of each dataset an epoch holds:
   ``plan.num_duplicated``.
 
 Within the epoch each dataset's units (steps or micro-batches) are spread evenly (stratified
-random interleaving), so the shares hold along the whole epoch, not only at its end. Every
-rank computes the same plan: equal micro-batch counts by construction.
+random interleaving, :mod:`lightning_varbatch.planner.interleave`), so the shares hold along
+the whole epoch, not only at its end. Every rank computes the same plan: equal micro-batch
+counts by construction. A re-planned remainder (resume with another topology) follows the
+tail policy's rule for re-plans (:func:`~lightning_varbatch.planner.tail.effective_tail`).
 
 Example:
     >>> import numpy as np
@@ -46,49 +48,32 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from functools import cached_property
 
 import numpy as np
 import numpy.typing as npt
 
-from lightning_varbatch.planner.epoch_planner import (
-    EpochPlan,
-    EpochPlanner,
-    _check_count,
-    _deal,
-    check_history,
-)
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, check_history
+from lightning_varbatch.planner.interleave import MIX_TAG, Part, compose_parts
 from lightning_varbatch.planner.lengths import PreparedLengths
-from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.settings import PlanConfig, check_count
 from lightning_varbatch.planner.sources import (
     MIXING_POLICIES,
     DataSource,
     MixingPolicy,
     Weights,
     apportion,
+    as_sources,
+    item_count,
     mixture_probabilities,
+    source_config,
+    source_names,
 )
+from lightning_varbatch.planner.tail import effective_tail
 
 __all__ = ["DataSource", "MixturePlanner"]
-
-_MIX_TAG = 0x6D6978  # separates the interleaving's random stream from the datasets' own
-
-
-@dataclass(frozen=True)
-class _Part:
-    """One dataset plan (a pass, or a re-planned remainder) and the units taken from it.
-
-    ``ids`` maps the plan's example ids to global ids; ``units`` are the plan's steps
-    (``(u, world, acc)`` tile ids) under per-step mixing, or its tiles (``(u,)``) under
-    per-batch mixing, in run order.
-    """
-
-    dataset: int
-    plan: EpochPlan
-    ids: np.ndarray | int
-    units: np.ndarray
 
 
 class MixturePlanner:
@@ -146,7 +131,7 @@ class MixturePlanner:
             )
         mixture_probabilities(np.ones(1), "size", temperature)  # validates the temperature
         if steps_per_epoch is not None:
-            steps_per_epoch = _check_count("steps_per_epoch", steps_per_epoch)
+            steps_per_epoch = _count("steps_per_epoch", steps_per_epoch)
         elif not (isinstance(weights, str) and weights == "size" and temperature == 1):
             raise ValueError(
                 "weights and temperature set the datasets' shares of an epoch of a fixed "
@@ -154,18 +139,11 @@ class MixturePlanner:
                 "steps_per_epoch=None an epoch is one pass over every dataset, so each "
                 "dataset's share is its size."
             )
-        self.sources = _as_sources(sources)
+        self.sources = as_sources(sources)
         self.config = config
         self.mixing: MixingPolicy = mixing
         self.steps_per_epoch = steps_per_epoch
-        self.names = [str(i) if s.name is None else s.name for i, s in enumerate(self.sources)]
-        if len(set(self.names)) != len(self.names):
-            twice = sorted({n for n in self.names if self.names.count(n) > 1})
-            raise ValueError(
-                f"Dataset names must be unique, got {self.names} ({', '.join(twice)} more than "
-                "once; an unnamed dataset is named by its index): give each DataSource its "
-                "own name."
-            )
+        self.names = source_names(self.sources)
         self.planners = [self._source_planner(i, s) for i, s in enumerate(self.sources)]
         sizes = np.array([p.num_examples for p in self.planners], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(sizes)))
@@ -180,19 +158,10 @@ class MixturePlanner:
         return f"Dataset {self.names[index]!r} (index {index})"
 
     def _source_planner(self, index: int, source: DataSource) -> EpochPlanner:
-        seed = int(np.random.SeedSequence([self.config.seed, index]).generate_state(1)[0])
-        common = self.config
         try:
-            config = replace(
-                common,
-                seed=seed,
-                max_tokens=common.max_tokens if source.max_tokens is None else source.max_tokens,
-                max_examples=(
-                    common.max_examples if source.max_examples is None else source.max_examples
-                ),
-            )
+            config = source_config(self.config, source, index)
             planner = EpochPlanner(source.lengths, config, source.loss_lengths)
-            items = _item_count(source.dataset)
+            items = item_count(source.dataset)
             if items is not None and items != planner.num_examples:
                 raise ValueError(
                     f"its dataset has {items} items but its lengths describe "
@@ -277,25 +246,7 @@ class MixturePlanner:
     @cached_property
     def prepared(self) -> PreparedLengths:
         """All datasets' planning and loss lengths, concatenated in global id order."""
-        preps = [p.prepared for p in self.planners]
-        kept = None
-        if any(p.kept is not None for p in preps):
-            kept = np.concatenate(
-                [
-                    (np.arange(p.num_examples) if p.kept is None else p.kept) + off
-                    for p, off in zip(preps, self.offsets.tolist(), strict=False)
-                ]
-            )
-        wide = any(p.key.dtype != np.uint16 for p in preps)
-        return PreparedLengths(
-            key=np.concatenate([p.key.astype(np.int32 if wide else np.uint16) for p in preps]),
-            loss=np.concatenate([p.loss.astype(np.int32) for p in preps]),
-            kept=kept,
-            num_skipped=sum(p.num_skipped for p in preps),
-            num_truncated=sum(p.num_truncated for p in preps),
-            truncate_to=self.truncate_to,
-            pairs=all(p.pairs for p in preps),
-        )
+        return PreparedLengths.concat([p.prepared for p in self.planners], self.truncate_to)
 
     # -- planning ------------------------------------------------------------------------
 
@@ -314,9 +265,9 @@ class MixturePlanner:
             ValueError: when a dataset cannot give every rank a micro-batch (the message
                 names the dataset).
         """
-        epoch = _check_count("epoch", epoch, 0)
-        world = _check_count("world_size", world_size)
-        acc = _check_count("accumulate_grad_batches", accumulate_grad_batches)
+        epoch = _count("epoch", epoch, 0)
+        world = _count("world_size", world_size)
+        acc = _count("accumulate_grad_batches", accumulate_grad_batches)
         if self.steps_per_epoch is None:
             parts = [
                 self._part(i, self._pass(i, epoch, world, acc), int(self.offsets[i]))
@@ -368,13 +319,13 @@ class MixturePlanner:
         except ValueError as error:
             raise ValueError(f"{self._which(dataset)}: {error}") from error
 
-    def _part(self, dataset: int, plan: EpochPlan, ids: np.ndarray | int) -> _Part:
+    def _part(self, dataset: int, plan: EpochPlan, ids: np.ndarray | int) -> Part:
         units = plan.assign if self.mixing == "per_step" else plan.assign.reshape(-1)
-        return _Part(dataset, plan, ids, units)
+        return Part(dataset, plan, ids, units)
 
     def _stream(
         self, dataset: int, epoch: int, count: int, world: int, acc: int
-    ) -> tuple[list[_Part], int]:
+    ) -> tuple[list[Part], int]:
         """Units ``[epoch * count, (epoch + 1) * count)`` of the dataset's stream of passes.
 
         Returns the parts and the examples dropped (``tail="drop"``) by passes that end in
@@ -410,16 +361,16 @@ class MixturePlanner:
             occ = ids[owner == i]
             local = occ - int(self.offsets[i])
             prep, cfg = self.planners[i].prepared, self.planners[i].config
-            available, wa = occ.size, world * acc
-            if cfg.tail != "pad" and (available < wa or cfg.tail == "drop"):
-                cfg = replace(cfg, tail="pad")  # a remainder is never dropped; pad if too small
+            tail = effective_tail(cfg, occ.size, world, acc, replanned=True)
+            if tail != cfg.tail:
+                cfg = replace(cfg, tail=tail)
             sub = EpochPlanner(prep.key[local], cfg, loss_lengths=prep.loss[local])
             parts.append(self._part(i, sub.plan(epoch, world, acc, salt=salt), occ))
         return self._compose(parts, epoch, world, acc, salt=salt)
 
     def _compose(
         self,
-        parts: list[_Part],
+        parts: list[Part],
         epoch: int,
         world: int,
         acc: int,
@@ -427,86 +378,23 @@ class MixturePlanner:
         salt: int,
         dropped: int | None = None,
     ) -> EpochPlan:
-        """One plan from the parts: global tiles, units interleaved evenly by dataset."""
-        orders, starts, tile_ds, units, unit_ds = [], [], [], [], []
-        order_base = tile_base = 0
-        for part in parts:
-            p = part.plan
-            ids = p.order.astype(np.int64)
-            orders.append(ids + part.ids if isinstance(part.ids, int) else part.ids[ids])
-            starts.append(p.tile_start + order_base)
-            tile_ds.append(np.full(p.tile_start.size, part.dataset, dtype=np.int64))
-            units.append(part.units + tile_base)
-            unit_ds.append(np.full(part.units.shape[0], part.dataset, dtype=np.int64))
-            order_base += p.order.size
-            tile_base += p.tile_start.size
-        cat = np.concatenate
-        plans = [part.plan for part in parts]
-        cost = cat([p.tile_cost for p in plans]) if plans else np.zeros(0)
-        all_units = cat(units) if units else np.zeros((0, world, acc), dtype=np.int64)
-        rng = np.random.default_rng([self.config.seed, epoch, salt, _MIX_TAG])
-        picked = all_units[_interleave(cat(unit_ds) if unit_ds else np.zeros(0, int), rng)]
-        if self.mixing == "per_step":
-            assign = picked.reshape(-1, world, acc)
-        else:
-            assign = _deal(picked.reshape(-1, world * acc), cost, world, acc)
-        order = cat(orders) if orders else np.zeros(0, dtype=np.int64)
-        return EpochPlan(
+        """One plan of the parts, interleaved by dataset (see :mod:`.interleave`)."""
+        return compose_parts(
+            parts,
             epoch=epoch,
-            world_size=world,
-            accumulate_grad_batches=acc,
-            order=order.astype(np.int32) if self.num_examples < 2**31 else order,
-            tile_start=cat(starts) if starts else np.zeros(0, dtype=np.int64),
-            tile_size=cat([p.tile_size for p in plans]) if plans else np.zeros(0, np.int64),
-            tile_cost=cost,
-            assign=assign,
-            num_dropped=sum(p.num_dropped for p in plans) if dropped is None else dropped,
-            num_duplicated=sum(p.num_duplicated for p in plans),
-            num_skipped=sum(p.prepared.num_skipped for p in self.planners),
-            num_truncated=sum(p.prepared.num_truncated for p in self.planners),
-            tile_dataset=cat(tile_ds) if tile_ds else np.zeros(0, dtype=np.int64),
-            _exact_tokens=cat([p.tile_tokens for p in plans]) if plans else np.zeros(0, int),
+            world=world,
+            acc=acc,
+            mixing=self.mixing,
+            rng=np.random.default_rng([self.config.seed, epoch, salt, MIX_TAG]),
+            num_examples=self.num_examples,
+            num_skipped=self.num_skipped,
+            num_truncated=self.num_truncated,
+            dropped=dropped,
         )
 
 
-def _item_count(dataset: object) -> int | None:
-    """Items of a map-style dataset, ``None`` when there is none or it has no length."""
-    if dataset is None:
-        return None
-    try:
-        return len(dataset)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def _as_sources(sources: object) -> list[DataSource]:
-    """The datasets as :class:`DataSource` objects, or an error that says what to pass."""
-    if isinstance(sources, (DataSource, np.ndarray, str, bytes, Mapping)) or not isinstance(
-        sources, Iterable
-    ):
-        raise TypeError(
-            f"sources must be a list of datasets (DataSource objects or lengths arrays), got "
-            f"{type(sources).__name__}; pass e.g. [DataSource(lengths_a), DataSource(lengths_b)]"
-            " (a single lengths array is one dataset: wrap it in a list, or use EpochPlanner)."
-        )
-    sources = list(sources)
-    if not sources:
-        raise ValueError("sources is empty: pass at least one dataset.")
-    return [s if isinstance(s, DataSource) else DataSource(s) for s in sources]
-
-
-def _interleave(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """An order of ``labels``' positions spreading every label evenly.
-
-    Each label keeps its own order: the ``j``-th of its ``c`` units sits at ``(j + u) / c``,
-    ``u ~ U(0, 1)`` (stratified random interleaving).
-    """
-    if labels.size == 0:
-        return np.zeros(0, dtype=np.int64)
-    counts = np.bincount(labels)
-    first = np.concatenate(([0], np.cumsum(counts)))[labels]
-    by_label = np.argsort(labels, kind="stable")
-    rank_in_label = np.empty(labels.size, dtype=np.int64)
-    rank_in_label[by_label] = np.arange(labels.size) - first[by_label]
-    position = (rank_in_label + rng.random(labels.size)) / counts[labels]
-    return np.argsort(position, kind="stable")
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    """:func:`~lightning_varbatch.planner.settings.check_count`, typed ``int`` (no ``None``)."""
+    count = check_count(name, value, minimum=minimum)
+    assert count is not None  # allow_none is False
+    return count

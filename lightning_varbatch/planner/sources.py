@@ -1,4 +1,4 @@
-"""One dataset of a mixture, and how the datasets' shares are weighted.
+"""The datasets of a mixture: each one's lengths, name and settings, and their shares.
 
 Example:
     >>> import numpy as np
@@ -16,19 +16,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-from lightning_varbatch.planner.settings import check_count
+from lightning_varbatch.planner.settings import PlanConfig, check_count
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
 MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
 Weights: TypeAlias = Literal["size"] | Sequence[float]
 
-__all__ = ["MIXING_POLICIES", "DataSource", "MixingPolicy", "Weights", "mixture_probabilities"]
+__all__ = [
+    "MIXING_POLICIES",
+    "DataSource",
+    "MixingPolicy",
+    "Weights",
+    "apportion",
+    "as_sources",
+    "item_count",
+    "mixture_probabilities",
+    "source_config",
+    "source_names",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,3 +178,69 @@ def apportion(total: int, probabilities: np.ndarray) -> np.ndarray:
     rest = total - int(counts.sum())
     counts[np.argsort(counts - exact, kind="stable")[:rest]] += 1
     return counts
+
+
+def item_count(dataset: object) -> int | None:
+    """Items of a map-style dataset, ``None`` when there is none or it has no length."""
+    if dataset is None:
+        return None
+    try:
+        return len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def as_sources(sources: object) -> list[DataSource]:
+    """The datasets as :class:`DataSource` objects, or an error that says what to pass.
+
+    Raises:
+        TypeError: for a single dataset, a mapping or anything that is not a list of datasets.
+        ValueError: for an empty list.
+    """
+    if isinstance(sources, (DataSource, np.ndarray, str, bytes, Mapping)) or not isinstance(
+        sources, Iterable
+    ):
+        raise TypeError(
+            f"sources must be a list of datasets (DataSource objects or lengths arrays), got "
+            f"{type(sources).__name__}; pass e.g. [DataSource(lengths_a), DataSource(lengths_b)]"
+            " (a single lengths array is one dataset: wrap it in a list, or use EpochPlanner)."
+        )
+    sources = list(sources)
+    if not sources:
+        raise ValueError("sources is empty: pass at least one dataset.")
+    return [s if isinstance(s, DataSource) else DataSource(s) for s in sources]
+
+
+def source_names(sources: Sequence[DataSource]) -> list[str]:
+    """Each dataset's name (an unnamed one is named by its index); names must be unique.
+
+    Raises:
+        ValueError: naming the names given more than once.
+    """
+    names = [str(i) if s.name is None else s.name for i, s in enumerate(sources)]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(
+            f"Dataset names must be unique, got {names} ({', '.join(twice)} more than "
+            "once; an unnamed dataset is named by its index): give each DataSource its "
+            "own name."
+        )
+    return names
+
+
+def source_config(common: PlanConfig, source: DataSource, index: int) -> PlanConfig:
+    """The settings of dataset ``index``: ``common`` with the source's own budget, if any.
+
+    Each dataset shuffles with its own random stream, derived from ``common.seed`` and its
+    index.
+
+    Raises:
+        ValueError: for a source budget :class:`PlanConfig` refuses.
+    """
+    seed = int(np.random.SeedSequence([common.seed, index]).generate_state(1)[0])
+    return replace(
+        common,
+        seed=seed,
+        max_tokens=common.max_tokens if source.max_tokens is None else source.max_tokens,
+        max_examples=common.max_examples if source.max_examples is None else source.max_examples,
+    )

@@ -1,19 +1,28 @@
-"""The tail of an epoch: its last optimizer step cut into even micro-batches.
+"""The tail policy: how an epoch's micro-batches become whole optimizer steps.
 
-The greedy cut of :mod:`lightning_varbatch.planner.layout` fills micro-batches up to the
-budget, so the last optimizer step would hold whatever is left (13 equal examples, 4 to a
-budget, cut as ``[4, 4, 4, 1]``). :func:`even_cuts` re-cuts the examples of that step into exactly
-``world_size * accumulate_grad_batches`` contiguous micro-batches whose largest cost is as
-small as possible and, under that, whose smallest cost is as large as possible (``[4, 3, 3,
-3]``).
+A step needs exactly ``world_size * accumulate_grad_batches`` micro-batches (the *multiple*);
+the greedy cut of :mod:`lightning_varbatch.planner.layout` rarely gives a multiple of it. This
+module alone decides what happens to the remainder (``PlanConfig.tail``); planners call it:
+
+* :func:`effective_tail`: the policy that applies. A re-planned remainder of an epoch
+  (``plan_resumed``, the mixture's re-plans) is never dropped and is padded when smaller
+  than one step; ``"spread"`` over a whole epoch smaller than one step is an error.
+* :func:`tail_layout`: ``"spread"`` (default) re-cuts the last step into exactly the
+  multiple of even micro-batches (:func:`spread_tail` with :func:`even_cuts`: 13 equal
+  examples, 4 to a budget, ``[4, 4, 4, 1]`` -> ``[3, 3, 3, 4]``); with too few examples it
+  splits the largest micro-batches instead (:func:`split_tiles`). Others keep the greedy cut.
+* :func:`select_tiles`: ``"drop"`` leaves out ``m % multiple`` random micro-batches; ``"pad"``
+  (and a ``"spread"`` that could not split far enough) repeats random ones; both counted.
 
 Example:
     >>> import numpy as np
     >>> from lightning_varbatch.planner.settings import PlanConfig
-    >>> from lightning_varbatch.planner.layout import SortedGroups
+    >>> from lightning_varbatch.planner.layout import Layout, SortedGroups
+    >>> config = PlanConfig(max_tokens=40)
     >>> groups = SortedGroups.build(np.full(13, 10, dtype=np.uint16), None, 1)
-    >>> np.diff(even_cuts(groups, 4, PlanConfig(max_tokens=40))).tolist()
-    [3, 3, 3, 4]
+    >>> greedy = Layout.build(groups, config)
+    >>> greedy.sizes.tolist(), tail_layout(greedy, groups, "spread", 4, config).sizes.tolist()
+    ([4, 4, 4, 1], [3, 3, 3, 4])
 """
 
 from __future__ import annotations
@@ -21,17 +30,173 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
 from lightning_varbatch.planner.costs import checked_cost
-from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.layout import Layout, SortedGroups
+from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 
-if TYPE_CHECKING:
-    from lightning_varbatch.planner.layout import SortedGroups
+__all__ = [
+    "TileSelection",
+    "effective_tail",
+    "even_cuts",
+    "select_tiles",
+    "split_tiles",
+    "spread_tail",
+    "tail_layout",
+    "too_few_message",
+]
 
-__all__ = ["even_cuts"]
+
+def too_few_message(count: int, what: str, world: int, acc: int, config: PlanConfig) -> str:
+    """The error message for data too small to give every rank a micro-batch per step."""
+    return (
+        f"More ranks than batches: the data gives only {count} {what} but "
+        f"world_size={world} x accumulate_grad_batches={acc} = {world * acc} micro-batches "
+        f"are needed per optimizer step (max_tokens={config.max_tokens}, "
+        f"tail={config.tail!r}). Lower max_tokens, world_size or "
+        "accumulate_grad_batches, use more data, or set tail='pad'."
+    )
+
+
+def effective_tail(
+    config: PlanConfig, available: int, world: int, acc: int, *, replanned: bool
+) -> TailPolicy:
+    """The tail policy that applies to ``available`` examples planned for ``world x acc``.
+
+    ``config.tail``, except that a re-planned remainder of an epoch (``replanned``) is never
+    dropped and is padded when it has fewer examples than a step has micro-batches.
+
+    Raises:
+        ValueError: ``tail="spread"`` for a whole epoch with fewer examples than a step has
+            micro-batches (more ranks than batches).
+
+    Example:
+        >>> config = PlanConfig(max_tokens=8, tail="drop")
+        >>> effective_tail(config, 10, 2, 1, replanned=False), effective_tail(
+        ...     config, 10, 2, 1, replanned=True)
+        ('drop', 'pad')
+    """
+    tail = config.tail
+    multiple = world * acc
+    if replanned and tail != "pad" and (available < multiple or tail == "drop"):
+        tail = "pad"
+    if tail == "spread" and available < multiple:
+        raise ValueError(too_few_message(available, "examples", world, acc, config))
+    return tail
+
+
+def tail_layout(
+    layout: Layout, groups: SortedGroups, tail: TailPolicy, multiple: int, config: PlanConfig
+) -> Layout:
+    """``layout`` (the greedy cut) with its tail re-cut for ``"spread"`` (:func:`spread_tail`)."""
+    if tail != "spread":
+        return layout
+    return spread_tail(layout, groups, multiple, config)
+
+
+def spread_tail(layout: Layout, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
+    """Re-cut the last optimizer step into exactly ``multiple`` even micro-batches.
+
+    The greedy cut leaves ``m % multiple`` micro-batches for the last step (or a full step
+    whose last micro-batch is small); that step's examples are re-cut by :func:`even_cuts`
+    (with equal lengths the sizes differ by at most one example): nothing is lost and the
+    last step's ranks carry even loads. With fewer examples than ``multiple``, one more step
+    is taken into the region; with too few overall, :func:`split_tiles` takes over.
+    """
+    m, n = layout.num_tiles, groups.size
+    if m == 0:
+        return layout
+    r = m % multiple
+    take = min(m, r if r else multiple)
+    target = multiple
+    while n - int(layout.starts[m - take]) < target and take < m:
+        take, target = min(m, take + multiple), target + multiple
+    start = int(layout.starts[m - take])
+    if n - start < target:
+        return split_tiles(layout, groups, multiple, config)  # too few examples: pad later
+    cuts = even_cuts(groups.suffix(start), target, config)
+    starts = np.concatenate((layout.starts[: m - take], cuts[:-1] + start))
+    sizes = np.concatenate((layout.sizes[: m - take], np.diff(cuts)))
+    return Layout.from_tiles(groups, starts, sizes, config)
+
+
+def split_tiles(layout: Layout, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
+    """Split the largest tiles until the tile count is a multiple of ``multiple``.
+
+    The fallback of :func:`spread_tail` when too few examples are left for an even re-cut.
+    Pieces of a tile are subsets of it, so they fit the budget too; they stay adjacent, so
+    they land in the same optimizer step. When there are too few examples to split that far
+    (almost every tile a single example), it splits as far as it can and
+    :func:`select_tiles` pads the rest.
+    """
+    m = layout.num_tiles
+    extra = min(-m % multiple, groups.size - m)
+    if extra == 0:
+        return layout
+    pieces = np.ones(m, dtype=np.int64)
+    while extra > 0:
+        cand = np.flatnonzero(pieces < layout.sizes)
+        piece = layout.sizes[cand] / pieces[cand]
+        take = cand[np.argsort(-piece, kind="stable")[:extra]]
+        pieces[take] += 1
+        extra -= take.size
+    tile = np.repeat(np.arange(m), pieces)
+    first = np.repeat(np.cumsum(pieces) - pieces, pieces)
+    i = np.arange(tile.size) - first
+    lo = layout.starts[tile] + (i * layout.sizes[tile]) // pieces[tile]
+    hi = layout.starts[tile] + ((i + 1) * layout.sizes[tile]) // pieces[tile]
+    return Layout.from_tiles(groups, lo, hi - lo, config)
+
+
+class TileSelection(NamedTuple):
+    """The micro-batches of a run, in layout order, and what the tail policy did.
+
+    Attributes:
+        tiles: tile ids, a multiple of ``world * acc`` of them (repeats adjacent).
+        num_dropped: examples left out by ``tail="drop"``.
+        num_duplicated: examples repeated to fill the last step.
+    """
+
+    tiles: np.ndarray
+    num_dropped: int
+    num_duplicated: int
+
+
+def select_tiles(
+    layout: Layout,
+    tail: TailPolicy,
+    world: int,
+    acc: int,
+    rng: np.random.Generator,
+    config: PlanConfig,
+) -> TileSelection:
+    """Make the micro-batch count a multiple of ``world * acc``: drop or repeat random ones.
+
+    ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches; anything else (``"pad"``,
+    or a ``"spread"`` that could not split far enough) repeats random ones, each next to its
+    original. Nothing is drawn from ``rng`` when the count is already a multiple.
+
+    Raises:
+        ValueError: ``"drop"`` with fewer micro-batches than one step needs.
+    """
+    multiple = world * acc
+    m = layout.num_tiles
+    seq = np.arange(m, dtype=np.int64)
+    r = m % multiple
+    if tail == "drop" and r:
+        if m < multiple:
+            raise ValueError(too_few_message(m, "micro-batches", world, acc, config))
+        gone = rng.choice(m, size=r, replace=False)
+        return TileSelection(np.delete(seq, gone), int(layout.sizes[gone].sum()), 0)
+    if r:  # "pad", or "spread" with too few examples left to split (counted)
+        extra = multiple - r
+        dup = rng.choice(m, size=extra, replace=extra > m)
+        seq = np.sort(np.concatenate([seq, dup]), kind="stable")  # duplicates sit adjacent
+        return TileSelection(seq, 0, int(layout.sizes[dup].sum()))
+    return TileSelection(seq, 0, 0)
 
 
 class _TailCut:
