@@ -26,14 +26,11 @@ from lightning_varbatch._registration import register_when_lightning_loads
 
 if TYPE_CHECKING:
     from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
-    from lightning_varbatch.data import (
-        MicroBatch,
-        PaddingCollate,
-        TokenBudgetBatchSampler,
-        TokenBudgetDataLoader,
-        TokenBudgetDataModule,
-        token_budget_dataloader,
-    )
+    from lightning_varbatch.data.collate import PaddingCollate
+    from lightning_varbatch.data.datamodule import TokenBudgetDataModule
+    from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
+    from lightning_varbatch.data.micro_batch import MicroBatch
+    from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
     from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
     from lightning_varbatch.planner import (
         DataSource,
@@ -48,12 +45,12 @@ if TYPE_CHECKING:
 _WHERE = {
     "BatchSizeLRScaler": "lightning_varbatch.callbacks",
     "TokenThroughputMonitor": "lightning_varbatch.callbacks",
-    "MicroBatch": "lightning_varbatch.data",
-    "PaddingCollate": "lightning_varbatch.data",
-    "TokenBudgetBatchSampler": "lightning_varbatch.data",
-    "TokenBudgetDataLoader": "lightning_varbatch.data",
-    "TokenBudgetDataModule": "lightning_varbatch.data",
-    "token_budget_dataloader": "lightning_varbatch.data",
+    "MicroBatch": "lightning_varbatch.data.micro_batch",
+    "PaddingCollate": "lightning_varbatch.data.collate",
+    "TokenBudgetBatchSampler": "lightning_varbatch.data.sampler",
+    "TokenBudgetDataLoader": "lightning_varbatch.data.loader",
+    "TokenBudgetDataModule": "lightning_varbatch.data.datamodule",
+    "token_budget_dataloader": "lightning_varbatch.data.loader",
     "example_mean_loss": "lightning_varbatch.loss",
     "step_token_mean": "lightning_varbatch.loss",
     "token_mean_loss": "lightning_varbatch.loss",

@@ -11,6 +11,10 @@ Example:
     'step_ntokens'
 """
 
+from __future__ import annotations
+
+from typing import NamedTuple
+
 NTOKENS = "ntokens"
 """Real (non-pad) loss tokens in this micro-batch on this rank (target tokens for pairs)."""
 
@@ -37,3 +41,44 @@ PLAN_WORLD_SIZE = "plan_world_size"
 
 PLAN_ACCUMULATE = "plan_accumulate_grad_batches"
 """Micro-batches per rank per optimizer step the batch's plan was made for."""
+
+
+class PlanCount(NamedTuple):
+    """One count of the plan that travels with a micro-batch, from the sampler to the batch.
+
+    :class:`~lightning_varbatch.data.micro_batch.MicroBatch` holds it as ``attribute``; the
+    loader's dataset wrapper copies it into the micro-batch's ``info`` dict (under the same
+    name) and :class:`~lightning_varbatch.data.collate.PaddingCollate` puts it on the batch
+    under ``key`` as a 0-dim long tensor (``key`` ``None``: kept in ``info`` only, for the
+    collate's checks and messages).
+
+    Attributes:
+        attribute: the :class:`~lightning_varbatch.data.micro_batch.MicroBatch` attribute.
+        key: the batch key, or ``None`` when it does not go on the batch.
+        doc: what it counts.
+        required: a micro-batch without it carries no plan (a plain list of indices).
+        default: its value when the attribute is missing; ``None`` (unknown) is left off
+            the batch.
+    """
+
+    attribute: str
+    key: str | None
+    doc: str
+    required: bool = False
+    default: int | None = None
+
+
+PLAN_COUNTS: tuple[PlanCount, ...] = (
+    PlanCount("epoch", None, "the epoch", required=True),
+    PlanCount("step", None, "optimizer step within the epoch's plan", required=True),
+    PlanCount("micro", None, "micro-batch within the optimizer step", required=True),
+    PlanCount("ntokens", None, "the plan's loss tokens (checked by the collate)", required=True),
+    PlanCount("step_ntokens", STEP_NTOKENS, "loss tokens of the optimizer step", required=True),
+    PlanCount("step_nexamples", STEP_NEXAMPLES, "examples of the optimizer step", required=True),
+    PlanCount("dataset", DATASET, "index of the dataset of a mixture", default=0),
+    PlanCount("truncate_to", None, "length oversize='truncate' cuts to (None: none)"),
+    PlanCount("world_size", PLAN_WORLD_SIZE, "ranks the plan was made for"),
+    PlanCount("accumulate_grad_batches", PLAN_ACCUMULATE, "accumulation of the plan"),
+)
+"""The single table of the plan's per-micro-batch counts: adding one is one line here (plus
+the :class:`~lightning_varbatch.data.micro_batch.MicroBatch` attribute the sampler fills)."""

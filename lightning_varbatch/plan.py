@@ -26,21 +26,27 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import sys
 import time
+import types
+import typing
 import warnings
 from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
-from lightning_varbatch.planner.costs import COST_NAMES
 from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
-from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
-from lightning_varbatch.planner.lengths import _as_int_lengths
+from lightning_varbatch.planner.epoch_plan import EpochPlan
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.lengths import as_int_lengths
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
-from lightning_varbatch.planner.settings import OVERSIZE_POLICIES, TAIL_POLICIES, PlanConfig
+from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.sources import MIXING_POLICIES, DataSource
 from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
@@ -64,18 +70,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     src.add_argument("--synthetic", choices=["wmt"], help="built-in synthetic lengths")
     p.add_argument("--num-examples", type=int, default=4_500_000, help="for --synthetic")
-    p.add_argument("--max-tokens", type=int, required=True, help="budget of one micro-batch")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--accumulate-grad-batches", type=int, default=1)
-    p.add_argument("--max-examples", type=int, default=None)
-    p.add_argument("--cost", choices=COST_NAMES, default="padded")
-    p.add_argument("--batch-size-multiple", type=int, default=1)
-    p.add_argument("--pad-to-multiple-of", type=int, default=1)
-    p.add_argument("--bucket-width", type=int, default=1)
-    p.add_argument("--tail", choices=TAIL_POLICIES, default="spread")
-    p.add_argument("--oversize", choices=OVERSIZE_POLICIES, default="error")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--epoch", type=int, default=0)
+    _add_settings(p.add_argument_group("plan settings (the fields of PlanConfig)"))
     mix = p.add_argument_group("several --lengths (a mixture of datasets)")
     mix.add_argument("--mixing", choices=MIXING_POLICIES, default="per_step")
     mix.add_argument("--weights", type=float, nargs="+", default=None, help="one per dataset")
@@ -89,6 +87,38 @@ def _parser() -> argparse.ArgumentParser:
     png.add_argument("--no-png", action="store_true", help="do not write the figure")
     p.add_argument("--json", action="store_true", help="print the diagnostics as JSON")
     return p
+
+
+def _flag_kwargs(setting: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
+    """The argparse keywords of a :class:`PlanConfig` field: type, choices, default, help."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", str(setting.metadata["help"])).replace("``", "")
+    kwargs: dict[str, Any] = {"help": text.replace("%", "%%")}
+    if setting.default is dataclasses.MISSING:
+        kwargs["required"] = True
+    else:
+        kwargs["default"] = setting.default
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    options = [a for a in typing.get_args(hint) if a is not type(None)] if union else [hint]
+    literals = [a for a in options if typing.get_origin(a) is Literal]
+    if literals:  # a name among choices (a callable cost cannot be given on the command line)
+        kwargs["choices"] = [c for lit in literals for c in typing.get_args(lit)]
+    elif options[0] is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = options[0]
+    return kwargs
+
+
+def _add_settings(group: argparse._ArgumentGroup) -> None:
+    """Add one flag per :class:`PlanConfig` field, derived from the dataclass.
+
+    ``max_tokens`` becomes ``--max-tokens``, with the field's type, choices (a ``Literal``),
+    default and help; a new setting reaches the command line without an edit here.
+    """
+    hints = typing.get_type_hints(PlanConfig)
+    for setting in dataclasses.fields(PlanConfig):
+        flag = "--" + setting.name.replace("_", "-")
+        group.add_argument(flag, dest=setting.name, **_flag_kwargs(setting, hints[setting.name]))
 
 
 def _load_lengths(args: argparse.Namespace) -> tuple[list[np.ndarray], str]:
@@ -128,7 +158,7 @@ def _load_one(path: Path) -> np.ndarray:
             "lengths array with np.save(path, lengths)."
         )
     try:
-        _as_int_lengths(lengths, "lengths")
+        as_int_lengths(lengths, "lengths")
     except (ValueError, TypeError) as err:
         raise ValueError(f"{shown}: {err}") from None
     return lengths
@@ -208,9 +238,7 @@ def _write_png(path: Path, diag: PlanDiagnostics, sizes: np.ndarray, loads: np.n
     plt.close(fig)
 
 
-def _planner(
-    args: argparse.Namespace, lengths: list[np.ndarray], config: PlanConfig
-) -> EpochPlanner | MixturePlanner:
+def _planner(args: argparse.Namespace, lengths: list[np.ndarray], config: PlanConfig) -> Planner:
     mixed = (args.weights, args.steps_per_epoch, args.dataset_max_tokens)
     if len(lengths) == 1 and all(v is None for v in mixed) and args.temperature == 1:
         return EpochPlanner(lengths[0], config)
@@ -238,17 +266,7 @@ def _run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     png = None if args.no_png else _png_path(args.png)  # checked before the planning work
     all_lengths, source = _load_lengths(args)
-    config = PlanConfig(
-        max_tokens=args.max_tokens,
-        max_examples=args.max_examples,
-        cost=args.cost,
-        batch_size_multiple=args.batch_size_multiple,
-        pad_to_multiple_of=args.pad_to_multiple_of,
-        bucket_width=args.bucket_width,
-        seed=args.seed,
-        tail=args.tail,
-        oversize=args.oversize,
-    )
+    config = PlanConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PlanConfig)})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         planner = _planner(args, all_lengths, config)

@@ -9,8 +9,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_varbatch import keys
-from lightning_varbatch.data.collate import BatchInfoDataset, CollatedItems, PaddingCollate
-from lightning_varbatch.data.sampler import MicroBatch, TokenBudgetBatchSampler
+from lightning_varbatch.data.collate import PaddingCollate, _CollatedItems
+from lightning_varbatch.data.loader import _BatchInfoDataset
+from lightning_varbatch.data.micro_batch import MicroBatch
+from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 
 
 def micro(
@@ -78,11 +80,11 @@ def test_truncation() -> None:
 
 
 def test_metadata_and_check() -> None:
-    items = CollatedItems(PAIRS, info=BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 6)).info)
+    items = _CollatedItems(PAIRS, info=_BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 6)).info)
     batch = PaddingCollate()(items)
     assert int(batch[keys.STEP_NTOKENS]) == 50 and int(batch[keys.STEP_NEXAMPLES]) == 9
     assert int(batch[keys.DATASET]) == 0
-    wrong = BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 5))
+    wrong = _BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 5))
     with pytest.raises(ValueError, match="`lengths` do not match the dataset"):
         PaddingCollate()(wrong)
     assert int(PaddingCollate(check_ntokens=False)(wrong)[keys.NTOKENS]) == 6
@@ -102,7 +104,7 @@ def test_bad_input() -> None:
 def test_pickles_with_metadata() -> None:
     mb = pickle.loads(pickle.dumps(micro([3, 1], 4)))
     assert isinstance(mb, MicroBatch) and mb == [3, 1] and mb.step_ntokens == 50
-    items = pickle.loads(pickle.dumps(CollatedItems([1], info={"ntokens": 2})))
+    items = pickle.loads(pickle.dumps(_CollatedItems([1], info={"ntokens": 2})))
     assert items == [1] and items.info == {"ntokens": 2}
 
 
@@ -126,7 +128,7 @@ def test_metadata_through_dataloader(num_workers: int) -> None:
     )
     expected = list(sampler)
     loader = DataLoader(
-        BatchInfoDataset(Tokens(seqs)),
+        _BatchInfoDataset(Tokens(seqs)),
         batch_sampler=sampler,
         collate_fn=PaddingCollate(),
         num_workers=num_workers,
@@ -146,10 +148,51 @@ def test_lengths_mismatch_error(num_workers: int) -> None:
     seqs = [[1, 2, 3], [4], [5, 6]]
     sampler = TokenBudgetBatchSampler([3, 2, 2], 16, rank=0, world_size=1)  # item 1 has 1 token
     loader = DataLoader(
-        BatchInfoDataset(Tokens(seqs)),
+        _BatchInfoDataset(Tokens(seqs)),
         batch_sampler=sampler,
         collate_fn=PaddingCollate(),
         num_workers=num_workers,
     )
     with pytest.raises(ValueError, match="lengths"):
         list(loader)
+
+
+def test_every_plan_count_reaches_the_batch_under_its_key() -> None:
+    """keys.PLAN_COUNTS is the one table: each keyed MicroBatch attribute lands on the batch."""
+    import inspect
+
+    params = inspect.signature(MicroBatch.__init__).parameters
+    values = {c.attribute: 11 + i for i, c in enumerate(keys.PLAN_COUNTS)}
+    values["ntokens"] = 6  # the plan's count, checked against the items' real tokens
+    assert all(c.attribute in params for c in keys.PLAN_COUNTS)
+    mb = MicroBatch([0, 1], rank=0, planned_lengths=None, **values)
+    batch = PaddingCollate(check_widths=False)(_BatchInfoDataset(PAIRS).__getitems__(mb))
+    keyed = [c for c in keys.PLAN_COUNTS if c.key is not None]
+    assert {c.key for c in keyed} == {
+        keys.STEP_NTOKENS, keys.STEP_NEXAMPLES, keys.DATASET, keys.PLAN_WORLD_SIZE,
+        keys.PLAN_ACCUMULATE,
+    }  # fmt: skip
+    for count in keyed:
+        assert int(batch[count.key]) == values[count.attribute], count
+    assert len({c.key for c in keyed}) == len(keyed)  # no key used twice
+    plain = PaddingCollate()(PAIRS)  # a plain list of items: no plan counts on the batch
+    assert not any(c.key in plain for c in keyed)
+
+
+def test_unknown_topology_is_left_off_the_batch() -> None:
+    batch = PaddingCollate()(_BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 6)))
+    assert keys.PLAN_WORLD_SIZE not in batch and keys.PLAN_ACCUMULATE not in batch
+    assert int(batch[keys.DATASET]) == 0
+
+
+def test_loss_offset_counts_and_checks_target_minus_offset() -> None:
+    items = _BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 4))  # targets 2 + 4, minus 1 each
+    with pytest.raises(ValueError, match="lengths` do not match"):
+        PaddingCollate()(items)
+    batch = PaddingCollate(loss_offset=1)(items)
+    assert int(batch[keys.NTOKENS]) == 4 and int(batch[keys.INPUT_TOKENS]) == 10
+    with pytest.raises(ValueError, match="loss_offset=2 per example"):
+        PaddingCollate(loss_offset=2)(items)
+    for bad in (-1, 1.0, True, "1"):
+        with pytest.raises(ValueError, match="loss_offset"):
+            PaddingCollate(loss_offset=bad)  # type: ignore[arg-type]

@@ -7,11 +7,8 @@ from typing import Any
 
 import pytest
 
-from lightning_varbatch.data.datamodule import (
-    TokenBudgetDataLoader,
-    TokenBudgetDataModule,
-    token_budget_dataloader,
-)
+from lightning_varbatch.data.datamodule import TokenBudgetDataModule
+from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from tests.launch import launch
 from tests.scripts.datamodule_common import (

@@ -16,10 +16,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, IterableDataset
 
 from lightning_varbatch import keys
-from lightning_varbatch.data.collate import BatchInfoDataset, PaddingCollate
-from lightning_varbatch.data.datamodule import (
+from lightning_varbatch.data.collate import PaddingCollate
+from lightning_varbatch.data.datamodule import TokenBudgetDataModule
+from lightning_varbatch.data.loader import (
     TokenBudgetDataLoader,
-    TokenBudgetDataModule,
+    _BatchInfoDataset,
     token_budget_dataloader,
 )
 from lightning_varbatch.data.micro_batch import resolve_rank_world
@@ -49,7 +50,7 @@ def test_lengths_that_understate_the_source_are_caught_before_any_batch_exceeds_
     target_only = [len(x["target"]) for x in data]  # the loss side only: understates the source
     sampler = TokenBudgetBatchSampler(target_only, 256, rank=0, world_size=1)
     collate = PaddingCollate()
-    loader = DataLoader(BatchInfoDataset(data), batch_sampler=sampler, collate_fn=collate)
+    loader = DataLoader(_BatchInfoDataset(data), batch_sampler=sampler, collate_fn=collate)
     with pytest.raises(ValueError) as error:
         for batch in loader:  # today: batches of up to thousands of padded slots, silently
             assert int(batch[keys.PADDED_TOKENS]) <= 2 * 256
@@ -74,7 +75,7 @@ def test_width_check_stays_on_when_loss_lengths_differ() -> None:
     targets = np.array([len(x["target"]) for x in data])
     sampler = TokenBudgetBatchSampler(targets, 256, rank=0, world_size=1, loss_lengths=targets - 1)
     collate = PaddingCollate(check_ntokens=False)
-    loader = DataLoader(BatchInfoDataset(data), batch_sampler=sampler, collate_fn=collate)
+    loader = DataLoader(_BatchInfoDataset(data), batch_sampler=sampler, collate_fn=collate)
     with pytest.raises(ValueError, match="Field 'source'"):
         list(loader)
     # with lengths covering both fields it runs, within budget
@@ -90,7 +91,7 @@ def test_width_check_fails_after_truncation_of_the_wrong_field() -> None:
     lengths = pair_lengths(data)
     lengths[7, 0] = 3  # one example's source understated: within the plan's other widths
     sampler = TokenBudgetBatchSampler(lengths, 256, rank=0, world_size=1, shuffle=False)
-    loader = DataLoader(BatchInfoDataset(data), batch_sampler=sampler, collate_fn=PaddingCollate())
+    loader = DataLoader(_BatchInfoDataset(data), batch_sampler=sampler, collate_fn=PaddingCollate())
     with pytest.raises(ValueError, match=r"Field 'source' of dataset item 7 .* has"):
         list(loader)
 
@@ -133,7 +134,7 @@ def test_check_widths_option() -> None:
     data = long_sources(20)
     sampler = TokenBudgetBatchSampler([len(x["target"]) for x in data], 256, rank=0, world_size=1)
     loose = PaddingCollate(check_widths=False)
-    loader = DataLoader(BatchInfoDataset(data), batch_sampler=sampler, collate_fn=loose)
+    loader = DataLoader(_BatchInfoDataset(data), batch_sampler=sampler, collate_fn=loose)
     assert sum(int(b[keys.NEXAMPLES]) for b in loader) == 20
 
 
@@ -403,16 +404,54 @@ def test_resume_with_other_lengths_refused_or_restarted(tmp_path: Path) -> None:
     assert {r["epoch"] for r in model.trained} == {0}
 
 
-def test_datamodule_loss_lengths_only_for_one_plain_training_dataset() -> None:
-    data = make_pairs(10, 0)
-    loss = pair_lengths(data)[:, 1]
-    dm = TokenBudgetDataModule(data, pair_lengths, 40, loss_lengths=loss)
-    assert sum(int(b[keys.NEXAMPLES]) for b in dm.train_dataloader()) == 10
-    with pytest.raises(ValueError, match="val_dataset would need their own"):
-        TokenBudgetDataModule(
-            data, pair_lengths, 40, loss_lengths=loss, val_dataset=data, val_lengths=pair_lengths
-        )
+def test_datamodule_loss_lengths_per_stage() -> None:
+    data = [x for x in make_pairs(40, 0) if len(x["target"]) > 1][:10]
+    loss = pair_lengths(data)[:, 1] - 1  # teacher forcing: target minus BOS
+    collate = PaddingCollate(loss_offset=1)
+    dm = TokenBudgetDataModule(
+        data,
+        pair_lengths,
+        40,
+        train_loss_lengths=loss,
+        val_dataset=data,
+        val_lengths=pair_lengths,
+        val_loss_lengths=lambda d: [len(x["target"]) - 1 for x in d],
+        collate=collate,
+    )
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        batches = list(loader)  # the collate's loss-count check passes on every batch
+        assert sum(int(b[keys.NTOKENS]) for b in batches) == int(loss.sum())
+        assert sum(int(b[keys.STEP_NTOKENS]) for b in batches) == int(loss.sum())
+    with pytest.raises(TypeError, match="train_loss_lengths="):
+        TokenBudgetDataModule(data, pair_lengths, 40, loss_lengths=loss)
+    with pytest.raises(ValueError, match="test_loss_lengths was given without test_dataset"):
+        TokenBudgetDataModule(data, pair_lengths, 40, test_loss_lengths=loss)
     with pytest.raises(ValueError, match="train_dataset is a list of DataSource"):
         TokenBudgetDataModule(
-            [DataSource(pair_lengths(data), dataset=data)], max_tokens=40, loss_lengths=loss
+            [DataSource(pair_lengths(data), dataset=data)], max_tokens=40, train_loss_lengths=loss
         )
+    with pytest.raises(ValueError, match="val_loss_lengths"):  # named after the argument
+        TokenBudgetDataModule(
+            data, pair_lengths, 40, val_dataset=data, val_lengths=pair_lengths,
+            val_loss_lengths=loss[:3],
+        )  # fmt: skip
+
+
+def test_datamodule_check_plans_every_stage_without_a_trainer() -> None:
+    data = make_pairs(30, 0)
+    dm = TokenBudgetDataModule(
+        data, pair_lengths, 40, val_dataset=data[:5], val_lengths=pair_lengths
+    )
+    plans = dm.check(world_size=2, accumulate_grad_batches=3)
+    assert sorted(plans) == ["train", "val"] and dm.samplers == {}
+    assert (plans["train"].world_size, plans["train"].accumulate_grad_batches) == (2, 3)
+    assert (plans["val"].world_size, plans["val"].accumulate_grad_batches) == (2, 1)
+    assert plans["val"].num_duplicated == plans["val"].num_dropped == 0
+    assert sorted(dm.check(stages=("val",))) == ["val"]
+    assert dm.planner("train").num_examples == 30
+    with pytest.raises(ValueError, match="5 examples for 8 ranks"):
+        dm.check(world_size=8)
+    with pytest.raises(ValueError, match="stages must be"):
+        dm.check(stages=("valid",))
+    with pytest.raises(ValueError, match="no test_dataset"):
+        dm.planner("test")

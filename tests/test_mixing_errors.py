@@ -12,7 +12,8 @@ from lightning_varbatch import (
     TokenBudgetBatchSampler,
     TokenBudgetDataModule,
 )
-from lightning_varbatch.data.collate import BatchInfoDataset, PaddingCollate
+from lightning_varbatch.data.collate import PaddingCollate
+from lightning_varbatch.data.loader import _BatchInfoDataset
 
 A, B = np.full(20, 4), np.full(10, 8)
 
@@ -105,7 +106,7 @@ def test_each_dataset_is_truncated_to_its_own_budget() -> None:
         rank=0,
         world_size=1,
     )
-    data = BatchInfoDataset([{"tokens": [1] * n} for n in (3, 12, 5, 20)])
+    data = _BatchInfoDataset([{"tokens": [1] * n} for n in (3, 12, 5, 20)])
     collate = PaddingCollate().with_truncation(sampler.truncate_to)
     widths = {}
     for mb in sampler:

@@ -103,7 +103,7 @@ def test_default_png_lands_in_cwd_and_no_png_skips_it(
     [
         (["--max-tokens", "0"], "max_tokens must be > 0"),
         (["--max-tokens", "100"], "oversize='skip'"),  # lengths up to 199 do not fit
-        (["--max-tokens", "2048", "--world-size", "0"], "world_size must be an integer >= 1"),
+        (["--max-tokens", "2048", "--world-size", "0"], "world_size must be a positive integer"),
         (["--max-tokens", "2048", "--world-size", "100000"], "More ranks than batches"),
         (["--max-tokens", "2048", "--bucket-width", "0"], "bucket_width must be a positive"),
     ],
@@ -177,3 +177,41 @@ def test_mixture_report_breaks_down_by_dataset(
     code = main([*args, "--dataset-max-tokens", "128", "--no-png"])
     assert code == 2
     assert "--dataset-max-tokens has 1 values for 2 --lengths" in capsys.readouterr().err
+
+
+def test_every_plan_setting_has_a_flag_with_its_help_and_default() -> None:
+    import argparse
+    import dataclasses
+
+    from lightning_varbatch.plan import _parser
+    from lightning_varbatch.planner.settings import PlanConfig
+
+    actions = {a.dest: a for a in _parser()._actions}
+    for setting in dataclasses.fields(PlanConfig):
+        action = actions.get(setting.name)
+        assert action is not None, f"no --{setting.name.replace('_', '-')} flag"
+        assert action.option_strings[0] == "--" + setting.name.replace("_", "-")
+        words = setting.metadata["help"].replace("``", "").split()
+        assert action.help and action.help.split()[:2] == words[:2]
+        if setting.default is dataclasses.MISSING:
+            assert action.required
+        else:
+            assert action.default == setting.default
+    assert actions["cost"].choices == ["padded", "sum", "quadratic"]
+    assert actions["tail"].choices == ["spread", "drop", "pad"]
+    assert actions["oversize"].choices == ["error", "skip", "truncate"]
+    assert isinstance(actions["shuffle"], argparse.BooleanOptionalAction)
+    assert actions["max_examples"].type is int and actions["quadratic_coef"].type is float
+    doc = " ".join((PlanConfig.__doc__ or "").split())  # the docstring's Args, from the same text
+    for setting in dataclasses.fields(PlanConfig):
+        assert f"{setting.name}: {setting.metadata['help']}." in doc, setting.name
+
+
+def test_new_setting_flags_reach_the_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--synthetic", "wmt", "--num-examples", "3000", "--max-tokens", "4096", "--json"]
+    assert main([*args, "--no-png", "--no-shuffle", "--cost", "quadratic"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main([*args, "--no-png", "--no-shuffle", "--cost", "quadratic",
+                 "--quadratic-coef", "0.05", "--oversize", "skip"]) == 0  # fmt: skip
+    second = json.loads(capsys.readouterr().out)
+    assert first["num_micro_batches"] < second["num_micro_batches"]  # costlier: more batches

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -329,3 +330,43 @@ def test_batches_carry_their_planned_lengths() -> None:
     sampler = make(oversize="truncate", max_examples=None)
     for batch in sampler:
         assert batch.planned_lengths == LENGTHS[list(batch)].max(axis=1).tolist()
+
+
+def test_from_planner_builds_through_init() -> None:
+    """from_planner is a normal construction: a subclass's __init__ runs, no __new__ bypass."""
+    from lightning_varbatch.planner.epoch_planner import EpochPlanner
+    from lightning_varbatch.planner.settings import PlanConfig
+
+    seen: list[str] = []
+
+    class Traced(TokenBudgetBatchSampler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            seen.append("init")
+            super().__init__(*args, **kwargs)
+
+    planner = EpochPlanner(LENGTHS, PlanConfig(max_tokens=512, seed=4))
+    s = Traced.from_planner(planner, rank=1, world_size=2, accumulate_grad_batches=2, epoch=3)
+    assert seen == ["init"] and s.planner is planner and s.config.seed == 4
+    assert (s.rank, s.world_size, s.accumulate_grad_batches, s.epoch) == (1, 2, 2, 3)
+    direct = TokenBudgetBatchSampler(
+        LENGTHS, 512, seed=4, rank=1, world_size=2, accumulate_grad_batches=2, epoch=3
+    )
+    assert [list(b) for b in s] == [list(b) for b in direct]
+    with pytest.raises(ValueError, match="accumulate_grad_batches"):
+        TokenBudgetBatchSampler.from_planner(
+            planner, rank=0, world_size=1, accumulate_grad_batches=0
+        )
+
+
+def test_sampler_arguments_are_the_plan_settings() -> None:
+    """Each PlanConfig field is a sampler argument with the same default."""
+    import dataclasses
+    import inspect
+
+    from lightning_varbatch.planner.settings import PlanConfig
+
+    params = inspect.signature(TokenBudgetBatchSampler.__init__).parameters
+    for setting in dataclasses.fields(PlanConfig):
+        assert setting.name in params, setting.name
+        if setting.default is not dataclasses.MISSING:
+            assert params[setting.name].default == setting.default, setting.name

@@ -7,15 +7,17 @@ planner gets those two lengths (after ``data.max_length``): with the default cos
 ``data.max_tokens`` slots (source and target together at most twice that).
 
 The loss predicts ``target[1:]`` (teacher forcing), one token fewer than the target: those
-counts go to the planner as ``loss_lengths`` so that ``step_ntokens`` is the exact number of
-loss tokens of the optimizer step. :class:`ShiftedTargetCollate` keeps both of the collate's
-checks meaningful: the width check (every field against the plan) stays on, and the loss-count
-check compares the plan's count with the real target tokens minus one per example.
+counts go to the planner as loss lengths (:func:`loss_lengths`; ``train_loss_lengths`` ... of
+the DataModule for one corpus, each ``DataSource``'s ``loss_lengths`` for several) so that
+``step_ntokens`` is the exact number of loss tokens of the optimizer step. The collate is the
+library's ``PaddingCollate(loss_offset=1)``: its width check (every field against the plan)
+stays on, and its loss-count check compares the plan's count with the real target tokens
+minus one per example.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -23,9 +25,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from lightning_varbatch import PaddingCollate, keys
-
-__all__ = ["OversizeReport", "ShiftedTargetCollate", "loss_lengths", "oversize_counts"]
+__all__ = ["OversizeReport", "fitting_length", "loss_lengths", "oversize_counts"]
 
 
 def loss_lengths(lengths: np.ndarray, truncate_to: int | None = None) -> np.ndarray:
@@ -48,6 +48,10 @@ def loss_lengths(lengths: np.ndarray, truncate_to: int | None = None) -> np.ndar
 def fitting_length(budget: int, pad_to_multiple_of: int) -> int:
     """The longest field one example may have under the padded cost: what truncation cuts to.
 
+    The loss lengths must be known before the planner runs, while the planner makes its own
+    cut public only afterwards (``sampler.truncate_to``), so the example computes it here for
+    the padded cost it uses.
+
     Example:
         >>> fitting_length(100, 8), fitting_length(100, 1)
         (96, 100)
@@ -55,52 +59,19 @@ def fitting_length(budget: int, pad_to_multiple_of: int) -> int:
     return (budget // pad_to_multiple_of) * pad_to_multiple_of
 
 
-class ShiftedTargetCollate(PaddingCollate):
-    """:class:`~lightning_varbatch.PaddingCollate` whose loss count is ``target - 1`` per pair.
+def oversize_counts(planner: Any, plan: Any) -> dict[str, int]:
+    """The examples ``plan`` leaves out (``skip``) or cuts (``truncate``), and its size.
 
-    The library's own count check compares the plan with the *whole* target field; here the
-    plan counts ``target[1:]`` (``loss_lengths``), so that check is replaced by one comparing
-    the plan's count with the real target tokens minus one per example. The width check of
-    every padded field against the plan stays on.
-
-    Example:
-        >>> from lightning_varbatch.data.collate import CollatedItems
-        >>> items = CollatedItems([{"source": [5, 2], "target": [1, 7, 2]}],
-        ...                       info={"ntokens": 2, "step_nexamples": 1, "epoch": 0,
-        ...                             "step": 0, "micro": 0, "step_ntokens": 2})
-        >>> int(ShiftedTargetCollate()(items)["ntokens"])
-        3
+    Args:
+        planner: the split's planner (``TokenBudgetDataModule.planner(stage)`` or a
+            sampler's ``planner``).
+        plan: its plan (``TokenBudgetDataModule.check()[stage]`` or a sampler's ``plan``).
     """
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("check_widths", True)
-        self.check_loss_tokens = bool(kwargs.pop("check_ntokens", True))
-        super().__init__(check_ntokens=False, **kwargs)
-
-    def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Collate and check the micro-batch's loss-token count against the plan."""
-        batch = super().__call__(items)
-        info = getattr(items, "info", None)
-        if info is not None and self.check_loss_tokens:
-            loss = int(batch[keys.NTOKENS]) - len(items)
-            if loss != int(info["ntokens"]):
-                raise ValueError(
-                    f"The micro-batch at epoch {info['epoch']}, step {info['step']}, micro-batch "
-                    f"{info['micro']} has {loss} loss tokens (target tokens minus BOS) but the "
-                    f"plan counted {info['ntokens']}: the example's loss_lengths do not match "
-                    "its items (examples/translation/batching.py: loss_lengths)."
-                )
-        return batch
-
-
-def oversize_counts(sampler: Any) -> dict[str, int]:
-    """The examples the plan leaves out (``skip``) or cuts (``truncate``), and its size."""
-    plan = sampler.plan
     return {
-        "examples": int(sampler.planner.num_examples),
+        "examples": int(planner.num_examples),
         "skipped": int(plan.num_skipped),
         "truncated": int(plan.num_truncated),
-        "truncate_to": int(getattr(sampler, "truncate_to", None) or 0),
+        "truncate_to": int(planner.truncate_to or 0),
     }
 
 
@@ -133,7 +104,7 @@ class OversizeReport(Callback):
         sampler = getattr(dm, "samplers", {}).get("train")
         if sampler is None:
             return
-        counts = oversize_counts(sampler)
+        counts = oversize_counts(sampler.planner, sampler.plan)
         rank_zero_info(
             f"Epoch {trainer.current_epoch}: "
             + describe_oversize("training split", counts)

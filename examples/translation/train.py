@@ -50,7 +50,6 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from examples.translation import data as corpus  # noqa: E402
 from examples.translation import tokenizer as tok  # noqa: E402
 from examples.translation.batching import (  # noqa: E402
-    ShiftedTargetCollate,
     describe_oversize,
     fitting_length,
     loss_lengths,
@@ -70,6 +69,8 @@ from examples.translation.corpora import (  # noqa: E402
 from examples.translation.preemption import Interrupted  # noqa: E402
 from lightning_varbatch import (  # noqa: E402
     DataSource,
+    PaddingCollate,
+    TokenBudgetBatchSampler,
     TokenBudgetDataModule,
     VarBatchDeepSpeedStrategy,
 )
@@ -113,16 +114,21 @@ def _budgets(cfg: DictConfig, split: str, corpora: list[Corpus]) -> tuple[str, l
     return setting, [c.max_tokens or budget for c in corpora]
 
 
+def _loss_lengths(cfg: DictConfig, lengths: Any, budget: int) -> Any:
+    """Loss tokens per pair (target minus BOS), after the cut of ``data.oversize=truncate``."""
+    data = cfg.data
+    cut = fitting_length(budget, data.pad_to_multiple_of)
+    return loss_lengths(lengths, cut if data.oversize == "truncate" else None)
+
+
 def _sources(
     cfg: DictConfig, split: str, corpora: list[Corpus], encoded: list[dict[str, Any]]
 ) -> list[DataSource]:
     """One :class:`DataSource` per corpus of ``split``: items, padded lengths, loss counts."""
-    data = cfg.data
     _, budgets = _budgets(cfg, split, corpora)
     out = []
     for c, e, budget in zip(corpora, encoded, budgets, strict=True):
         items, lengths = e[split]
-        cut = fitting_length(budget, data.pad_to_multiple_of)
         out.append(
             DataSource(
                 lengths,  # what the collate pads: source and whole target (BOS ... EOS)
@@ -130,9 +136,32 @@ def _sources(
                 name=c.name,
                 max_tokens=c.max_tokens,
                 max_examples=c.max_examples,
-                loss_lengths=loss_lengths(lengths, cut if data.oversize == "truncate" else None),
+                loss_lengths=_loss_lengths(cfg, lengths, budget),
             )
         )
+    return out
+
+
+def _splits(
+    cfg: DictConfig, corpora: list[Corpus], encoded: list[dict[str, Any]], with_test: bool
+) -> dict[str, Any]:
+    """The DataModule's split arguments: one plain dataset per split for a single corpus
+    (with its per-split loss lengths), a list of :class:`DataSource` for several."""
+    stages = {"train": "train", "val": "valid", "test": "test"}
+    if not with_test:
+        del stages["test"]
+    if corpora[0].name:  # data.corpora: one DataSource per corpus
+        out: dict[str, Any] = {
+            f"{s}_dataset": _sources(cfg, sp, corpora, encoded) for s, sp in stages.items()
+        }
+        return {**out, "train_lengths": None}
+    out = {}
+    for stage, split in stages.items():
+        items, lengths = encoded[0][split]
+        _, (budget,) = _budgets(cfg, split, corpora)
+        out[f"{stage}_dataset"] = items
+        out[f"{stage}_lengths"] = lengths  # what the collate pads: source and whole target
+        out[f"{stage}_loss_lengths"] = _loss_lengths(cfg, lengths, budget)
     return out
 
 
@@ -166,13 +195,12 @@ def _datamodule(
 ) -> TokenBudgetDataModule:
     data = cfg.data
     return TokenBudgetDataModule(
-        _sources(cfg, "train", corpora, encoded),
-        None,
-        data.max_tokens,
-        val_dataset=_sources(cfg, "valid", corpora, encoded),
-        test_dataset=_sources(cfg, "test", corpora, encoded) if with_test else None,
+        max_tokens=data.max_tokens,
         val_max_tokens=data.val_max_tokens,
-        collate=ShiftedTargetCollate(pad_id=tok.PAD_ID, pad_to_multiple_of=data.pad_to_multiple_of),
+        # the loss predicts target[1:]: one loss token fewer than target tokens per pair
+        collate=PaddingCollate(
+            pad_id=tok.PAD_ID, pad_to_multiple_of=data.pad_to_multiple_of, loss_offset=1
+        ),
         num_workers=data.num_workers,
         on_resume_mismatch=cfg.get("on_resume_mismatch", "error"),
         bucket_width=data.bucket_width,
@@ -180,6 +208,7 @@ def _datamodule(
         oversize=data.oversize,
         pad_to_multiple_of=data.pad_to_multiple_of,
         seed=data.seed,
+        **_splits(cfg, corpora, encoded, with_test),
         **mixture,
     )
 
@@ -190,17 +219,18 @@ def build_datamodule(
     """The tokenizer and the token-budgeted DataModule over train/valid/test splits.
 
     Each corpus is split on its own and one BPE tokenizer is trained on every training split.
-    Every split is a list of :class:`~lightning_varbatch.DataSource`, one per corpus (named,
-    with its own ``max_tokens``/``max_examples``), planned on the padded (source, target)
-    lengths with the loss counts (target minus BOS) as ``loss_lengths``
-    (:mod:`examples.translation.batching`). With ``data.corpora`` they are mixed by
-    ``data.mixing``, ``data.corpora.<name>.weight``, ``data.temperature`` and
-    ``data.steps_per_epoch``; validation and test cover every example of every corpus once.
+    Every split is planned on the padded (source, target) lengths with the loss counts
+    (target minus BOS) as its loss lengths (:mod:`examples.translation.batching`): one corpus
+    is one plain dataset per split (``train_loss_lengths``, ...); with ``data.corpora`` every
+    split is a list of :class:`~lightning_varbatch.DataSource`, one per corpus (named, with
+    its own ``max_tokens``/``max_examples`` and ``loss_lengths``), mixed by ``data.mixing``,
+    ``data.corpora.<name>.weight``, ``data.temperature`` and ``data.steps_per_epoch``;
+    validation and test cover every example of every corpus once.
 
-    The DataModule's own samplers are built once here (as rank 0 of 1, without a Trainer), so
-    that a budget or setting that cannot work fails before the Trainer writes anything, and
-    the examples skipped or truncated by ``data.oversize`` are reported (more than half of a
-    split is refused).
+    Every split is planned and checked here with :meth:`TokenBudgetDataModule.check` (as rank
+    0 of 1, without a Trainer), so that a budget or setting that cannot work fails before the
+    Trainer writes anything, and the examples skipped or truncated by ``data.oversize`` are
+    reported (more than half of a split is refused).
 
     Returns:
         The DataModule, the tokenizer and the split sizes (``train``/``valid``/``test``, plus
@@ -235,21 +265,15 @@ def build_datamodule(
         split = {"val": "valid"}.get(split, split)
         raise ConfigError(_plan_error(cfg, split, corpora, error)) from error
     oversize: dict[str, dict[str, int]] = {}
-    for split, build in (
-        ("train", dm.train_dataloader),
-        ("valid", dm.val_dataloader),
-        ("test", dm.test_dataloader if with_test and cfg.get("test") else None),
-    ):
-        if build is None:
-            continue
-        try:  # the DataModule's own samplers: what the Trainer will get, here as rank 0 of 1
-            build()
+    stages = {"train": "train", "valid": "val"}
+    if with_test and cfg.get("test"):
+        stages["test"] = "test"
+    for split, stage in stages.items():
+        try:  # planned and checked as the Trainer will, here as rank 0 of 1
+            plan = dm.check(stages=(stage,))[stage]
         except ValueError as error:
             raise ConfigError(_plan_error(cfg, split, corpora, error)) from error
-        sampler = dm.samplers[
-            "train" if split == "train" else "val" if split == "valid" else "test"
-        ]
-        counts = oversize_counts(sampler)
+        counts = oversize_counts(dm.planner(stage), plan)
         oversize[split] = counts
         lost = counts["skipped"] + counts["truncated"]
         if lost > MAX_OVERSIZE_SHARE * counts["examples"]:
@@ -265,7 +289,6 @@ def build_datamodule(
                 f"WARNING: data.oversize={data.oversize}: {describe_oversize(split, counts)}.",
                 file=sys.stderr,
             )
-    dm.samplers.clear()  # rebuilt for the Trainer's rank, world size and accumulation
     dm.oversize = oversize  # type: ignore[attr-defined]  # for train()'s metrics
     sizes: dict[str, Any] = {
         split: sum(len(e[split][0]) for e in encoded) for split in ("train", "valid", "test")
@@ -287,8 +310,9 @@ def check_resume(cfg: DictConfig, dm: TokenBudgetDataModule, ckpt: dict[str, Any
     state = sampler_state(ckpt)
     if state is None or cfg.get("on_resume_mismatch", "error") != "error":
         return
-    dm.train_dataloader()
-    sampler = dm.samplers.pop("train")
+    # a sampler of the DataModule's training planner (rank and world size from the
+    # environment, as the DataModule's own without a Trainer); the DataModule is left as is
+    sampler = TokenBudgetBatchSampler.from_planner(dm.planner("train"))
     try:
         sampler.load_state_dict(state)
     except (ValueError, TypeError) as error:

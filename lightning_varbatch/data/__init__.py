@@ -1,28 +1,20 @@
 """The torch side of the data path: sampler, collate, loader and the LightningDataModule.
 
-:class:`TokenBudgetBatchSampler` is one rank's view of a :mod:`lightning_varbatch.planner`
-plan; :class:`PaddingCollate` pads a micro-batch and puts the plan's counts on it;
-:func:`token_budget_dataloader` and :class:`TokenBudgetDataModule` assemble them so that
-Lightning leaves the batches alone.
+:mod:`~lightning_varbatch.data.sampler` (:class:`~lightning_varbatch.TokenBudgetBatchSampler`)
+is one rank's view of a :mod:`lightning_varbatch.planner` plan, yielding
+:mod:`~lightning_varbatch.data.micro_batch` lists;
+:mod:`~lightning_varbatch.data.collate` (:class:`~lightning_varbatch.PaddingCollate`) pads a
+micro-batch and puts the plan's counts on it; :mod:`~lightning_varbatch.data.loader`
+(:func:`~lightning_varbatch.token_budget_dataloader`) and
+:mod:`~lightning_varbatch.data.datamodule` (:class:`~lightning_varbatch.TokenBudgetDataModule`)
+assemble them so that Lightning leaves the batches alone.
+
+Each public name has one home: import it from :mod:`lightning_varbatch` (or from the module
+that defines it); this package re-exports nothing.
 
 Example:
-    >>> from lightning_varbatch.data import TokenBudgetBatchSampler
+    >>> from lightning_varbatch import TokenBudgetBatchSampler
     >>> sampler = TokenBudgetBatchSampler([3, 5, 2, 7, 4], max_tokens=10, rank=0, world_size=1)
     >>> sorted(i for batch in sampler for i in batch)
     [0, 1, 2, 3, 4]
 """
-
-from lightning_varbatch.data.collate import PaddingCollate
-from lightning_varbatch.data.datamodule import TokenBudgetDataModule
-from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
-from lightning_varbatch.data.micro_batch import MicroBatch
-from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
-
-__all__ = [
-    "MicroBatch",
-    "PaddingCollate",
-    "TokenBudgetBatchSampler",
-    "TokenBudgetDataLoader",
-    "TokenBudgetDataModule",
-    "token_budget_dataloader",
-]

@@ -1,10 +1,12 @@
 """Padding collate for token-budgeted batches, carrying the plan's bookkeeping onto the batch.
 
-The batch sampler yields :class:`~lightning_varbatch.data.sampler.MicroBatch` lists that know their
-token counts and the whole optimizer step's token count. torch's fetcher hands that list, as it
-is, to ``dataset.__getitems__``; :class:`BatchInfoDataset` reads the metadata there and returns
-a :class:`CollatedItems` list carrying it (also across DataLoader worker processes, since both
-pickle with their attributes). :class:`PaddingCollate` pads the fields and puts the counts of
+The batch sampler yields :class:`~lightning_varbatch.MicroBatch` lists that know their token
+counts and the whole optimizer step's token count. torch's fetcher hands that list, as it is,
+to ``dataset.__getitems__``; the loader's dataset wrapper
+(:mod:`lightning_varbatch.data.loader`) passes it with the fetched items to
+:func:`attach_plan`, which returns the items as a list carrying the plan's counts
+(:data:`lightning_varbatch.keys.PLAN_COUNTS`; also across DataLoader worker processes, since it
+pickles with them). :class:`PaddingCollate` pads the fields and puts the counts of
 :mod:`lightning_varbatch.keys` on the batch, checking the real token count against the plan.
 
 Example:
@@ -23,29 +25,28 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import IterableDataset
 
 from lightning_varbatch import keys
 
-__all__ = ["BatchInfoDataset", "CollatedItems", "PaddingCollate", "check_map_style"]
+__all__ = ["PaddingCollate", "attach_plan", "batch_info", "check_map_style"]
 
 TOKENS_KEY = "tokens"
-_INFO_FIELDS = ("epoch", "step", "micro", "ntokens", "step_ntokens", "step_nexamples")
 
 
-class CollatedItems(list[Any]):
+class _CollatedItems(list[Any]):
     """The items of one micro-batch plus the plan's metadata for it (``info``).
 
     Attributes:
-        info: ``epoch``, ``step``, ``micro``, ``ntokens``, ``step_ntokens``,
-            ``step_nexamples``, ``dataset`` and ``truncate_to`` (0: none) of the micro-batch,
-            or ``None`` when the indices were a plain list.
+        info: the micro-batch's plan counts (:func:`batch_info`: one entry per row of
+            :data:`lightning_varbatch.keys.PLAN_COUNTS`, ``None`` where unknown), or ``None``
+            when the indices were a plain list.
         ids: the dataset index of every item (``None``: unknown), for error messages.
         planned_lengths: the length the plan budgeted for every item
             (:attr:`~lightning_varbatch.MicroBatch.planned_lengths`), ``None``: unknown.
 
     Example:
-        >>> items = CollatedItems([{"tokens": [1]}], info={"ntokens": 1})
+        >>> items = _CollatedItems([{"tokens": [1]}], info={"ntokens": 1})
         >>> len(items), items.info
         (1, {'ntokens': 1})
     """
@@ -53,7 +54,7 @@ class CollatedItems(list[Any]):
     def __init__(
         self,
         items: Sequence[Any],
-        info: dict[str, int] | None = None,
+        info: Mapping[str, int | None] | None = None,
         ids: list[int] | None = None,
         planned_lengths: list[int] | None = None,
     ) -> None:
@@ -63,73 +64,69 @@ class CollatedItems(list[Any]):
         self.planned_lengths = planned_lengths
 
 
-def batch_info(indices: Sequence[int]) -> dict[str, int] | None:
-    """The plan metadata of a :class:`~lightning_varbatch.data.sampler.MicroBatch`, else ``None``.
+def batch_info(indices: Sequence[int]) -> dict[str, int | None] | None:
+    """The plan's counts of a :class:`~lightning_varbatch.MicroBatch`, else ``None``.
+
+    One entry per row of :data:`lightning_varbatch.keys.PLAN_COUNTS`, under its ``attribute``
+    name (``None``: unknown); ``None`` for a plain list of indices.
 
     Example:
-        >>> from lightning_varbatch.data.sampler import MicroBatch
+        >>> from lightning_varbatch.data.micro_batch import MicroBatch
         >>> mb = MicroBatch([3], epoch=0, step=1, micro=0, rank=0, ntokens=4,
         ...                 step_ntokens=9, step_nexamples=2)
-        >>> batch_info(mb)["step_ntokens"], batch_info([3])
-        (9, None)
+        >>> batch_info(mb)["step_ntokens"], batch_info(mb)["truncate_to"], batch_info([3])
+        (9, None, None)
     """
-    if not all(hasattr(indices, name) for name in _INFO_FIELDS):
+    if not all(hasattr(indices, c.attribute) for c in keys.PLAN_COUNTS if c.required):
         return None
-    info = {name: int(getattr(indices, name)) for name in _INFO_FIELDS}
-    info["dataset"] = int(getattr(indices, "dataset", 0))
-    info["truncate_to"] = int(getattr(indices, "truncate_to", None) or 0)  # 0: no truncation
-    for name in ("world_size", "accumulate_grad_batches"):  # the plan's topology; 0: unknown
-        info[name] = int(getattr(indices, name, None) or 0)
+    info: dict[str, int | None] = {}
+    for count in keys.PLAN_COUNTS:
+        value = getattr(indices, count.attribute, None)
+        info[count.attribute] = count.default if value is None else int(value)
     return info
 
 
-class BatchInfoDataset(Dataset[Any]):
-    """Wrap a map-style dataset so that each fetched micro-batch keeps the plan's metadata.
+def _plan_entries(info: Mapping[str, int | None]) -> dict[str, torch.Tensor]:
+    """The batch entries of the plan's counts: every keyed, known row of ``PLAN_COUNTS``."""
+    out = {}
+    for count in keys.PLAN_COUNTS:
+        value = info.get(count.attribute)
+        if count.key is not None and value is not None:
+            out[count.key] = torch.tensor(value)
+    return out
 
-    ``__getitems__`` receives the sampler's :class:`~lightning_varbatch.data.sampler.MicroBatch`
-    (torch's fetcher passes the batch sampler's list through unchanged) and returns a
-    :class:`CollatedItems` whose ``info`` :class:`PaddingCollate` turns into batch entries.
 
-    Args:
-        dataset: any map-style dataset (``__getitem__``; its ``__getitems__`` is used when it
-            has one).
+def attach_plan(items: Sequence[Any], indices: Sequence[int]) -> Sequence[Any]:
+    """The fetched ``items`` of ``indices`` as :class:`PaddingCollate` reads them: with the plan.
+
+    When ``indices`` is a :class:`~lightning_varbatch.data.micro_batch.MicroBatch`, the
+    returned list also carries its plan counts (:func:`batch_info`), the dataset ids and the
+    planned lengths, for the collate's entries, checks and messages; it pickles with them, so
+    it crosses DataLoader worker processes.
+
+    Raises:
+        RuntimeError: when there is not one item per index.
 
     Example:
-        >>> from lightning_varbatch.data.sampler import MicroBatch
-        >>> data = BatchInfoDataset([{"tokens": [1, 2]}, {"tokens": [3]}])
+        >>> from lightning_varbatch.data.micro_batch import MicroBatch
         >>> mb = MicroBatch([1, 0], epoch=0, step=0, micro=0, rank=0, ntokens=3,
         ...                 step_ntokens=3, step_nexamples=2)
-        >>> items = data.__getitems__(mb)
-        >>> items, items.info["step_ntokens"]
-        ([{'tokens': [3]}, {'tokens': [1, 2]}], 3)
+        >>> items = attach_plan([{"tokens": [3]}, {"tokens": [1, 2]}], mb)
+        >>> items.info["step_ntokens"], items.ids
+        (3, [1, 0])
     """
-
-    def __init__(self, dataset: Any) -> None:
-        check_map_style(dataset, "dataset")
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index]
-
-    def __getitems__(self, indices: Sequence[int]) -> CollatedItems:
-        """The items at ``indices`` with the micro-batch's metadata."""
-        inner = getattr(self.dataset, "__getitems__", None)
-        items = inner(indices) if callable(inner) else [self.dataset[i] for i in indices]
-        if len(items) != len(indices):
-            raise RuntimeError(
-                f"{type(self.dataset).__name__}.__getitems__ returned {len(items)} items for "
-                f"{len(indices)} indices; it must return one item per index, in order."
-            )
-        planned = getattr(indices, "planned_lengths", None)
-        return CollatedItems(
-            items,
-            batch_info(indices),
-            ids=[int(i) for i in indices],
-            planned_lengths=None if planned is None else list(planned),
+    if len(items) != len(indices):
+        raise RuntimeError(
+            f"the dataset returned {len(items)} items for {len(indices)} indices; its "
+            "__getitems__ must return one item per index, in order."
         )
+    planned = getattr(indices, "planned_lengths", None)
+    return _CollatedItems(
+        items,
+        batch_info(indices),
+        ids=[int(i) for i in indices],
+        planned_lengths=None if planned is None else list(planned),
+    )
 
 
 def check_map_style(dataset: Any, name: str = "dataset") -> None:
@@ -233,12 +230,15 @@ class PaddingCollate:
     Items are mappings holding 1-D LongTensors or lists of ints: ``source``/``target`` pairs
     (keys configurable) or a single ``"tokens"`` field. The batch holds, per field ``f``, the
     padded ``f`` and a bool ``f_mask`` (True on real tokens), plus 0-dim long tensors under the
-    names of :mod:`lightning_varbatch.keys`: ``NTOKENS`` (real target tokens; real tokens for a
-    single field), ``NEXAMPLES``, ``PADDED_TOKENS`` (slots of all padded fields),
-    ``INPUT_TOKENS`` (real tokens of all fields) and, when the items come through
-    :class:`BatchInfoDataset` from a :class:`~lightning_varbatch.TokenBudgetBatchSampler`,
-    ``STEP_NTOKENS``, ``STEP_NEXAMPLES`` and ``DATASET``. Other item entries are gathered:
-    ints into a ``(batch,)`` long tensor, anything else into a list.
+    names of :mod:`lightning_varbatch.keys`: ``NTOKENS`` (real loss tokens: target tokens, or
+    real tokens for a single field, minus ``loss_offset`` per example), ``NEXAMPLES``,
+    ``PADDED_TOKENS`` (slots of all padded fields), ``INPUT_TOKENS`` (real tokens of all
+    fields) and, on micro-batches of a :class:`~lightning_varbatch.TokenBudgetBatchSampler`
+    (through :func:`~lightning_varbatch.token_budget_dataloader` or
+    :class:`~lightning_varbatch.TokenBudgetDataModule`), the plan's counts of
+    :data:`lightning_varbatch.keys.PLAN_COUNTS` (``STEP_NTOKENS``, ``STEP_NEXAMPLES``,
+    ``DATASET``, ...). Other item entries are gathered: ints into a ``(batch,)`` long tensor,
+    anything else into a list.
 
     Two checks against the plan run on micro-batches from a
     :class:`~lightning_varbatch.TokenBudgetBatchSampler` (both on by default):
@@ -247,9 +247,11 @@ class PaddingCollate:
       length the plan budgeted for that item (its planning length, ``max(source, target)``
       for pairs), so no micro-batch pads to more slots than the plan allowed (``max_tokens``).
       This holds whatever the ``loss_lengths``; it costs a few microseconds per micro-batch.
-    * ``check_ntokens``: the real loss-field tokens equal the plan's count (the exact loss
-      normaliser). Turn it off when the sampler was given ``loss_lengths`` that differ from the
-      loss field's length (e.g. target minus one for teacher forcing).
+    * ``check_ntokens``: the real loss tokens (loss-field tokens minus ``loss_offset`` per
+      example) equal the plan's count (the exact loss normaliser). For teacher forcing, where
+      the loss predicts ``target[1:]``, give the sampler ``loss_lengths`` of target minus one
+      and the collate ``loss_offset=1``; turn the check off only when the loss tokens differ
+      from the field's length in another way.
 
     Args:
         pad_id: the padding token id (an integer).
@@ -260,8 +262,11 @@ class PaddingCollate:
             ``oversize="truncate"``; :class:`TokenBudgetDataModule` sets it). A micro-batch
             whose plan cuts shorter (a dataset of a mixture with its own budget) is cut to
             the plan's length.
-        check_ntokens: compare the real loss-field token count with the plan's.
+        check_ntokens: compare the real loss-token count with the plan's.
         check_widths: check every padded field of every item against the plan's length for it.
+        loss_offset: loss tokens per example are its real loss-field tokens (after
+            truncation) minus this, at least 0 (teacher forcing, predicting ``target[1:]``: 1);
+            counted in ``NTOKENS`` and checked against the plan's ``loss_lengths``.
 
     Raises:
         ValueError: for bad settings, non 1-D fields, an item without the expected fields, or
@@ -277,6 +282,8 @@ class PaddingCollate:
         ((2, 8), (2, 4))
         >>> [int(batch[k]) for k in ("ntokens", "padded_tokens", "input_tokens")]
         [3, 24, 10]
+        >>> int(PaddingCollate(loss_offset=1)([{"source": [1], "target": [3, 4, 5]}])["ntokens"])
+        2
     """
 
     def __init__(
@@ -288,6 +295,7 @@ class PaddingCollate:
         truncate_to: int | None = None,
         check_ntokens: bool = True,
         check_widths: bool = True,
+        loss_offset: int = 0,
     ) -> None:
         if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
             raise TypeError(
@@ -322,6 +330,16 @@ class PaddingCollate:
         self.truncate_to = None if truncate_to is None else int(truncate_to)
         self.check_ntokens = _check_bool("check_ntokens", check_ntokens)
         self.check_widths = _check_bool("check_widths", check_widths)
+        if (
+            isinstance(loss_offset, (bool, np.bool_))
+            or not isinstance(loss_offset, (int, np.integer))
+            or loss_offset < 0
+        ):
+            raise ValueError(
+                f"loss_offset must be an integer >= 0 (loss tokens per example = its target "
+                f"tokens minus loss_offset; 1 for teacher forcing), got {loss_offset!r}."
+            )
+        self.loss_offset = int(loss_offset)
 
     def with_truncation(self, truncate_to: int | None) -> PaddingCollate:
         """A copy cutting fields to ``truncate_to`` (unless this one already cuts).
@@ -381,7 +399,7 @@ class PaddingCollate:
             ...
             ValueError: PaddingCollate expects items with ... dataset item 5 has keys ['source']...
         """
-        items = CollatedItems([item], ids=[int(index)])
+        items = _CollatedItems([item], ids=[int(index)])
         fields, _ = self._fields(item, _where(items, 0))
         for field in fields:
             row = _as_tokens(item[field], field, _where(items, 0))
@@ -416,7 +434,7 @@ class PaddingCollate:
         return padded, mask
 
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Collate one micro-batch of items (a :class:`CollatedItems` or a plain list)."""
+        """Collate one micro-batch of items (a :class:`_CollatedItems` or a plain list)."""
         if len(items) == 0:
             raise ValueError("PaddingCollate got an empty micro-batch.")
         fields, loss_field = self._fields(items[0], _where(items, 0))
@@ -438,7 +456,7 @@ class PaddingCollate:
         truncate_to = min((x for x in limits if x), default=0)
         batch: dict[str, Any] = {}
         real: dict[str, int] = {}
-        padded_slots = 0
+        padded_slots = loss_tokens = 0
         for field in fields:
             rows = []
             for position, item in enumerate(items):
@@ -459,6 +477,9 @@ class PaddingCollate:
             padded, mask = self._pad(rows, lengths)
             batch[field], batch[f"{field}_mask"] = padded, mask
             real[field] = sum(lengths)
+            if field == loss_field:
+                off = self.loss_offset
+                loss_tokens = sum(max(n - off, 0) for n in lengths) if off else real[field]
             padded_slots += padded.numel()
         for name in items[0]:
             if name in fields:
@@ -468,19 +489,14 @@ class PaddingCollate:
                 batch[name] = torch.tensor(values, dtype=torch.long)
             else:
                 batch[name] = values
-        ntokens = real[loss_field]
+        ntokens = loss_tokens
         batch[keys.NTOKENS] = torch.tensor(ntokens)
         batch[keys.NEXAMPLES] = torch.tensor(len(items))
         batch[keys.PADDED_TOKENS] = torch.tensor(padded_slots)
         batch[keys.INPUT_TOKENS] = torch.tensor(sum(real.values()))
         if info is not None:
             self._check(info, ntokens, len(items), loss_field)
-            batch[keys.STEP_NTOKENS] = torch.tensor(info["step_ntokens"])
-            batch[keys.STEP_NEXAMPLES] = torch.tensor(info["step_nexamples"])
-            batch[keys.DATASET] = torch.tensor(info.get("dataset", 0))
-            if info.get("world_size"):
-                batch[keys.PLAN_WORLD_SIZE] = torch.tensor(info["world_size"])
-                batch[keys.PLAN_ACCUMULATE] = torch.tensor(info["accumulate_grad_batches"])
+            batch.update(_plan_entries(info))
         return batch
 
     def _check_widths(
@@ -500,11 +516,21 @@ class PaddingCollate:
                     self._width_message(field, _where(items, position), got, int(budget), extra)
                 )
 
-    def _check(self, info: Mapping[str, int], ntokens: int, nexamples: int, field: str) -> None:
+    def _check(
+        self, info: Mapping[str, int | None], ntokens: int, nexamples: int, field: str
+    ) -> None:
         if not self.check_ntokens:
             return
         if info["ntokens"] != ntokens:
             where = f"epoch {info['epoch']}, step {info['step']}, micro-batch {info['micro']}"
+            if self.loss_offset:
+                raise ValueError(
+                    f"The micro-batch at {where} has {ntokens} loss tokens (real {field!r} "
+                    f"tokens minus loss_offset={self.loss_offset} per example) but the plan "
+                    f"counted {info['ntokens']}: the sampler's loss_lengths do not match the "
+                    f"dataset. Pass loss_lengths equal to each example's {field!r} length minus "
+                    f"{self.loss_offset} (after any truncation), or change loss_offset."
+                )
             raise ValueError(
                 f"The micro-batch at {where} has {ntokens} real {field!r} tokens but the plan "
                 f"counted {info['ntokens']}: the sampler's `lengths` do not match the dataset. "
@@ -513,7 +539,7 @@ class PaddingCollate:
                 "give the sampler loss_lengths and PaddingCollate(check_ntokens=False) (the "
                 "width check, check_widths, stays on)."
             )
-        if info["step_nexamples"] < nexamples:
+        if (info["step_nexamples"] or 0) < nexamples:
             raise ValueError(
                 f"The micro-batch has {nexamples} examples but its step only "
                 f"{info['step_nexamples']}: the dataset does not match the sampler's `lengths`."

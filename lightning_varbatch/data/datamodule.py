@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,23 +44,34 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import ConcatDataset
 
 from lightning_varbatch.data.collate import PaddingCollate, check_map_style
-from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
+from lightning_varbatch.data.loader import TokenBudgetDataLoader
 from lightning_varbatch.data.sampler import (
     ON_MISMATCH,
     OnMismatch,
-    Planner,
     TokenBudgetBatchSampler,
-    _plain_settings,
+    plain_settings,
 )
+from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
 
-__all__ = ["TokenBudgetDataLoader", "TokenBudgetDataModule", "token_budget_dataloader"]
+__all__ = ["TokenBudgetDataModule"]
 
 Lengths = npt.ArrayLike | Callable[[Any], npt.ArrayLike]
-_FIXED = {"lengths", "max_tokens", "rank", "world_size", "accumulate_grad_batches", "epoch"}
+_FIXED = {
+    "lengths",
+    "max_tokens",
+    "rank",
+    "world_size",
+    "accumulate_grad_batches",
+    "epoch",
+    "loss_lengths",  # per stage: train_loss_lengths, val_loss_lengths, test_loss_lengths
+    "_planner",
+}
+STAGES = ("train", "val", "test")
 _SAMPLER_KWARGS = frozenset(inspect.signature(TokenBudgetBatchSampler.__init__).parameters) - {
     "self",
     *_FIXED,
@@ -165,6 +176,23 @@ def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) 
         )
 
 
+def _check_evaluation(stage: str, sampler: TokenBudgetBatchSampler) -> None:
+    """An evaluation plan must see every example exactly once across the ranks."""
+    n = sampler.planner.num_examples
+    if n < sampler.world_size:
+        raise ValueError(
+            f"{stage}_dataset has {n} examples for {sampler.world_size} ranks: every "
+            "rank needs at least one to evaluate each example exactly once; use fewer "
+            "devices for evaluation or a larger dataset."
+        )
+    plan = sampler.plan
+    if plan.num_duplicated or plan.num_dropped:
+        raise RuntimeError(
+            f"The {stage} plan repeats {plan.num_duplicated} and drops "
+            f"{plan.num_dropped} examples; evaluation must see each exactly once."
+        )
+
+
 class TokenBudgetDataModule(LightningDataModule):
     """Token-budgeted train/val/test loaders, sharded by rank, resumable mid-epoch.
 
@@ -198,6 +226,15 @@ class TokenBudgetDataModule(LightningDataModule):
         test_dataset: optional test dataset.
         test_lengths: its lengths (or callable); required with ``test_dataset``.
         val_max_tokens: budget for validation and test (default ``max_tokens``).
+        train_loss_lengths: loss tokens per training item when they are not its length (1-D
+            lengths) or its target length (pairs), e.g. target minus one for teacher forcing
+            (with ``PaddingCollate(loss_offset=1)``); an array or a callable
+            ``dataset -> loss lengths``. Only for a plain dataset: a
+            :class:`~lightning_varbatch.DataSource` carries its own ``loss_lengths``.
+        val_loss_lengths: the same for ``val_dataset``.
+        test_loss_lengths: the same for ``test_dataset``. Each stage has its own: the
+            planner setting ``loss_lengths`` is refused (it would describe one split's items
+            only), with a message pointing here.
         collate: the collate function (default :class:`PaddingCollate` with the sampler's
             ``pad_to_multiple_of``); a :class:`PaddingCollate` gets the sampler's truncation.
         num_workers: DataLoader worker processes.
@@ -208,8 +245,9 @@ class TokenBudgetDataModule(LightningDataModule):
             ``"restart_epoch"`` starts the checkpoint's epoch afresh on the current data: the
             epoch number is kept and every example of that epoch is trained exactly once from
             its start (see :meth:`TokenBudgetBatchSampler.load_state_dict`).
-        **sampler_kwargs: planner settings of :class:`~lightning_varbatch.TokenBudgetBatchSampler`
-            (``cost``, ``max_examples``, ``batch_size_multiple``, ``pad_to_multiple_of``,
+        **sampler_kwargs: planner settings, the fields of
+            :class:`~lightning_varbatch.PlanConfig` but ``max_tokens`` (``cost``,
+            ``max_examples``, ``batch_size_multiple``, ``pad_to_multiple_of``,
             ``bucket_width``, ``seed``, ``tail``, ``oversize``, ``shuffle``, ...).
 
     Raises:
@@ -242,6 +280,9 @@ class TokenBudgetDataModule(LightningDataModule):
         test_dataset: Any = None,
         test_lengths: Lengths | None = None,
         val_max_tokens: int | None = None,
+        train_loss_lengths: Lengths | None = None,
+        val_loss_lengths: Lengths | None = None,
+        test_loss_lengths: Lengths | None = None,
         collate: Callable[[Any], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
@@ -249,6 +290,12 @@ class TokenBudgetDataModule(LightningDataModule):
         **sampler_kwargs: Any,
     ) -> None:
         super().__init__()
+        if "loss_lengths" in sampler_kwargs:
+            raise TypeError(
+                "TokenBudgetDataModule takes loss lengths per split: pass train_loss_lengths= "
+                "(and val_loss_lengths= / test_loss_lengths= for the evaluation splits) instead "
+                "of loss_lengths=, which would describe the items of one split only."
+            )
         unknown = sorted(set(sampler_kwargs) - _SAMPLER_KWARGS)
         if unknown:
             raise TypeError(
@@ -323,21 +370,23 @@ class TokenBudgetDataModule(LightningDataModule):
             self.datasets[name] = (
                 data if sources is None else ConcatDataset([s.dataset for s in sources])
             )
-        if sampler_kwargs.get("loss_lengths") is not None:
-            # loss_lengths describe the training items only; anywhere else they would be
-            # ignored (data sources) or describe the wrong items (validation, test).
-            others = [n for n in ("val", "test") if self.datasets[n] is not None]
-            if self.sources["train"] is not None or any(self.sources[n] is None for n in others):
+        self._loss_in: dict[str, Lengths | None] = {
+            "train": train_loss_lengths,
+            "val": val_loss_lengths,
+            "test": test_loss_lengths,
+        }
+        for name, loss in self._loss_in.items():
+            if loss is None:
+                continue
+            if self.datasets[name] is None:
                 raise ValueError(
-                    "loss_lengths (a planner setting of TokenBudgetDataModule) describes the "
-                    "items of one plain training dataset, but "
-                    + (
-                        "train_dataset is a list of DataSource"
-                        if self.sources["train"] is not None
-                        else f"{' and '.join(others)}_dataset would need their own"
-                    )
-                    + ": give every split as a list of DataSource(lengths, dataset=..., "
-                    "loss_lengths=...) instead."
+                    f"{name}_loss_lengths was given without {name}_dataset: pass both or neither."
+                )
+            if self.sources[name] is not None:
+                raise ValueError(
+                    f"{name}_loss_lengths describes the items of one plain dataset, but "
+                    f"{name}_dataset is a list of DataSource: give each DataSource its own "
+                    "loss_lengths (DataSource(lengths, dataset=..., loss_lengths=...)) instead."
                 )
         self.mixing: dict[str, Any] = {
             "mixing": mixing,
@@ -392,6 +441,20 @@ class TokenBudgetDataModule(LightningDataModule):
             )
         return lengths
 
+    def _loss_lengths(self, stage: str) -> np.ndarray | None:
+        given = self._loss_in[stage]
+        if callable(given):
+            try:
+                given = given(self.datasets[stage])
+            except Exception as error:
+                raise type(error)(
+                    f"{stage}_loss_lengths (a callable) raised {type(error).__name__}: {error} "
+                    f"while computing the loss lengths of {stage}_dataset; it must return one "
+                    "loss length per item."
+                ) from error
+            self._loss_in[stage] = given  # computed once
+        return None if given is None else np.asarray(given)
+
     def _topology(self, stage: str) -> tuple[int | None, int | None, int]:
         trainer = self._trainer
         if trainer is None:
@@ -405,7 +468,6 @@ class TokenBudgetDataModule(LightningDataModule):
         if planner is not None:
             return planner
         kwargs = dict(self.sampler_kwargs)
-        loss_lengths = kwargs.pop("loss_lengths", None)
         budget = self.max_tokens
         mixing: dict[str, Any] = dict(self.mixing)
         if stage != "train":
@@ -413,17 +475,17 @@ class TokenBudgetDataModule(LightningDataModule):
             kwargs.update(shuffle=False, tail="spread")
             budget = self.val_max_tokens
             mixing = {"mixing": "per_batch"}  # one pass over every dataset
-            loss_lengths = None  # the training data's loss lengths; not those of this split
         sources = self.sources[stage]
         try:
-            config = PlanConfig(**_plain_settings(max_tokens=budget, **kwargs))
+            config = PlanConfig(**plain_settings(max_tokens=budget, **kwargs))
             if sources is None:
-                planner = EpochPlanner(self._lengths(stage), config, loss_lengths)
+                lengths = self._lengths(stage)
+                planner = EpochPlanner(lengths, config, self._loss_lengths(stage))
             else:
                 planner = MixturePlanner(sources, config, **mixing)
         except (ValueError, TypeError) as error:
             text = str(error)
-            if text.startswith("lengths"):  # name the DataModule's argument
+            if text.startswith(("lengths", "loss_lengths")):  # name the DataModule's argument
                 text = f"{stage}_{text}"
             if stage == "train" or isinstance(error, TypeError):
                 if text == str(error):
@@ -453,19 +515,7 @@ class TokenBudgetDataModule(LightningDataModule):
         elif rank is not None and world is not None:
             sampler.set_distributed(rank, world, accumulate)
         if stage != "train":
-            n = sampler.planner.num_examples
-            if n < sampler.world_size:
-                raise ValueError(
-                    f"{stage}_dataset has {n} examples for {sampler.world_size} ranks: every "
-                    "rank needs at least one to evaluate each example exactly once; use fewer "
-                    "devices for evaluation or a larger dataset."
-                )
-            plan = sampler.plan
-            if plan.num_duplicated or plan.num_dropped:
-                raise RuntimeError(
-                    f"The {stage} plan repeats {plan.num_duplicated} and drops "
-                    f"{plan.num_dropped} examples; evaluation must see each exactly once."
-                )
+            _check_evaluation(stage, sampler)
         return sampler
 
     def _loader(self, stage: str) -> TokenBudgetDataLoader:
@@ -483,6 +533,81 @@ class TokenBudgetDataModule(LightningDataModule):
             pin_memory=self.pin_memory,
             evaluation=stage != "train",
         )
+
+    # -- planning without a Trainer -------------------------------------------------------
+
+    def planner(self, stage: str) -> Planner:
+        """The planner of ``stage`` (``"train"``, ``"val"`` or ``"test"``), built at construction.
+
+        Its ``num_examples``, ``truncate_to`` (``oversize="truncate"``) and ``config`` say
+        what every rank's sampler of that stage plans with.
+
+        Raises:
+            ValueError: for an unknown stage or one without a dataset.
+        """
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}.")
+        if self.datasets[stage] is None:
+            raise ValueError(f"TokenBudgetDataModule has no {stage}_dataset.")
+        return self._planner(stage)
+
+    def check(
+        self,
+        world_size: int = 1,
+        accumulate_grad_batches: int = 1,
+        *,
+        stages: Sequence[str] = STAGES,
+        epoch: int = 0,
+    ) -> dict[str, EpochPlan]:
+        """Plan and check every stage as a Trainer with this topology would, without one.
+
+        Lengths and settings are checked when the DataModule is built; this also plans each
+        stage for ``world_size`` ranks (training with ``accumulate_grad_batches``; evaluation
+        with 1, as Lightning does) and applies the checks its loaders apply (evaluation sees
+        every example exactly once, with at least one example per rank). Nothing is kept:
+        the loaders a Trainer asks for later are built for its own topology.
+
+        Args:
+            world_size: number of ranks the run will have (``trainer.world_size``).
+            accumulate_grad_batches: the Trainer's ``accumulate_grad_batches``.
+            stages: the stages to check; those without a dataset are left out.
+            epoch: the training epoch to plan (evaluation always plans epoch 0).
+
+        Returns:
+            The plan of every checked stage, by stage name (``plan.num_skipped``,
+            ``plan.num_truncated``, ``plan.num_micro_batches_per_rank``, ...).
+
+        Raises:
+            ValueError: for a bad topology or stage, or a stage that cannot be planned or
+                evaluated with it; the message names the stage's setting.
+            RuntimeError: for an evaluation plan that would repeat or drop examples.
+
+        Example:
+            >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
+            >>> dm = TokenBudgetDataModule(data, [3, 5, 2, 7, 4, 6], 12,
+            ...                            val_dataset=data[:3], val_lengths=[3, 5, 2])
+            >>> plans = dm.check(world_size=2, accumulate_grad_batches=2)
+            >>> sorted(plans), plans["train"].world_size, dm.samplers
+            (['train', 'val'], 2, {})
+        """
+        unknown = [s for s in stages if s not in STAGES]
+        if isinstance(stages, str) or unknown:
+            raise ValueError(f"stages must be a sequence of {', '.join(STAGES)}, got {stages!r}.")
+        plans: dict[str, EpochPlan] = {}
+        for stage in stages:
+            if self.datasets[stage] is None:
+                continue
+            sampler = TokenBudgetBatchSampler.from_planner(
+                self._planner(stage),
+                rank=0,
+                world_size=world_size,
+                accumulate_grad_batches=accumulate_grad_batches if stage == "train" else 1,
+                epoch=epoch if stage == "train" else 0,
+            )
+            if stage != "train":
+                _check_evaluation(stage, sampler)
+            plans[stage] = sampler.plan
+        return plans
 
     @property
     def _trainer(self) -> Any:

@@ -7,6 +7,11 @@ Lightning replaces a loader's sampler with a ``DistributedSampler`` only when th
 a ``DistributedSampler`` (:class:`_EpochRelay`) that relays ``set_epoch`` to the batch sampler,
 so the trainer's default ``use_distributed_sampler=True`` needs no change.
 
+Two public names, two roles: :func:`token_budget_dataloader` is the constructor the docs
+teach (the sampler as second argument, like ``DataLoader(dataset, sampler)``), and
+:class:`TokenBudgetDataLoader` is the type it returns, for ``isinstance`` checks and
+annotations (and its ``evaluation=`` option, which the DataModule uses).
+
 Example:
     >>> from lightning_varbatch import TokenBudgetBatchSampler
     >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7)]
@@ -18,14 +23,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from lightning_varbatch.data.collate import BatchInfoDataset, PaddingCollate, check_map_style
+from lightning_varbatch.data.collate import PaddingCollate, attach_plan, check_map_style
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 
 __all__ = [
@@ -34,6 +39,45 @@ __all__ = [
     "check_first_items_of",
     "token_budget_dataloader",
 ]
+
+
+class _BatchInfoDataset(Dataset[Any]):
+    """Wrap a map-style dataset so that each fetched micro-batch keeps the plan's counts.
+
+    ``__getitems__`` receives the sampler's :class:`~lightning_varbatch.MicroBatch` (torch's
+    fetcher passes the batch sampler's list through unchanged) and returns the items through
+    :func:`~lightning_varbatch.data.collate.attach_plan`, which :class:`PaddingCollate` reads.
+
+    Example:
+        >>> from lightning_varbatch.data.micro_batch import MicroBatch
+        >>> data = _BatchInfoDataset([{"tokens": [1, 2]}, {"tokens": [3]}])
+        >>> mb = MicroBatch([1, 0], epoch=0, step=0, micro=0, rank=0, ntokens=3,
+        ...                 step_ntokens=3, step_nexamples=2)
+        >>> items = data.__getitems__(mb)
+        >>> items, items.info["step_ntokens"]
+        ([{'tokens': [3]}, {'tokens': [1, 2]}], 3)
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        check_map_style(dataset, "dataset")
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
+        """The items at ``indices`` with the micro-batch's plan counts."""
+        inner = getattr(self.dataset, "__getitems__", None)
+        items = inner(indices) if callable(inner) else [self.dataset[i] for i in indices]
+        if len(items) != len(indices):
+            raise RuntimeError(
+                f"{type(self.dataset).__name__}.__getitems__ returned {len(items)} items for "
+                f"{len(indices)} indices; it must return one item per index, in order."
+            )
+        return attach_plan(items, indices)
 
 
 class _EpochRelay(DistributedSampler[int]):
@@ -129,7 +173,8 @@ class TokenBudgetDataLoader(DataLoader[Any]):
     ``set_epoch`` calls reach the batch sampler. Build it with :func:`token_budget_dataloader`.
 
     Args:
-        dataset: a map-style dataset (wrapped in :class:`BatchInfoDataset` unless it is one).
+        dataset: a map-style dataset (wrapped so that each fetched micro-batch keeps the
+            plan's counts for the collate).
         batch_sampler: the token-budget sampler, already set to this rank.
         collate_fn: default :class:`PaddingCollate` (with the sampler's truncation).
         num_workers: DataLoader worker processes.
@@ -173,10 +218,10 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         for name, flag in (("pin_memory", pin_memory), ("evaluation", evaluation)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {flag!r}.")
-        inner = dataset.dataset if isinstance(dataset, BatchInfoDataset) else dataset
+        inner = dataset.dataset if isinstance(dataset, _BatchInfoDataset) else dataset
         check_map_style(inner, "dataset")
         check_dataset_size(inner, batch_sampler)
-        wrapped = dataset if isinstance(dataset, BatchInfoDataset) else BatchInfoDataset(dataset)
+        wrapped = dataset if isinstance(dataset, _BatchInfoDataset) else _BatchInfoDataset(dataset)
         if collate_fn is None:
             collate_fn = PaddingCollate(pad_to_multiple_of=batch_sampler.config.pad_to_multiple_of)
             collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)

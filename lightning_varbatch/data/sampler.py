@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import fields
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
@@ -23,12 +24,13 @@ from torch.utils.data import Sampler
 
 from lightning_varbatch.data.micro_batch import MicroBatch, resolve_rank_world
 from lightning_varbatch.planner.costs import CostFn, CostName
-from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
+from lightning_varbatch.planner.epoch_plan import EpochPlan
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import OversizePolicy, PlanConfig, TailPolicy
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
 
-Planner = EpochPlanner | MixturePlanner
 OnMismatch: TypeAlias = Literal["error", "restart_epoch"]
 ON_MISMATCH: tuple[str, ...] = ("error", "restart_epoch")
 
@@ -80,7 +82,7 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _plain_settings(**settings: Any) -> dict[str, Any]:
+def plain_settings(**settings: Any) -> dict[str, Any]:
     """Planner settings with numpy scalars made plain, and ``shuffle`` checked to be a bool."""
     plain = {k: _plain(v) for k, v in settings.items()}
     if "shuffle" in plain and not isinstance(plain["shuffle"], bool):
@@ -127,6 +129,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     and each iterates its own slice: micro-batches of optimizer step ``s`` come in order
     ``(s, micro 0), (s, micro 1), ...``. Batches are :class:`MicroBatch` lists that also carry
     their token counts and the whole step's token count, for exact loss normalisation.
+
+    The planner settings (``max_tokens``, ``max_examples`` ... ``oversize``) are the fields of
+    :class:`PlanConfig`, with the same names and defaults (a test keeps them in step); their
+    full descriptions are there.
 
     Args:
         lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths, one per dataset item.
@@ -178,24 +184,33 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         oversize: OversizePolicy = "error",
         loss_lengths: npt.ArrayLike | None = None,
         epoch: int = 0,
+        _planner: Planner | None = None,
     ) -> None:
-        config = PlanConfig(
-            **_plain_settings(
-                max_tokens=max_tokens,
-                max_examples=max_examples,
-                cost=cost,
-                quadratic_coef=quadratic_coef,
-                batch_size_multiple=batch_size_multiple,
-                pad_to_multiple_of=pad_to_multiple_of,
-                bucket_width=bucket_width,
-                shuffle=shuffle,
-                seed=seed,
-                tail=tail,
-                oversize=oversize,
+        planner: Planner
+        if _planner is None:
+            given = locals()  # the PlanConfig fields are arguments of the same name
+            config = PlanConfig(
+                **plain_settings(**{f.name: given[f.name] for f in fields(PlanConfig)})
             )
-        )
-        _check_accumulate(accumulate_grad_batches)
-        self._init(EpochPlanner(lengths, config, loss_lengths), rank, world_size)
+            _check_accumulate(accumulate_grad_batches)
+            planner = EpochPlanner(lengths, config, loss_lengths)
+        else:  # from_planner: the lengths and settings are the planner's
+            _check_accumulate(accumulate_grad_batches)
+            planner = _planner
+        self.planner = planner
+        # Found in the environment (not given): re-read from the process group once it exists.
+        self._inferred = rank is None or world_size is None
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        self.accumulate_grad_batches = 1
+        self._epoch = 0
+        self._consumed = 0
+        self._restored = False  # a restored position is honoured even at the epoch's end
+        self._history: list[tuple[int, int, int]] = []
+        # Micro-batches the training loop counted in this epoch before it was restarted afresh
+        # (load_state_dict(on_mismatch="restart_epoch")): counted, but no example is excluded.
+        self._offset = 0
+        self._cache: tuple[tuple[Any, ...], EpochPlan] | None = None
+        self._digest: str | None = None
         self.set_distributed(self.rank, self.world_size, _plain(accumulate_grad_batches))
         self.set_epoch(_plain(epoch))
 
@@ -249,7 +264,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """
         planner = MixturePlanner(
             sources,
-            PlanConfig(**_plain_settings(max_tokens=max_tokens, **settings)),
+            PlanConfig(**plain_settings(max_tokens=max_tokens, **settings)),
             mixing=mixing,
             weights=weights,
             temperature=temperature,
@@ -275,6 +290,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     ) -> TokenBudgetBatchSampler:
         """A sampler sharing an existing planner (its sort is computed once for all ranks).
 
+        It is built by ``__init__`` like any other sampler; the planner's lengths and settings
+        (its :class:`PlanConfig`) replace the planner arguments.
+
         Example:
             >>> import numpy as np
             >>> planner = EpochPlanner(np.arange(1, 9), PlanConfig(max_tokens=16))
@@ -282,28 +300,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             >>> s.rank, len(s) > 0
             (1, True)
         """
-        _check_accumulate(accumulate_grad_batches)
-        self = cls.__new__(cls)
-        self._init(planner, rank, world_size)
-        self.set_distributed(self.rank, self.world_size, accumulate_grad_batches)
-        self.set_epoch(epoch)
-        return self
-
-    def _init(self, planner: Planner, rank: int | None, world_size: int | None) -> None:
-        self.planner = planner
-        # Found in the environment (not given): re-read from the process group once it exists.
-        self._inferred = rank is None or world_size is None
-        self.rank, self.world_size = resolve_rank_world(rank, world_size)
-        self.accumulate_grad_batches = 1
-        self._epoch = 0
-        self._consumed = 0
-        self._restored = False  # a restored position is honoured even at the epoch's end
-        self._history: list[tuple[int, int, int]] = []
-        # Micro-batches the training loop counted in this epoch before it was restarted afresh
-        # (load_state_dict(on_mismatch="restart_epoch")): counted, but no example is excluded.
-        self._offset = 0
-        self._cache: tuple[tuple[Any, ...], EpochPlan] | None = None
-        self._digest: str | None = None
+        return cls(
+            (),  # unused: the planner holds the lengths and the settings
+            planner.config.max_tokens,
+            rank=rank,
+            world_size=world_size,
+            accumulate_grad_batches=accumulate_grad_batches,
+            epoch=epoch,
+            _planner=planner,
+        )
 
     # -- settings ------------------------------------------------------------------------
 

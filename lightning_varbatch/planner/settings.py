@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import textwrap
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, TypeAlias
 
 import numpy as np
@@ -116,36 +117,22 @@ def _probe_cost(fn: CostFn) -> None:
         )
 
 
+def _help(text: str) -> dict[str, str]:
+    """A field's help text, its one definition: the docstring and the CLI flags read it."""
+    return {"help": " ".join(text.split())}
+
+
 @dataclass(frozen=True)
 class PlanConfig:
     """How to cut an epoch into token-budgeted micro-batches.
 
+    Every setting is a field below; its help text is defined once, in the field's metadata
+    (``dataclasses.fields(PlanConfig)[i].metadata["help"]``), and is what the ``Args``
+    section of this docstring and the plan command's flags (``python -m
+    lightning_varbatch.plan --help``) show.
+
     Args:
-        max_tokens: the budget of one micro-batch on one rank, in the units of ``cost``
-            (for ``"padded"``: examples × longest padded length, fairseq's ``--max-tokens``).
-        max_examples: at most this many examples per micro-batch (``None``: no cap).
-        cost: ``"padded"`` (default), ``"sum"``, ``"quadratic"`` or a callable
-            ``(num_examples, longest, total) -> cost``; see :mod:`lightning_varbatch.planner.costs`.
-        quadratic_coef: ``c`` in the quadratic model ``n * (L + c * L**2)``.
-        batch_size_multiple: round the number of examples of a micro-batch down to a multiple
-            of this (e.g. 8 for tensor cores) when it holds at least that many.
-        pad_to_multiple_of: lengths are padded up to a multiple of this; the cost model sees
-            the padded length.
-        bucket_width: examples whose lengths fall in the same ``bucket_width``-wide bucket are
-            mixed freely (1: exact length sorting, the tightest padding; larger values add
-            randomness at the price of padding, budgeted with the bucket's longest example).
-        shuffle: shuffle examples of equal bucket and the order of optimizer steps each epoch.
-        seed: the plan depends only on ``seed`` and the epoch.
-        tail: what to do when the number of micro-batches is not a multiple of
-            ``world_size * accumulate_grad_batches``: ``"spread"`` (default) re-cuts the
-            examples of the last, partial optimizer step into exactly that many even
-            micro-batches, so nothing is lost and its ranks stay balanced (only when there are
-            fewer examples than micro-batches needed does it repeat some, counted);
-            ``"drop"`` drops randomly chosen
-            micro-batches (counted); ``"pad"`` repeats randomly chosen micro-batches (counted).
-        oversize: what to do with an example that does not fit the budget on its own:
-            ``"error"`` (default), ``"skip"`` (counted) or ``"truncate"`` (to the longest length
-            that fits; the collate cuts the tokens).
+        {fields}
 
     Raises:
         ValueError: for a setting out of range; the message names it.
@@ -155,17 +142,77 @@ class PlanConfig:
         'drop'
     """
 
-    max_tokens: int
-    max_examples: int | None = None
-    cost: CostName | CostFn = "padded"
-    quadratic_coef: float = 1 / 64
-    batch_size_multiple: int = 1
-    pad_to_multiple_of: int = 1
-    bucket_width: int = 1
-    shuffle: bool = True
-    seed: int = 0
-    tail: TailPolicy = "spread"
-    oversize: OversizePolicy = "error"
+    max_tokens: int = field(
+        metadata=_help(
+            """the budget of one micro-batch on one rank, in the units of ``cost`` (for
+            ``"padded"``: examples x longest padded length, fairseq's ``--max-tokens``)"""
+        )
+    )
+    max_examples: int | None = field(
+        default=None,
+        metadata=_help("at most this many examples per micro-batch (``None``: no cap)"),
+    )
+    cost: CostName | CostFn = field(
+        default="padded",
+        metadata=_help(
+            """the cost model: ``"padded"`` (default), ``"sum"``, ``"quadratic"`` or a
+            callable ``(num_examples, longest, total) -> cost``; see
+            :mod:`lightning_varbatch.planner.costs`"""
+        ),
+    )
+    quadratic_coef: float = field(
+        default=1 / 64,
+        metadata=_help("``c`` in the quadratic cost model ``n * (L + c * L**2)``"),
+    )
+    batch_size_multiple: int = field(
+        default=1,
+        metadata=_help(
+            """round the number of examples of a micro-batch down to a multiple of this
+            (e.g. 8 for tensor cores) when it holds at least that many"""
+        ),
+    )
+    pad_to_multiple_of: int = field(
+        default=1,
+        metadata=_help(
+            """lengths are padded up to a multiple of this; the cost model sees the padded
+            length"""
+        ),
+    )
+    bucket_width: int = field(
+        default=1,
+        metadata=_help(
+            """examples whose lengths fall in the same ``bucket_width``-wide bucket are mixed
+            freely (1: exact length sorting, the tightest padding; larger values add
+            randomness at the price of padding, budgeted with the bucket's longest example)"""
+        ),
+    )
+    shuffle: bool = field(
+        default=True,
+        metadata=_help(
+            """shuffle examples of equal bucket and the order of optimizer steps each epoch"""
+        ),
+    )
+    seed: int = field(default=0, metadata=_help("the plan depends only on ``seed`` and the epoch"))
+    tail: TailPolicy = field(
+        default="spread",
+        metadata=_help(
+            """what to do when the number of micro-batches is not a multiple of
+            ``world_size * accumulate_grad_batches``: ``"spread"`` (default) re-cuts the
+            examples of the last, partial optimizer step into exactly that many even
+            micro-batches, so nothing is lost and its ranks stay balanced (only when there
+            are fewer examples than micro-batches needed does it repeat some, counted);
+            ``"drop"`` drops randomly chosen micro-batches (counted); ``"pad"`` repeats
+            randomly chosen micro-batches (counted)"""
+        ),
+    )
+    oversize: OversizePolicy = field(
+        default="error",
+        metadata=_help(
+            """what to do with an example that does not fit the budget on its own:
+            ``"error"`` (default), ``"skip"`` (counted) or ``"truncate"`` (to the longest
+            length that fits; the collate cuts the tokens)"""
+        ),
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.max_tokens, (bool, np.bool_)) or not isinstance(
@@ -238,8 +285,22 @@ class PlanConfig:
             >>> PlanConfig(8).fingerprint() == PlanConfig(8).fingerprint()
             True
         """
-        fields = asdict(self)
+        values = asdict(self)
         if callable(self.cost):
-            fields["cost"] = getattr(self.cost, "__qualname__", repr(self.cost))
-        blob = json.dumps(fields, sort_keys=True, default=str).encode()
+            values["cost"] = getattr(self.cost, "__qualname__", repr(self.cost))
+        blob = json.dumps(values, sort_keys=True, default=str).encode()
         return hashlib.sha1(blob).hexdigest()[:16]
+
+
+def _args_section() -> str:
+    lines = []
+    for f in fields(PlanConfig):
+        body = textwrap.fill(
+            f"{f.name}: {f.metadata['help']}.", width=88, subsequent_indent="            "
+        )
+        lines.append(body)
+    return "\n        ".join(lines)
+
+
+if PlanConfig.__doc__:  # None under python -OO
+    PlanConfig.__doc__ = PlanConfig.__doc__.replace("{fields}", _args_section())

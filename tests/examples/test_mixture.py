@@ -64,8 +64,12 @@ def test_every_data_option_builds_its_datamodule(option: str, tmp_path: Path) ->
     batches = list(dm.train_dataloader())
     datasets = {int(b["dataset"]) for b in batches}
     if not names:
-        # one corpus: one unnamed DataSource per split (it carries the loss_lengths)
-        assert [s.name for s in dm.sources["train"]] == [None] and datasets == {0}
+        # one corpus: one plain dataset per split, with its own loss lengths (target - BOS)
+        assert dm.sources["train"] is None and datasets == {0}
+        assert sum(int(b["step_ntokens"]) for b in batches) == sum(
+            len(item["target"]) - 1 for item in dm.datasets["train"]
+        )
+        assert sum(len(b["source"]) for b in dm.val_dataloader()) == 10
         assert {k: sizes[k] for k in ("train", "valid", "test")} == {
             "train": 105,
             "valid": 10,

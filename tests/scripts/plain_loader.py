@@ -15,12 +15,8 @@ from datamodule_common import MAX_TOKENS, NUM_TRAIN, Model, make_pairs, pair_len
 from teardown import shutdown
 from torch.utils.data import DataLoader
 
-from lightning_varbatch import (
-    BatchInfoDataset,
-    PaddingCollate,
-    TokenBudgetBatchSampler,
-    token_budget_dataloader,
-)
+from lightning_varbatch import PaddingCollate, TokenBudgetBatchSampler, token_budget_dataloader
+from lightning_varbatch.data.loader import _BatchInfoDataset
 
 
 def main() -> None:
@@ -29,7 +25,7 @@ def main() -> None:
     sampler = TokenBudgetBatchSampler(pair_lengths(items), MAX_TOKENS)  # rank from the env
     if mode == "plain":
         loader = DataLoader(
-            BatchInfoDataset(items), batch_sampler=sampler, collate_fn=PaddingCollate()
+            _BatchInfoDataset(items), batch_sampler=sampler, collate_fn=PaddingCollate()
         )
     else:
         loader = token_budget_dataloader(items, sampler)
