@@ -436,7 +436,11 @@ class PaddingCollate:
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate one micro-batch of items (a :class:`_CollatedItems` or a plain list)."""
         if len(items) == 0:
-            raise ValueError("PaddingCollate got an empty micro-batch.")
+            raise ValueError(
+                "PaddingCollate got an empty micro-batch: a batch sampler must yield at least "
+                "one index per micro-batch; use TokenBudgetBatchSampler, or check that your "
+                "own batch sampler never yields an empty list."
+            )
         fields, loss_field = self._fields(items[0], _where(items, 0))
         for position, item in enumerate(items):
             if not isinstance(item, Mapping) or any(f not in item for f in fields):

@@ -359,7 +359,11 @@ class TokenBudgetDataModule(LightningDataModule):
         ):
             self.sources[name] = _as_sources(name, data, lengths)
             if self.sources[name] is None and data is not None and lengths is None:
-                raise ValueError(f"{name}_dataset was given without {name}_lengths.")
+                raise ValueError(
+                    f"{name}_dataset was given without {name}_lengths: pass {name}_lengths= "
+                    "(one length per item, (n, 2) source/target lengths for pairs, or a "
+                    "callable dataset -> lengths)."
+                )
             if data is None and lengths is not None:
                 raise ValueError(
                     f"{name}_lengths was given without {name}_dataset: pass both or neither."
@@ -487,7 +491,7 @@ class TokenBudgetDataModule(LightningDataModule):
             text = str(error)
             if text.startswith(("lengths", "loss_lengths")):  # name the DataModule's argument
                 text = f"{stage}_{text}"
-            if stage == "train" or isinstance(error, TypeError):
+            if stage == "train" or isinstance(error, TypeError) or "max_tokens" not in text:
                 if text == str(error):
                     raise
                 raise type(error)(text) from error
@@ -644,7 +648,10 @@ class TokenBudgetDataModule(LightningDataModule):
     def test_dataloader(self) -> TokenBudgetDataLoader:
         """The test loader of this rank: every example exactly once across ranks."""
         if self.datasets["test"] is None:
-            raise ValueError("TokenBudgetDataModule has no test_dataset.")
+            raise ValueError(
+                "TokenBudgetDataModule has no test_dataset: pass test_dataset= and "
+                "test_lengths= when you build it to run trainer.test."
+            )
         self._sampler("test")
         return self._loader("test")
 

@@ -273,9 +273,13 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         return super().__iter__()
 
 
+_BATCHING = {"batch_size", "shuffle", "sampler", "drop_last", "batch_sampler"}
+
+
 def token_budget_dataloader(
     dataset: Any,
     sampler: TokenBudgetBatchSampler,
+    /,
     collate_fn: Callable[[Any], Any] | None = None,
     num_workers: int = 0,
     pin_memory: bool = False,
@@ -308,6 +312,15 @@ def token_budget_dataloader(
         >>> sum(int(b["ntokens"]) for b in loader), len(loader)
         (17, 3)
     """
+    batching = sorted(
+        {"batch_size", "shuffle", "sampler", "drop_last", "batch_sampler"} & set(kwargs)
+    )
+    if batching:
+        raise TypeError(
+            f"token_budget_dataloader does not take {batching}: the token-budget sampler "
+            "decides every batch. Set max_tokens, shuffle, tail, ... on the "
+            "TokenBudgetBatchSampler instead and leave these out."
+        )
     return TokenBudgetDataLoader(
         dataset,
         sampler,

@@ -12,9 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import inspect
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Literal, TypeAlias
 
@@ -82,8 +84,30 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
+def reject_unknown(owner: str, unknown: Iterable[str], valid: Iterable[str]) -> None:
+    """Refuse misspelt settings with the closest valid names (a TypeError naming ``owner``).
+
+    Example:
+        >>> reject_unknown("f", ["max_tokens"], ["max_tokens", "seed"])  # all known: no error
+    """
+    valid = sorted(valid)
+    unknown = sorted(set(unknown) - set(valid))
+    if not unknown:
+        return
+    hints = [
+        f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+        for name in unknown
+        for close in [difflib.get_close_matches(name, valid, n=1)]
+    ]
+    raise TypeError(
+        f"{owner} got unknown setting(s) {', '.join(hints)}; valid settings: {valid}. "
+        "Check the spelling."
+    )
+
+
 def plain_settings(**settings: Any) -> dict[str, Any]:
     """Planner settings with numpy scalars made plain, and ``shuffle`` checked to be a bool."""
+    reject_unknown("The planner", settings, (f.name for f in fields(PlanConfig)))
     plain = {k: _plain(v) for k, v in settings.items()}
     if "shuffle" in plain and not isinstance(plain["shuffle"], bool):
         raise TypeError(
@@ -185,7 +209,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         loss_lengths: npt.ArrayLike | None = None,
         epoch: int = 0,
         _planner: Planner | None = None,
+        **unknown: Any,
     ) -> None:
+        reject_unknown(
+            "TokenBudgetBatchSampler",
+            unknown,
+            (p for p in inspect.signature(type(self).__init__).parameters if p[0] != "_"),
+        )
         planner: Planner
         if _planner is None:
             given = locals()  # the PlanConfig fields are arguments of the same name
@@ -598,7 +628,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if keys != allowed:
             raise ValueError(
                 "Not a TokenBudgetBatchSampler state: missing keys "
-                f"{sorted(allowed - keys)}, unknown keys {sorted(map(str, keys - allowed))}."
+                f"{sorted(allowed - keys)}, unknown keys {sorted(map(str, keys - allowed))}. "
+                "Pass the dict that TokenBudgetBatchSampler.state_dict() returned, unchanged "
+                "(in a Lightning checkpoint: ckpt['datamodule_state_dict']['train_sampler'])."
             )
         if version not in (1, STATE_VERSION):
             raise ValueError(

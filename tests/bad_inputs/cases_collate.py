@@ -143,6 +143,16 @@ CASES: list[Case] = [
         fix_in=COLLATE,
     ),
     *int_family(
+        "collate-loss_offset",
+        "collate",
+        "loss_offset",
+        _collate_setting("loss_offset"),
+        zero_ok=True,
+        good=1,
+        what="PaddingCollate(loss_offset=",
+        fix_in=COLLATE,
+    ),
+    *int_family(
         "collate-truncate_to",
         "collate",
         "truncate_to",
