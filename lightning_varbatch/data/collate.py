@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from lightning_varbatch import keys
+from lightning_varbatch.planner.settings import check_flag
 
 __all__ = ["PaddingCollate", "attach_plan", "batch_info", "check_map_style"]
 
@@ -218,12 +219,6 @@ def _as_tokens(value: Any, field: str, where: str) -> torch.Tensor:
     return tensor.long()
 
 
-def _check_bool(name: str, value: object) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}.")
-    return bool(value)
-
-
 class PaddingCollate:
     """Pad token fields into ``(batch, length)`` tensors and add the bookkeeping counts.
 
@@ -328,8 +323,8 @@ class PaddingCollate:
         self.source_key = source_key
         self.target_key = target_key
         self.truncate_to = None if truncate_to is None else int(truncate_to)
-        self.check_ntokens = _check_bool("check_ntokens", check_ntokens)
-        self.check_widths = _check_bool("check_widths", check_widths)
+        self.check_ntokens = check_flag("check_ntokens", check_ntokens)
+        self.check_widths = check_flag("check_widths", check_widths)
         if (
             isinstance(loss_offset, (bool, np.bool_))
             or not isinstance(loss_offset, (int, np.integer))

@@ -55,7 +55,7 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.settings import PlanConfig, check_count
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
 
 __all__ = ["TokenBudgetDataModule"]
@@ -144,12 +144,9 @@ def _dataset_size(stage: str, dataset: Any) -> int:
 
 
 def _budget(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(
-            f"{name} must be a positive integer token budget, got {value!r}: set {name} to "
-            "the (padded) tokens one micro-batch may hold on one device."
-        )
-    return int(value)
+    return check_count(
+        name, value, what=" (the padded tokens one micro-batch may hold on one device)"
+    )
 
 
 def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) -> None:

@@ -30,7 +30,7 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import OversizePolicy, PlanConfig, TailPolicy
+from lightning_varbatch.planner.settings import OversizePolicy, PlanConfig, TailPolicy, check_count
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
 
 OnMismatch: TypeAlias = Literal["error", "restart_epoch"]
@@ -106,24 +106,17 @@ def reject_unknown(owner: str, unknown: Iterable[str], valid: Iterable[str]) -> 
 
 
 def plain_settings(**settings: Any) -> dict[str, Any]:
-    """Planner settings with numpy scalars made plain, and ``shuffle`` checked to be a bool."""
+    """Planner settings with numpy scalars made plain (PlanConfig checks their values)."""
     reject_unknown("The planner", settings, (f.name for f in fields(PlanConfig)))
-    plain = {k: _plain(v) for k, v in settings.items()}
-    if "shuffle" in plain and not isinstance(plain["shuffle"], bool):
-        raise TypeError(
-            f"shuffle must be True or False, got {plain['shuffle']!r} (a string such as "
-            "'false' would count as True): pass a boolean."
-        )
-    return plain
+    return {k: _plain(v) for k, v in settings.items()}
 
 
 def _check_accumulate(value: Any) -> None:
-    value = _plain(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f"accumulate_grad_batches must be a positive integer (micro-batches per rank per "
-            f"optimizer step, as Trainer(accumulate_grad_batches)), got {value!r}."
-        )
+    check_count(
+        "accumulate_grad_batches",
+        value,
+        what=" (micro-batches per rank per optimizer step, as Trainer(accumulate_grad_batches))",
+    )
 
 
 def _settings(config: PlanConfig) -> dict[str, Any]:

@@ -177,9 +177,9 @@ class EpochPlanner:
             ValueError: for a non-positive ``world_size`` / ``accumulate_grad_batches``, or when
                 the data cannot give every rank a micro-batch (more ranks than batches).
         """
-        epoch = _count("epoch", epoch, 0)
-        world = _count("world_size", world_size)
-        acc = _count("accumulate_grad_batches", accumulate_grad_batches)
+        epoch = check_count("epoch", epoch, minimum=0)
+        world = check_count("world_size", world_size)
+        acc = check_count("accumulate_grad_batches", accumulate_grad_batches)
         wa = world * acc
         cfg = self.config
         if exclude is None:
@@ -308,19 +308,12 @@ def check_history(history: object) -> list[tuple[int, int, int]]:
         world, acc, consumed = entry
         out.append(
             (
-                _count(f"history[{i}] world_size", world),
-                _count(f"history[{i}] accumulate_grad_batches", acc),
-                _count(f"history[{i}] consumed micro-batches", consumed, 0),
+                check_count(f"history[{i}] world_size", world),
+                check_count(f"history[{i}] accumulate_grad_batches", acc),
+                check_count(f"history[{i}] consumed micro-batches", consumed, minimum=0),
             )
         )
     return out
-
-
-def _count(name: str, value: object, minimum: int = 1) -> int:
-    """:func:`~lightning_varbatch.planner.settings.check_count`, typed ``int`` (no ``None``)."""
-    count = check_count(name, value, minimum=minimum)
-    assert count is not None  # allow_none is False
-    return count
 
 
 def plan_epoch(

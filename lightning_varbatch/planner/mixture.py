@@ -131,7 +131,7 @@ class MixturePlanner:
             )
         mixture_probabilities(np.ones(1), "size", temperature)  # validates the temperature
         if steps_per_epoch is not None:
-            steps_per_epoch = _count("steps_per_epoch", steps_per_epoch)
+            steps_per_epoch = check_count("steps_per_epoch", steps_per_epoch)
         elif not (isinstance(weights, str) and weights == "size" and temperature == 1):
             raise ValueError(
                 "weights and temperature set the datasets' shares of an epoch of a fixed "
@@ -265,9 +265,9 @@ class MixturePlanner:
             ValueError: when a dataset cannot give every rank a micro-batch (the message
                 names the dataset).
         """
-        epoch = _count("epoch", epoch, 0)
-        world = _count("world_size", world_size)
-        acc = _count("accumulate_grad_batches", accumulate_grad_batches)
+        epoch = check_count("epoch", epoch, minimum=0)
+        world = check_count("world_size", world_size)
+        acc = check_count("accumulate_grad_batches", accumulate_grad_batches)
         if self.steps_per_epoch is None:
             parts = [
                 self._part(i, self._pass(i, epoch, world, acc), int(self.offsets[i]))
@@ -391,10 +391,3 @@ class MixturePlanner:
             num_truncated=self.num_truncated,
             dropped=dropped,
         )
-
-
-def _count(name: str, value: object, minimum: int = 1) -> int:
-    """:func:`~lightning_varbatch.planner.settings.check_count`, typed ``int`` (no ``None``)."""
-    count = check_count(name, value, minimum=minimum)
-    assert count is not None  # allow_none is False
-    return count

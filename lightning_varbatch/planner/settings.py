@@ -14,7 +14,7 @@ import math
 import textwrap
 import warnings
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, overload
 
 import numpy as np
 
@@ -24,6 +24,28 @@ TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
 OversizePolicy: TypeAlias = Literal["error", "skip", "truncate"]
 TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
+
+
+@overload
+def check_count(
+    name: str,
+    value: object,
+    *,
+    minimum: int = 1,
+    allow_none: Literal[False] = False,
+    what: str = "",
+) -> int: ...
+
+
+@overload
+def check_count(
+    name: str,
+    value: object,
+    *,
+    minimum: int = 1,
+    allow_none: bool,
+    what: str = "",
+) -> int | None: ...
 
 
 def check_count(
