@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -59,6 +60,36 @@ class OtherResults:
     qualities: dict[str, Quality] = field(default_factory=dict)
 
 
+def _measure(
+    name: str,
+    n: int,
+    res: SizeResult,
+    reps: int,
+    *,
+    rank: Callable[[], Any],
+    whole: Callable[[], Any],
+    rss_key: str,
+    note: str = "",
+) -> Perf:
+    """Time one rank's epoch and the whole plan ``reps`` times, and trace one rank's peak."""
+    times = [rank() for _ in range(reps)]
+    plan_t = [timed(whole)[0] for _ in range(reps)]
+    peak, _, out = traced(rank)
+    del out
+    return Perf(
+        method=name,
+        n=n,
+        plan_s=statistics.median(plan_t),
+        rank_s=statistics.median(times),
+        rank_best_s=min(times),
+        floor_s=res.floor_s,
+        peak_bpe=peak / n,
+        rss_bpe=res.rss.get(rss_key),
+        ours_s=res.ours_s,
+        note=note,
+    )
+
+
 def run_baselines(
     n: int, lengths: np.ndarray, key: np.ndarray, res: SizeResult, args: argparse.Namespace
 ) -> tuple[list[Perf], list[list[str]], dict[str, Any]]:
@@ -79,22 +110,16 @@ def run_baselines(
     bsz = fixed_batch_size(key, budget, seed)
     info["fixed_batch"] = bsz
     print(f"  DistributedSampler baseline: fixed batch size B = {bsz}", flush=True)
-    times = [dist_sampler_rank(n, bsz, world, 0, seed) for _ in range(reps)]
-    plan_t = [timed(lambda: dist_sampler_all(n, bsz, world, seed))[0] for _ in range(reps)]
-    peak, _, out = traced(lambda: dist_sampler_rank(n, bsz, world, 0, seed))
-    del out
     name = f"DistributedSampler, B={bsz}"
     perfs.append(
-        Perf(
-            method=name,
-            n=n,
-            plan_s=statistics.median(plan_t),
-            rank_s=statistics.median(times),
-            rank_best_s=min(times),
-            floor_s=res.floor_s,
-            peak_bpe=peak / n,
-            rss_bpe=res.rss.get("dist"),
-            ours_s=res.ours_s,
+        _measure(
+            name,
+            n,
+            res,
+            reps,
+            rank=lambda: dist_sampler_rank(n, bsz, world, 0, seed),
+            whole=lambda: dist_sampler_all(n, bsz, world, seed),
+            rss_key="dist",
             note="randperm tensor untraced",
         )
     )
@@ -104,22 +129,16 @@ def run_baselines(
     del b0, b1
 
     # (b) greedy sorted, round-robin
-    times = [greedy_rank(key, budget, world, 0, seed) for _ in range(reps)]
-    plan_t = [timed(lambda: greedy_batches(key, budget, world, seed, 0))[0] for _ in range(reps)]
-    peak, _, out = traced(lambda: greedy_rank(key, budget, world, 0, seed))
-    del out
     name = "greedy sorted, batches[rank::world]"
     perfs.append(
-        Perf(
-            method=name,
-            n=n,
-            plan_s=statistics.median(plan_t),
-            rank_s=statistics.median(times),
-            rank_best_s=min(times),
-            floor_s=res.floor_s,
-            peak_bpe=peak / n,
-            rss_bpe=res.rss.get("greedy"),
-            ours_s=res.ours_s,
+        _measure(
+            name,
+            n,
+            res,
+            reps,
+            rank=lambda: greedy_rank(key, budget, world, 0, seed),
+            whole=lambda: greedy_batches(key, budget, world, seed, 0),
+            rss_key="greedy",
         )
     )
     b0 = greedy_batches(key, budget, world, seed, 0)
