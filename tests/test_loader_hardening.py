@@ -69,6 +69,31 @@ def test_first_item_understating_a_field_fails_at_loader_construction() -> None:
         token_budget_dataloader(data, sampler)
 
 
+@pytest.mark.parametrize("field", ["source", "target", "tokens"])
+def test_every_padded_field_is_checked_against_its_planned_length(field: str) -> None:
+    # One item (not the first, so the loader is built) has its longest field understated by
+    # the lengths: whichever field that is, its batch must be refused, never padded past the plan.
+    rng = np.random.default_rng(1)
+    sizes = rng.integers(2, 20, size=(60, 2))
+    if field == "tokens":
+        data: list[dict[str, Any]] = [{"tokens": [1] * int(s)} for s, _ in sizes]
+        lengths = sizes[:, 0].copy()
+        data[17] = {"tokens": [1] * 40}
+    else:
+        data = [{"source": [1] * int(s), "target": [1] * int(t)} for s, t in sizes]
+        lengths = sizes.copy()
+        data[17] = {"source": [1] * 3, "target": [1] * 3, field: [1] * 40}
+        lengths[17] = (3, 3)
+    sampler = TokenBudgetBatchSampler(lengths, 64, rank=0, world_size=1, shuffle=False)
+    loader = token_budget_dataloader(data, sampler, collate_fn=PaddingCollate(check_ntokens=False))
+    with pytest.raises(
+        ValueError,
+        match=f"Field '{field}' of dataset item 17 .* has 40 tokens but the plan budgeted",
+    ):
+        for batch in loader:
+            assert int(batch[keys.PADDED_TOKENS]) <= 64 * (1 if field == "tokens" else 2)
+
+
 def test_width_check_stays_on_when_loss_lengths_differ() -> None:
     """The translation example's case: check_ntokens off, loss = target - 1."""
     data = long_sources()
