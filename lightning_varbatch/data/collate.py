@@ -28,6 +28,8 @@ import torch
 from torch.utils.data import IterableDataset
 
 from lightning_varbatch import keys
+from lightning_varbatch.data.columnar import ColumnarItems, is_arrow_table
+from lightning_varbatch.data.ragged import Ragged, arrow_list_problem
 from lightning_varbatch.planner.settings import check_flag
 
 __all__ = ["PaddingCollate", "attach_plan", "batch_info", "check_map_style"]
@@ -97,11 +99,13 @@ def _plan_entries(info: Mapping[str, int | None]) -> dict[str, torch.Tensor]:
     return out
 
 
-def attach_plan(items: Sequence[Any], indices: Sequence[int]) -> Sequence[Any]:
+def attach_plan(items: Any, indices: Sequence[int]) -> Sequence[Any]:
     """The fetched ``items`` of ``indices`` as :class:`PaddingCollate` reads them: with the plan.
 
+    ``items`` is a list of items, or an Arrow table of the rows (a Hugging Face dataset read
+    in one call), returned as :class:`~lightning_varbatch.data.columnar.ColumnarItems`.
     When ``indices`` is a :class:`~lightning_varbatch.data.micro_batch.MicroBatch`, the
-    returned list also carries its plan counts (:func:`batch_info`), the dataset ids and the
+    returned items also carry its plan counts (:func:`batch_info`), the dataset ids and the
     planned lengths, for the collate's entries, checks and messages; it pickles with them, so
     it crosses DataLoader worker processes.
 
@@ -116,13 +120,15 @@ def attach_plan(items: Sequence[Any], indices: Sequence[int]) -> Sequence[Any]:
         >>> items.info["step_ntokens"], items.ids
         (3, [1, 0])
     """
-    if len(items) != len(indices):
+    size = items.num_rows if is_arrow_table(items) else len(items)
+    if size != len(indices):
         raise RuntimeError(
-            f"the dataset returned {len(items)} items for {len(indices)} indices; its "
+            f"the dataset returned {size} items for {len(indices)} indices; its "
             "__getitems__ must return one item per index, in order."
         )
     planned = getattr(indices, "planned_lengths", None)
-    return _CollatedItems(
+    kind = ColumnarItems if is_arrow_table(items) else _CollatedItems
+    return kind(
         items,
         batch_info(indices),
         ids=[int(i) for i in indices],
@@ -217,6 +223,51 @@ def _as_tokens(value: Any, field: str, where: str) -> torch.Tensor:
             "silently cut to an id). Store the ids as ints."
         )
     return tensor.long()
+
+
+def _row(value: Any, field: str, items: Sequence[Any], position: int) -> torch.Tensor:
+    """One item's token field as a 1-D long tensor (a long tensor passes without a check)."""
+    if isinstance(value, torch.Tensor) and value.dtype is torch.long and value.dim() == 1:
+        return value  # the common case, checked cheaply
+    return _as_tokens(value, field, _where(items, position))
+
+
+def _arrow_field(items: ColumnarItems, field: str) -> Ragged:
+    """A token column of a micro-batch read as Arrow, checked, as flat values and lengths."""
+    column = items.table.column(field)
+    problem = arrow_list_problem(column)
+    if problem is None:
+        return Ragged.from_arrow(column)
+    nulls = [i for i, v in enumerate(column.is_null().to_pylist()) if v]
+    position = nulls[0] if nulls else 0
+    error = ValueError if "null" in problem else TypeError
+    raise error(f"Field {field!r} of {_where(items, position)} {problem}.")
+
+
+def _other_entries(items: Sequence[Any], fields: Sequence[str]) -> dict[str, Any]:
+    """The items' non-token entries: ints as a ``(batch,)`` long tensor, others as a list."""
+    out: dict[str, Any] = {}
+    if isinstance(items, ColumnarItems):
+        import pyarrow as pa
+
+        for name in items.column_names:
+            if name in fields:
+                continue
+            column = items.table.column(name)
+            if pa.types.is_integer(column.type) and not column.null_count:
+                out[name] = torch.from_numpy(column.to_numpy().astype(np.int64))
+            else:
+                out[name] = column.to_pylist()
+        return out
+    for name in items[0]:
+        if name in fields:
+            continue
+        values = [item.get(name) for item in items]
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            out[name] = torch.tensor(values, dtype=torch.long)
+        else:
+            out[name] = values
+    return out
 
 
 class PaddingCollate:
@@ -416,18 +467,6 @@ class PaddingCollate:
             "(PaddingCollate(check_widths=False) turns this check off)."
         )
 
-    def _pad(
-        self, rows: list[torch.Tensor], lengths: list[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(lengths) if rows else 0
-        m = self.pad_to_multiple_of
-        width = -(-width // m) * m
-        padded = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        for i, row in enumerate(rows):
-            padded[i, : lengths[i]] = row
-        mask = torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)
-        return padded, mask
-
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate one micro-batch of items (a :class:`_CollatedItems` or a plain list)."""
         if len(items) == 0:
@@ -436,17 +475,10 @@ class PaddingCollate:
                 "one index per micro-batch; use TokenBudgetBatchSampler, or check that your "
                 "own batch sampler never yields an empty list."
             )
+        columnar = isinstance(items, ColumnarItems)
         fields, loss_field = self._fields(items[0], _where(items, 0))
-        for position, item in enumerate(items):
-            if not isinstance(item, Mapping) or any(f not in item for f in fields):
-                if not isinstance(item, Mapping):
-                    self._fields(item, _where(items, position))  # raises a TypeError
-                missing = [f for f in fields if f not in item]
-                raise ValueError(
-                    f"{_where(items, position)} has no field {missing[0]!r} (its keys: "
-                    f"{sorted(map(str, item))}) while the micro-batch's first item has "
-                    f"{list(fields)}: every item needs the same token fields."
-                )
+        if not columnar:
+            self._check_same_fields(items, fields)
         info = getattr(items, "info", None)
         planned = getattr(items, "planned_lengths", None) if self.check_widths else None
         if planned is not None and len(planned) != len(items):
@@ -454,49 +486,46 @@ class PaddingCollate:
         limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0]
         truncate_to = min((x for x in limits if x), default=0)
         batch: dict[str, Any] = {}
-        real: dict[str, int] = {}
-        padded_slots = loss_tokens = 0
+        padded_slots = loss_tokens = real_tokens = 0
         for field in fields:
-            rows = []
-            for position, item in enumerate(items):
-                value = item[field]
-                if (
-                    isinstance(value, torch.Tensor)
-                    and value.dtype is torch.long
-                    and value.dim() == 1
-                ):
-                    rows.append(value)  # the common case, checked cheaply
-                else:
-                    rows.append(_as_tokens(value, field, _where(items, position)))
-            if truncate_to:
-                rows = [r[:truncate_to] for r in rows]
-            lengths = [len(r) for r in rows]
+            if columnar:
+                ragged = _arrow_field(items, field)  # type: ignore[arg-type]
+            else:
+                rows = [_row(item[field], field, items, i) for i, item in enumerate(items)]
+                ragged = Ragged.from_rows(rows)
+            ragged = ragged.truncate(truncate_to)
             if planned is not None:
-                self._check_widths(items, field, lengths, planned)
-            padded, mask = self._pad(rows, lengths)
+                self._check_widths(items, field, ragged.lengths.tolist(), planned)
+            padded, mask = ragged.pad(self.pad_id, self.pad_to_multiple_of)
             batch[field], batch[f"{field}_mask"] = padded, mask
-            real[field] = sum(lengths)
+            real_tokens += int(ragged.values.numel())
             if field == loss_field:
                 off = self.loss_offset
-                loss_tokens = sum(max(n - off, 0) for n in lengths) if off else real[field]
+                lengths = ragged.lengths
+                loss_tokens = int((lengths - off).clamp(min=0).sum() if off else lengths.sum())
             padded_slots += padded.numel()
-        for name in items[0]:
-            if name in fields:
-                continue
-            values = [item.get(name) for item in items]
-            if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-                batch[name] = torch.tensor(values, dtype=torch.long)
-            else:
-                batch[name] = values
+        batch.update(_other_entries(items, fields))
         ntokens = loss_tokens
         batch[keys.NTOKENS] = torch.tensor(ntokens)
         batch[keys.NEXAMPLES] = torch.tensor(len(items))
         batch[keys.PADDED_TOKENS] = torch.tensor(padded_slots)
-        batch[keys.INPUT_TOKENS] = torch.tensor(sum(real.values()))
+        batch[keys.INPUT_TOKENS] = torch.tensor(real_tokens)
         if info is not None:
             self._check(info, ntokens, len(items), loss_field)
             batch.update(_plan_entries(info))
         return batch
+
+    def _check_same_fields(self, items: Sequence[Any], fields: Sequence[str]) -> None:
+        for position, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                self._fields(item, _where(items, position))  # raises a TypeError
+            missing = [f for f in fields if f not in item]
+            if missing:
+                raise ValueError(
+                    f"{_where(items, position)} has no field {missing[0]!r} (its keys: "
+                    f"{sorted(map(str, item))}) while the micro-batch's first item has "
+                    f"{list(fields)}: every item needs the same token fields."
+                )
 
     def _check_widths(
         self, items: Sequence[Any], field: str, lengths: list[int], planned: Sequence[int]

@@ -57,10 +57,16 @@ from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import PlanConfig, check_count
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
+from lightning_varbatch.sources.arrow_lengths import (
+    Columns,
+    column_lengths,
+    is_column_spec,
+    source_with_column_lengths,
+)
 
 __all__ = ["TokenBudgetDataModule"]
 
-Lengths = npt.ArrayLike | Callable[[Any], npt.ArrayLike]
+Lengths = npt.ArrayLike | Columns | Callable[[Any], npt.ArrayLike]
 _FIXED = {
     "lengths",
     "max_tokens",
@@ -92,19 +98,23 @@ def _as_sources(stage: str, data: Any, lengths: Any) -> list[DataSource] | None:
             f"{stage}_lengths must be None when {stage}_dataset is a list of DataSource: each "
             "DataSource carries its own lengths."
         )
+    resolved = []
     for i, source in enumerate(data):
         if source.dataset is None:
             raise ValueError(
                 f"{stage}_dataset[{i}] ({source.name or i!s}) has no dataset: set "
                 "DataSource(dataset=...) so that the loader can fetch its items."
             )
-        check_map_style(source.dataset, f"{stage}_dataset[{i}] ({source.name or i!s})")
+        label = f"{stage}_dataset[{i}] ({source.name or i!s})"
+        check_map_style(source.dataset, label)
+        source = source_with_column_lengths(source, label)
+        resolved.append(source)
         if len(source.dataset) != len(np.asarray(source.lengths)):
             raise ValueError(
                 f"{stage}_dataset[{i}] ({source.name or i!s}) has {len(source.dataset)} items "
                 f"but {len(np.asarray(source.lengths))} lengths: pass one length per item."
             )
-    return list(data)
+    return resolved
 
 
 def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
@@ -208,8 +218,12 @@ class TokenBudgetDataModule(LightningDataModule):
     Args:
         train_dataset: map-style training dataset (items for ``collate``), or a list of
             :class:`~lightning_varbatch.DataSource`.
-        train_lengths: one length per item (``(n,)`` or ``(n, 2)`` source/target), or a
-            callable ``dataset -> lengths`` evaluated once (``None`` with data sources).
+        train_lengths: one length per item (``(n,)`` or ``(n, 2)`` source/target), a
+            callable ``dataset -> lengths`` evaluated once, or, for a Hugging Face dataset,
+            the name of a length or token-id column or a (source, target) pair of them, read
+            vectorised from Arrow (:func:`~lightning_varbatch.sources.column_lengths`).
+            ``None`` with data sources (a :class:`~lightning_varbatch.DataSource` may name
+            columns of its own dataset the same way).
         max_tokens: token budget of one training micro-batch on one rank.
         mixing: with several training datasets, ``"per_step"`` (every optimizer step on all
             ranks from one dataset) or ``"per_batch"`` (every micro-batch from one dataset).
@@ -225,7 +239,7 @@ class TokenBudgetDataModule(LightningDataModule):
         val_max_tokens: budget for validation and test (default ``max_tokens``).
         train_loss_lengths: loss tokens per training item when they are not its length (1-D
             lengths) or its target length (pairs), e.g. target minus one for teacher forcing
-            (with ``PaddingCollate(loss_offset=1)``); an array or a callable
+            (with ``PaddingCollate(loss_offset=1)``); an array, a column name or a callable
             ``dataset -> loss lengths``. Only for a plain dataset: a
             :class:`~lightning_varbatch.DataSource` carries its own ``loss_lengths``.
         val_loss_lengths: the same for ``val_dataset``.
@@ -421,7 +435,10 @@ class TokenBudgetDataModule(LightningDataModule):
 
     def _lengths(self, stage: str) -> np.ndarray:
         given = self._lengths_in[stage]
-        if callable(given):
+        if is_column_spec(given):
+            given = column_lengths(self.datasets[stage], given, f"{stage}_lengths")
+            self._lengths_in[stage] = given  # read once
+        elif callable(given):
             try:
                 computed = given(self.datasets[stage])
             except Exception as error:
@@ -444,7 +461,10 @@ class TokenBudgetDataModule(LightningDataModule):
 
     def _loss_lengths(self, stage: str) -> np.ndarray | None:
         given = self._loss_in[stage]
-        if callable(given):
+        if is_column_spec(given):
+            given = column_lengths(self.datasets[stage], given, f"{stage}_loss_lengths")
+            self._loss_in[stage] = given  # read once
+        elif callable(given):
             try:
                 given = given(self.datasets[stage])
             except Exception as error:

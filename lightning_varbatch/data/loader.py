@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from lightning_varbatch.data.collate import PaddingCollate, attach_plan, check_map_style
+from lightning_varbatch.data.columnar import fetch_rows
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 
 __all__ = [
@@ -45,8 +46,11 @@ class _BatchInfoDataset(Dataset[Any]):
     """Wrap a map-style dataset so that each fetched micro-batch keeps the plan's counts.
 
     ``__getitems__`` receives the sampler's :class:`~lightning_varbatch.MicroBatch` (torch's
-    fetcher passes the batch sampler's list through unchanged) and returns the items through
-    :func:`~lightning_varbatch.data.collate.attach_plan`, which :class:`PaddingCollate` reads.
+    fetcher passes the batch sampler's list through unchanged), reads its rows in one call
+    where the dataset allows (:func:`~lightning_varbatch.data.columnar.fetch_rows`; with
+    ``columnar``, a Hugging Face dataset's rows come as one Arrow table) and returns them
+    through :func:`~lightning_varbatch.data.collate.attach_plan`, which
+    :class:`PaddingCollate` reads.
 
     Example:
         >>> from lightning_varbatch.data.micro_batch import MicroBatch
@@ -58,9 +62,10 @@ class _BatchInfoDataset(Dataset[Any]):
         ([{'tokens': [3]}, {'tokens': [1, 2]}], 3)
     """
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, columnar: bool = False) -> None:
         check_map_style(dataset, "dataset")
         self.dataset = dataset
+        self.columnar = columnar
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -70,13 +75,7 @@ class _BatchInfoDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Sequence[int]) -> Sequence[Any]:
         """The items at ``indices`` with the micro-batch's plan counts."""
-        inner = getattr(self.dataset, "__getitems__", None)
-        items = inner(indices) if callable(inner) else [self.dataset[i] for i in indices]
-        if len(items) != len(indices):
-            raise RuntimeError(
-                f"{type(self.dataset).__name__}.__getitems__ returned {len(items)} items for "
-                f"{len(indices)} indices; it must return one item per index, in order."
-            )
+        items = fetch_rows(self.dataset, indices, self.columnar)
         return attach_plan(items, indices)
 
 
@@ -221,7 +220,6 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         inner = dataset.dataset if isinstance(dataset, _BatchInfoDataset) else dataset
         check_map_style(inner, "dataset")
         check_dataset_size(inner, batch_sampler)
-        wrapped = dataset if isinstance(dataset, _BatchInfoDataset) else _BatchInfoDataset(dataset)
         if collate_fn is None:
             collate_fn = PaddingCollate(pad_to_multiple_of=batch_sampler.config.pad_to_multiple_of)
             collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
@@ -239,6 +237,9 @@ class TokenBudgetDataLoader(DataLoader[Any]):
                     "micro-batches would exceed max_tokens. Give the sampler (or "
                     "TokenBudgetDataModule) the same pad_to_multiple_of as the collate."
                 )
+        # A PaddingCollate reads Arrow columns: a Hugging Face dataset's micro-batch is then one
+        # batched read and a vectorised pad; any other collate gets the items it expects.
+        wrapped = _BatchInfoDataset(inner, columnar=isinstance(collate_fn, PaddingCollate))
         if check_first_items and isinstance(collate_fn, PaddingCollate):
             check_first_items_of(inner, batch_sampler, collate_fn)
         super().__init__(

@@ -32,6 +32,7 @@ from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import OversizePolicy, PlanConfig, TailPolicy, check_count
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
+from lightning_varbatch.sources.arrow_lengths import source_with_column_lengths
 
 OnMismatch: TypeAlias = Literal["error", "restart_epoch"]
 ON_MISMATCH: tuple[str, ...] = ("error", "restart_epoch")
@@ -285,6 +286,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             >>> [(b.dataset, len(b)) for b in s]
             [(1, 4), (0, 8)]
         """
+        if isinstance(sources, (list, tuple)):  # DataSource lengths may name Arrow columns
+            sources = [
+                source_with_column_lengths(s, f"sources[{i}]") if isinstance(s, DataSource) else s
+                for i, s in enumerate(sources)
+            ]
         planner = MixturePlanner(
             sources,
             PlanConfig(**plain_settings(max_tokens=max_tokens, **settings)),

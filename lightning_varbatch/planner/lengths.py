@@ -120,9 +120,16 @@ def as_int_lengths(lengths: npt.ArrayLike, name: str) -> np.ndarray:
             numbers >= 1.
     """
     if lengths is None or isinstance(lengths, (str, bytes, dict, set)):
+        column = (
+            " (to read a column of a Hugging Face dataset or pyarrow table, pass the name to "
+            "TokenBudgetDataModule or a DataSource with its dataset, or use "
+            "lightning_varbatch.sources.column_lengths(ds, name))"
+            if isinstance(lengths, str)
+            else ""
+        )
         raise TypeError(
             f"{name} must be {_ALLOWED}, got {type(lengths).__name__} {lengths!r:.60}; pass "
-            "e.g. a numpy array of token counts."
+            f"e.g. a numpy array of token counts{column}."
         )
     try:
         arr = np.asarray(lengths)

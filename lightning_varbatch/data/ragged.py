@@ -1,0 +1,138 @@
+"""One token field of a micro-batch as flat values plus row lengths, padded in one scatter.
+
+Both ways a micro-batch arrives end here: a list of items (one tensor per row, concatenated)
+and Arrow columns read in one batched call from a Hugging Face dataset (the list column's
+flattened values and its list lengths, no Python object per token). Truncation and padding
+are vectorised over the whole field.
+
+Example:
+    >>> import torch
+    >>> field = Ragged.from_rows([torch.tensor([5, 6, 7]), torch.tensor([8])])
+    >>> padded, mask = field.truncate(2).pad(pad_id=0, multiple=4)
+    >>> padded.tolist(), mask.sum().item()
+    ([[5, 6, 0, 0], [8, 0, 0, 0]], 3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Ragged"]
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A batch of variable-length token rows: ``values`` (flat, long) and ``lengths``.
+
+    Attributes:
+        values: every row's tokens, concatenated (1-D long tensor).
+        lengths: tokens per row (1-D long tensor); they sum to ``len(values)``.
+    """
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[torch.Tensor]) -> Ragged:
+        """Rows of 1-D long tensors.
+
+        Example:
+            >>> Ragged.from_rows([torch.tensor([1, 2]), torch.tensor([3])]).lengths.tolist()
+            [2, 1]
+        """
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        values = torch.cat(list(rows)) if rows else torch.zeros(0, dtype=torch.long)
+        return cls(values, lengths)
+
+    @classmethod
+    def from_arrow(cls, column: Any) -> Ragged:
+        """An Arrow list column of integers (a ``ChunkedArray`` or an array), no copy per token.
+
+        The caller checks the type and nulls first (:func:`arrow_list_problem`).
+
+        Example:
+            >>> import pyarrow as pa
+            >>> Ragged.from_arrow(pa.chunked_array([[[1, 2], [3]], [[4]]])).values.tolist()
+            [1, 2, 3, 4]
+        """
+        import pyarrow.compute as pc
+
+        lengths = np.asarray(pc.list_value_length(column).to_numpy(), dtype=np.int64)
+        flat = pc.list_flatten(column)
+        values = np.asarray(flat.to_numpy(), dtype=np.int64)
+        return cls(torch.from_numpy(values), torch.from_numpy(lengths))
+
+    def __len__(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def _positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row and the position in its row of every value."""
+        rows = torch.repeat_interleave(torch.arange(len(self)), self.lengths)
+        starts = torch.cumsum(self.lengths, 0) - self.lengths
+        return rows, torch.arange(self.values.shape[0]) - starts[rows]
+
+    def truncate(self, limit: int | None) -> Ragged:
+        """Every row cut to at most ``limit`` tokens (``None`` or 0: unchanged).
+
+        Example:
+            >>> Ragged.from_rows([torch.tensor([1, 2, 3])]).truncate(2).values.tolist()
+            [1, 2]
+        """
+        if not limit or len(self) == 0 or int(self.lengths.max()) <= limit:
+            return self
+        _, position = self._positions()
+        return Ragged(self.values[position < limit], self.lengths.clamp(max=limit))
+
+    def pad(self, pad_id: int, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, width)`` padded tokens and the bool mask of real ones.
+
+        The width is the longest row rounded up to ``multiple``.
+
+        Example:
+            >>> Ragged.from_rows([torch.tensor([4]), torch.tensor([5, 6])]).pad(9)[0].tolist()
+            [[4, 9], [5, 6]]
+        """
+        longest = int(self.lengths.max()) if len(self) else 0
+        width = -(-longest // multiple) * multiple
+        padded = torch.full((len(self), width), pad_id, dtype=torch.long)
+        if self.values.numel():
+            rows, position = self._positions()
+            padded[rows, position] = self.values
+        mask = torch.arange(width).unsqueeze(0) < self.lengths.unsqueeze(1)
+        return padded, mask
+
+
+def arrow_list_problem(column: Any) -> str | None:
+    """Why an Arrow column cannot be a token field (``None``: it can).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> arrow_list_problem(pa.chunked_array([["a b"]]))
+        'is text (string), not token ids: tokenize the text in the dataset'
+    """
+    import pyarrow as pa
+
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return f"is text ({kind}), not token ids: tokenize the text in the dataset"
+    listed = (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    )
+    if not listed:
+        return f"has type {kind}, not a list of integer token ids"
+    if not pa.types.is_integer(kind.value_type):
+        return (
+            f"holds {kind.value_type} values (type {kind}); expected integer token ids (a float "
+            "or bool would be silently cut to an id). Store the ids as ints"
+        )
+    if column.null_count:
+        return "has a null row: every item needs its token ids"
+    flat = column.combine_chunks().flatten() if hasattr(column, "combine_chunks") else None
+    if flat is not None and flat.null_count:
+        return "has null token ids inside a row"
+    return None
