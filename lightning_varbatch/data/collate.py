@@ -32,7 +32,7 @@ from lightning_varbatch.data.columnar import ColumnarItems, is_arrow_table
 from lightning_varbatch.data.ragged import Ragged, arrow_list_problem
 from lightning_varbatch.planner.settings import check_flag
 
-__all__ = ["PaddingCollate", "attach_plan", "batch_info", "check_map_style"]
+__all__ = ["PaddingCollate", "attach_plan", "batch_info", "check_map_style", "plan_entries"]
 
 TOKENS_KEY = "tokens"
 
@@ -89,8 +89,14 @@ def batch_info(indices: Sequence[int]) -> dict[str, int | None] | None:
     return info
 
 
-def _plan_entries(info: Mapping[str, int | None]) -> dict[str, torch.Tensor]:
-    """The batch entries of the plan's counts: every keyed, known row of ``PLAN_COUNTS``."""
+def plan_entries(info: Mapping[str, int | None]) -> dict[str, torch.Tensor]:
+    """The batch entries of the plan's counts: every keyed, known row of ``PLAN_COUNTS``.
+
+    Example:
+        >>> entries = plan_entries({"ntokens": 4, "step_ntokens": 9, "dataset": None})
+        >>> {k: int(v) for k, v in entries.items()}
+        {'step_ntokens': 9}
+    """
     out = {}
     for count in keys.PLAN_COUNTS:
         value = info.get(count.attribute)
@@ -512,7 +518,7 @@ class PaddingCollate:
         batch[keys.INPUT_TOKENS] = torch.tensor(real_tokens)
         if info is not None:
             self._check(info, ntokens, len(items), loss_field)
-            batch.update(_plan_entries(info))
+            batch.update(plan_entries(info))
         return batch
 
     def _check_same_fields(self, items: Sequence[Any], fields: Sequence[str]) -> None:
