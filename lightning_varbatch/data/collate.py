@@ -32,7 +32,15 @@ from lightning_varbatch.data.columnar import ColumnarItems, is_arrow_table
 from lightning_varbatch.data.ragged import Ragged, arrow_list_problem
 from lightning_varbatch.planner.settings import check_flag
 
-__all__ = ["PaddingCollate", "attach_plan", "batch_info", "check_map_style", "plan_entries"]
+__all__ = [
+    "PaddingCollate",
+    "attach_plan",
+    "batch_info",
+    "check_map_style",
+    "item_label",
+    "plan_entries",
+    "ragged_field",
+]
 
 TOKENS_KEY = "tokens"
 
@@ -180,8 +188,13 @@ _INTEGER_DTYPES = frozenset(
 )
 
 
-def _where(items: Sequence[Any], position: int) -> str:
-    """How an error message names the item at ``position`` of a micro-batch."""
+def item_label(items: Sequence[Any], position: int) -> str:
+    """How an error message names the item at ``position`` of a micro-batch.
+
+    Example:
+        >>> item_label([{"tokens": [1]}], 0)
+        'item 0 of the micro-batch'
+    """
     ids = getattr(items, "ids", None)
     info = getattr(items, "info", None)
     text = (
@@ -235,7 +248,7 @@ def _row(value: Any, field: str, items: Sequence[Any], position: int) -> torch.T
     """One item's token field as a 1-D long tensor (a long tensor passes without a check)."""
     if isinstance(value, torch.Tensor) and value.dtype is torch.long and value.dim() == 1:
         return value  # the common case, checked cheaply
-    return _as_tokens(value, field, _where(items, position))
+    return _as_tokens(value, field, item_label(items, position))
 
 
 def _arrow_field(items: ColumnarItems, field: str) -> Ragged:
@@ -247,7 +260,23 @@ def _arrow_field(items: ColumnarItems, field: str) -> Ragged:
     nulls = [i for i, v in enumerate(column.is_null().to_pylist()) if v]
     position = nulls[0] if nulls else 0
     error = ValueError if "null" in problem else TypeError
-    raise error(f"Field {field!r} of {_where(items, position)} {problem}.")
+    raise error(f"Field {field!r} of {item_label(items, position)} {problem}.")
+
+
+def ragged_field(items: Sequence[Any], field: str) -> Ragged:
+    """One token field of a micro-batch as flat values plus lengths, every row checked.
+
+    ``items`` is a list of mappings (or the collate's item list) or
+    :class:`~lightning_varbatch.data.columnar.ColumnarItems`; each row must be a 1-D sequence of
+    integer token ids (errors name the field and the item).
+
+    Example:
+        >>> ragged_field([{"tokens": [1, 2]}, {"tokens": [3]}], "tokens").lengths.tolist()
+        [2, 1]
+    """
+    if isinstance(items, ColumnarItems):
+        return _arrow_field(items, field)
+    return Ragged.from_rows([_row(item[field], field, items, i) for i, item in enumerate(items)])
 
 
 def _other_entries(items: Sequence[Any], fields: Sequence[str]) -> dict[str, Any]:
@@ -452,13 +481,13 @@ class PaddingCollate:
             ValueError: PaddingCollate expects items with ... dataset item 5 has keys ['source']...
         """
         items = _CollatedItems([item], ids=[int(index)])
-        fields, _ = self._fields(item, _where(items, 0))
+        fields, _ = self._fields(item, item_label(items, 0))
         for field in fields:
-            row = _as_tokens(item[field], field, _where(items, 0))
+            row = _as_tokens(item[field], field, item_label(items, 0))
             width = min([len(row), *(t for t in (truncate_to, self.truncate_to) if t)])
             if planned_length is not None and self.check_widths and width > planned_length:
                 raise ValueError(
-                    self._width_message(field, _where(items, 0), width, int(planned_length))
+                    self._width_message(field, item_label(items, 0), width, int(planned_length))
                 )
 
     def _width_message(
@@ -482,7 +511,7 @@ class PaddingCollate:
                 "own batch sampler never yields an empty list."
             )
         columnar = isinstance(items, ColumnarItems)
-        fields, loss_field = self._fields(items[0], _where(items, 0))
+        fields, loss_field = self._fields(items[0], item_label(items, 0))
         if not columnar:
             self._check_same_fields(items, fields)
         info = getattr(items, "info", None)
@@ -494,12 +523,7 @@ class PaddingCollate:
         batch: dict[str, Any] = {}
         padded_slots = loss_tokens = real_tokens = 0
         for field in fields:
-            if columnar:
-                ragged = _arrow_field(items, field)  # type: ignore[arg-type]
-            else:
-                rows = [_row(item[field], field, items, i) for i, item in enumerate(items)]
-                ragged = Ragged.from_rows(rows)
-            ragged = ragged.truncate(truncate_to)
+            ragged = ragged_field(items, field).truncate(truncate_to)
             if planned is not None:
                 self._check_widths(items, field, ragged.lengths.tolist(), planned)
             padded, mask = ragged.pad(self.pad_id, self.pad_to_multiple_of)
@@ -524,11 +548,11 @@ class PaddingCollate:
     def _check_same_fields(self, items: Sequence[Any], fields: Sequence[str]) -> None:
         for position, item in enumerate(items):
             if not isinstance(item, Mapping):
-                self._fields(item, _where(items, position))  # raises a TypeError
+                self._fields(item, item_label(items, position))  # raises a TypeError
             missing = [f for f in fields if f not in item]
             if missing:
                 raise ValueError(
-                    f"{_where(items, position)} has no field {missing[0]!r} (its keys: "
+                    f"{item_label(items, position)} has no field {missing[0]!r} (its keys: "
                     f"{sorted(map(str, item))}) while the micro-batch's first item has "
                     f"{list(fields)}: every item needs the same token fields."
                 )
@@ -547,7 +571,7 @@ class PaddingCollate:
                     f"{len(items)} x {plan_width} = {len(items) * plan_width}"
                 )
                 raise ValueError(
-                    self._width_message(field, _where(items, position), got, int(budget), extra)
+                    self._width_message(field, item_label(items, position), got, int(budget), extra)
                 )
 
     def _check(
