@@ -6,12 +6,22 @@ Usage::
     python -m lightning_varbatch.plan --lengths lengths.npy --max-tokens 4096 --json --no-png
     python -m lightning_varbatch.plan --lengths wmt.npy --lengths news.npy --max-tokens 16384 \
         --world-size 8 --mixing per_step --weights 3 1 --steps-per-epoch 1000
+    python -m lightning_varbatch.plan --dataset data/wmt --column input_ids --max-tokens 4096
+    python -m lightning_varbatch.plan --dataset data/wmt --column src_ids --column tgt_ids \
+        --max-tokens 4096
 
 Prints a :class:`~lightning_varbatch.planner.diagnostics.PlanDiagnostics` report (or its JSON with
 ``--json``) and writes a PNG with the examples-per-micro-batch histogram and every rank's token
 load over the optimizer steps. Several ``--lengths`` plan a mixture of datasets
 (:class:`~lightning_varbatch.MixturePlanner`) and add a per-dataset table (shares, tokens,
 steps, repeats). Bad settings print one ``error: ...`` line and exit with code 2.
+
+``--dataset PATH`` reads the lengths from a Hugging Face dataset on disk (a
+``Dataset.save_to_disk`` folder, an ``.arrow`` file, a parquet file or a folder of them),
+memory-mapped and without importing ``datasets`` or torch: ``--column NAME`` names a column of
+lengths or of token ids (their list lengths), ``--column`` twice a (source, target) pair.
+Several ``--dataset`` (the same ``--column`` in each) plan a mixture, like several
+``--lengths``.
 
 Example:
     >>> import contextlib, io, json
@@ -49,6 +59,8 @@ from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.sources import MIXING_POLICIES, DataSource
 from lightning_varbatch.planner.synthetic import wmt_like_lengths
+from lightning_varbatch.sources.arrow_lengths import column_lengths
+from lightning_varbatch.sources.saved_arrow import open_arrow_table
 
 __all__ = ["main"]
 
@@ -69,12 +81,26 @@ def _parser() -> argparse.ArgumentParser:
         help="(n,) or (n, 2) lengths; repeat for a mixture of datasets",
     )
     src.add_argument("--synthetic", choices=["wmt"], help="built-in synthetic lengths")
+    src.add_argument(
+        "--dataset",
+        type=Path,
+        action="append",
+        metavar="PATH",
+        help="a Dataset.save_to_disk folder, .arrow or .parquet file, or folder of parquet "
+        "files; needs --column; repeat for a mixture of datasets",
+    )
+    p.add_argument(
+        "--column",
+        action="append",
+        metavar="NAME",
+        help="with --dataset: a column of lengths or of token ids; twice for (source, target)",
+    )
     p.add_argument("--num-examples", type=int, default=4_500_000, help="for --synthetic")
     p.add_argument("--world-size", type=int, default=1)
     p.add_argument("--accumulate-grad-batches", type=int, default=1)
     p.add_argument("--epoch", type=int, default=0)
     _add_settings(p.add_argument_group("plan settings (the fields of PlanConfig)"))
-    mix = p.add_argument_group("several --lengths (a mixture of datasets)")
+    mix = p.add_argument_group("several --lengths or --dataset (a mixture of datasets)")
     mix.add_argument("--mixing", choices=MIXING_POLICIES, default="per_step")
     mix.add_argument("--weights", type=float, nargs="+", default=None, help="one per dataset")
     mix.add_argument("--temperature", type=float, default=1.0)
@@ -127,8 +153,77 @@ def _load_lengths(args: argparse.Namespace) -> tuple[list[np.ndarray], str]:
             raise ValueError(f"--num-examples must be >= 1, got {args.num_examples}.")
         lengths = wmt_like_lengths(args.num_examples, seed=0)
         return [lengths], f"synthetic {args.synthetic} lengths"
+    if args.dataset is not None:
+        columns: list[str] = args.column
+        which = ", ".join(repr(c) for c in columns)
+        label = f"column {which}" if len(columns) == 1 else f"columns {which}"
+        shown = ", ".join(str(p) for p in args.dataset)
+        return [_load_dataset(path, columns) for path in args.dataset], f"{shown} ({label})"
     paths: list[Path] = args.lengths
     return [_load_one(path) for path in paths], ", ".join(str(p) for p in paths)
+
+
+def _load_dataset(path: Path, columns: list[str]) -> np.ndarray:
+    """The lengths of ``columns`` of the dataset at ``path`` (``--dataset``, ``--column``).
+
+    Raises:
+        ValueError: for a path that cannot be read as a dataset (missing, a ``DatasetDict``
+            folder, not Arrow or parquet) or a column the dataset does not have.
+        TypeError: for a column of text, floats or another type that holds no lengths.
+    """
+    shown = f"--dataset {str(path)!r}"
+    kinds = (
+        "a folder written by Dataset.save_to_disk (one split), an .arrow file, a .parquet file "
+        "or a folder of parquet files"
+    )
+    if not path.exists():
+        raise ValueError(
+            f"cannot read {shown}: no such file or folder (looked in "
+            f"{str(path.resolve().parent)!r}); pass {kinds}."
+        )
+    try:
+        table = open_arrow_table(path)
+    except (OSError, ValueError, KeyError) as err:
+        if type(err) is ValueError:  # the reader's own: a DatasetDict, a folder of neither
+            raise ValueError(f"cannot read {shown}: {err}") from None
+        raise ValueError(
+            f"cannot read {shown} as a dataset ({type(err).__name__}: {err}); pass {kinds}."
+        ) from None
+    for column in columns:
+        if column not in table.column_names:
+            raise ValueError(
+                f"--column {column!r}: {shown} has no such column; its columns are "
+                f"{table.column_names}: pass --column with a column of lengths or of token ids."
+            )
+    return column_lengths(table, columns, shown)
+
+
+def _check_columns(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse ``--column`` without ``--dataset``, the reverse, and more than two columns.
+
+    Exits through :meth:`argparse.ArgumentParser.error` (usage, one ``error:`` line, code 2).
+    """
+    columns: list[str] = args.column or []
+    if columns and args.dataset is None:
+        parser.error(
+            "--column names columns of a --dataset: pass --dataset PATH too (--lengths and "
+            "--synthetic take no --column)."
+        )
+    if args.dataset is not None and not columns:
+        parser.error(
+            "--dataset needs --column: name a column of lengths or of token ids (e.g. "
+            "--column input_ids), or give --column twice for (source, target) pairs."
+        )
+    if len(columns) > 2:
+        parser.error(
+            f"--column given {len(columns)} times ({', '.join(columns)}): give one column "
+            "(lengths or token ids) or two, (source, target)."
+        )
+    if len(columns) == 2 and columns[0] == columns[1]:
+        parser.error(
+            f"--column {columns[0]!r} given twice: give one column, or two different ones "
+            "(source, target)."
+        )
 
 
 def _load_one(path: Path) -> np.ndarray:
@@ -244,13 +339,15 @@ def _planner(args: argparse.Namespace, lengths: list[np.ndarray], config: PlanCo
         return EpochPlanner(lengths[0], config)
     budgets = args.dataset_max_tokens or [None] * len(lengths)
     if len(budgets) != len(lengths):
+        given = "--dataset paths" if args.dataset else "--lengths files"
         raise ValueError(
-            f"--dataset-max-tokens has {len(budgets)} values for {len(lengths)} --lengths "
-            "files: give one per dataset."
+            f"--dataset-max-tokens has {len(budgets)} values for {len(lengths)} {given}: give "
+            "one per dataset."
         )
+    names = _source_names(args.lengths or args.dataset or [], len(lengths))
     sources = [
-        DataSource(x, max_tokens=b, name=Path(p).stem if args.lengths else str(i))
-        for i, (x, b, p) in enumerate(zip(lengths, budgets, args.lengths or [""], strict=False))
+        DataSource(x, max_tokens=b, name=name)
+        for x, b, name in zip(lengths, budgets, names, strict=True)
     ]
     return MixturePlanner(
         sources,
@@ -260,6 +357,21 @@ def _planner(args: argparse.Namespace, lengths: list[np.ndarray], config: PlanCo
         temperature=args.temperature,
         steps_per_epoch=args.steps_per_epoch,
     )
+
+
+def _source_names(paths: list[Path], count: int) -> list[str]:
+    """Each dataset's name in the report: its file's stem or folder's name, else the path.
+
+    Example:
+        >>> _source_names([Path("a/wmt.npy"), Path("b/news.npy")], 2)
+        ['wmt', 'news']
+        >>> _source_names([Path("a/train"), Path("b/train")], 2)
+        ['a/train', 'b/train']
+    """
+    if not paths:
+        return [str(i) for i in range(count)]
+    names = [p.name if p.is_dir() or not p.suffix else p.stem for p in paths]
+    return names if len(set(names)) == len(names) else [str(p) for p in paths]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -307,10 +419,14 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments (``sys.argv[1:]`` when ``None``).
 
     Returns:
-        The exit code: 0 on success, 2 for bad settings, unreadable lengths or an unwritable
-        ``--png`` (one ``error: ...`` line on stderr, no traceback).
+        The exit code: 0 on success, 2 for bad settings, unreadable lengths or dataset
+        columns, or an unwritable ``--png`` (one ``error: ...`` line on stderr, no traceback).
+        Flags argparse refuses (and ``--column`` without ``--dataset``, ``--dataset`` without
+        ``--column``, more than two ``--column``) exit with code 2 through ``SystemExit``.
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_columns(parser, args)
     try:
         return _run(args)
     except (ValueError, TypeError, OSError) as err:

@@ -62,9 +62,8 @@ class Ragged:
         """
         import pyarrow.compute as pc
 
-        lengths = np.asarray(pc.list_value_length(column).to_numpy(), dtype=np.int64)
-        flat = pc.list_flatten(column)
-        values = np.asarray(flat.to_numpy(), dtype=np.int64)
+        lengths = np.array(pc.list_value_length(column).to_numpy(), dtype=np.int64)
+        values = np.array(pc.list_flatten(column).to_numpy(), dtype=np.int64)  # writable copy
         return cls(torch.from_numpy(values), torch.from_numpy(lengths))
 
     def __len__(self) -> int:
