@@ -40,6 +40,7 @@ if TYPE_CHECKING:
         PlanConfig,
         plan_epoch,
     )
+    from lightning_varbatch.sources import column_lengths, tokenized_lengths
     from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
 
 _WHERE = {
@@ -60,6 +61,8 @@ _WHERE = {
     "MixturePlanner": "lightning_varbatch.planner",
     "PlanConfig": "lightning_varbatch.planner",
     "plan_epoch": "lightning_varbatch.planner",
+    "column_lengths": "lightning_varbatch.sources",
+    "tokenized_lengths": "lightning_varbatch.sources",
     "VarBatchDeepSpeedStrategy": "lightning_varbatch.strategies",
     "VarBatchFSDPStrategy": "lightning_varbatch.strategies",
 }
@@ -79,11 +82,13 @@ __all__ = [
     "TokenThroughputMonitor",
     "VarBatchDeepSpeedStrategy",
     "VarBatchFSDPStrategy",
+    "column_lengths",
     "example_mean_loss",
     "plan_epoch",
     "step_token_mean",
     "token_budget_dataloader",
     "token_mean_loss",
+    "tokenized_lengths",
 ]
 __version__ = "0.1.0"
 

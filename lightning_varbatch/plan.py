@@ -185,7 +185,9 @@ def _load_dataset(path: Path, columns: list[str]) -> np.ndarray:
         table = open_arrow_table(path)
     except (OSError, ValueError, KeyError) as err:
         if type(err) is ValueError:  # the reader's own: a DatasetDict, a folder of neither
-            raise ValueError(f"cannot read {shown}: {err}") from None
+            split = (path / "dataset_dict.json").exists()
+            hint = " Pass that split's folder to --dataset." if split else ""
+            raise ValueError(f"cannot read {shown}: {err}{hint}") from None
         raise ValueError(
             f"cannot read {shown} as a dataset ({type(err).__name__}: {err}); pass {kinds}."
         ) from None

@@ -77,7 +77,7 @@ def arrow_table_of(data: Any, name: str = "dataset") -> tuple[Any, np.ndarray | 
         return data, None
     kind = type(data).__name__
     if kind in ("DatasetDict", "IterableDatasetDict"):
-        raise TypeError(f"{name} is a {kind} (several splits); pick one split, e.g. ds['train'].")
+        raise TypeError(f"{name} is a {kind} (several splits); pass one split, e.g. ds['train'].")
     if kind == "IterableDataset" and type(data).__module__.startswith("datasets"):
         raise TypeError(
             f"{name} is a streaming Hugging Face IterableDataset: its rows cannot be read by "
@@ -132,7 +132,7 @@ def _one_column(table: Any, column: str, where: str) -> np.ndarray:
     if column not in table.column_names:
         raise ValueError(
             f"{where}: the dataset has no column {column!r}; its columns are "
-            f"{table.column_names}. Name a column of lengths or of token ids."
+            f"{table.column_names}: pass one of them (a column of lengths or of token ids)."
         )
     col = table.column(column)
     kind = col.type
@@ -154,7 +154,7 @@ def _one_column(table: Any, column: str, where: str) -> np.ndarray:
         if not pa.types.is_integer(inner):
             raise TypeError(
                 f"{where}: column {column!r} is a list of {inner}, not of integer token ids "
-                f"(type {kind}): name a token-id column (list of ints) or a length column."
+                f"(type {kind}): pass a token-id column (list of ints) or a length column."
             )
         return np.asarray(pc.list_value_length(col).to_numpy(), dtype=np.int64)
     if pa.types.is_integer(kind):
@@ -163,12 +163,12 @@ def _one_column(table: Any, column: str, where: str) -> np.ndarray:
         raise TypeError(
             f"{where}: column {column!r} holds text ({kind}), not token counts: count the "
             "tokens first with lightning_varbatch.sources.tokenized_lengths(ds, tokenizer, "
-            f"{column!r}), or name a token-id or length column."
+            f"{column!r}), or pass a token-id or length column instead."
         )
     if pa.types.is_floating(kind):
         raise TypeError(
-            f"{where}: column {column!r} holds {kind} values; lengths are integer token "
-            f"counts: cast it (ds = ds.cast_column({column!r}, datasets.Value('int32'))) "
+            f"{where}: column {column!r} holds float values ({kind}); lengths must be integer "
+            f"token counts: cast it (ds = ds.cast_column({column!r}, datasets.Value('int32'))) "
             "after checking that every value is a whole number."
         )
     raise TypeError(

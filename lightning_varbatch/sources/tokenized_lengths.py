@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_varbatch.planner.settings import check_count, check_flag
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
 
 __all__ = ["default_cache_dir", "tokenized_lengths"]
@@ -121,9 +122,10 @@ def tokenized_lengths(
         ``(n,)`` or ``(n, 2)`` lengths, checked with the planner's rules.
 
     Raises:
-        TypeError: for a dataset that is not a ``datasets.Dataset``, a bad tokenizer or a
-            column that is not text.
-        ValueError: for an unknown column, or a text whose count is 0 (an empty string with a
+        TypeError: for a dataset that is not a ``datasets.Dataset``, a bad tokenizer, a
+            column that is not text, or a non-integer ``batch_size``/``num_proc``.
+        ValueError: for an unknown column, ``batch_size``/``num_proc`` below 1, or a text
+            whose count is 0 (an empty string with a
             tokenizer that adds no special tokens); the row is named.
 
     Example:
@@ -140,6 +142,11 @@ def tokenized_lengths(
             "tokenized_lengths needs the Hugging Face datasets package: "
             'pip install "lightning_varbatch[hf]".'
         ) from error
+    batch_size = check_count("batch_size", batch_size, what=" (strings per tokenizer call)")
+    num_proc = check_count(
+        "num_proc", num_proc, allow_none=True, what=" (processes; None: this process)"
+    )
+    progress = check_flag("progress", progress)
     if not isinstance(dataset, datasets.Dataset):
         raise TypeError(
             f"tokenized_lengths needs a datasets.Dataset, got {type(dataset).__name__}; "
@@ -150,7 +157,7 @@ def tokenized_lengths(
         if column not in dataset.column_names:
             raise ValueError(
                 f"tokenized_lengths: the dataset has no column {column!r}; its columns are "
-                f"{dataset.column_names}."
+                f"{dataset.column_names}: pass one of them (a text column)."
             )
         feature = dataset.features[column]
         if getattr(feature, "dtype", None) not in ("string", "large_string"):

@@ -28,6 +28,7 @@ AREAS = (
     "resume/state",
     "collate",
     "loader",
+    "HF datasets",
     "DataModule",
     "mixing/DataSource",
     "plan CLI",

@@ -80,6 +80,7 @@ FAMILY_PREFIX = {
     "PaddingCollate": "collate",
     "BatchSizeLRScaler": "lr",
     "TokenThroughputMonitor": "tp",
+    "tokenized_lengths": "hf-tokenize",
 }
 # Settings a class hands unchanged to PlanConfig: their family is config-<name>-*.
 PASSED_TO_PLAN_CONFIG = {

@@ -1,0 +1,394 @@
+"""Padding-free packing: a micro-batch's examples concatenated into one row, for varlen attention.
+
+A token-budgeted micro-batch planned with ``cost="sum"`` holds whole examples whose lengths sum
+to at most ``max_tokens``. :class:`PackingCollate` lays them end to end in a single row
+``(1, T)`` instead of padding each to the longest, and returns what a variable-length
+attention kernel needs to keep attention inside each example: ``cu_seqlens`` and
+``max_seqlen`` (FlashAttention's ``flash_attn_varlen_func`` convention), restarting
+``position_ids`` (what Hugging Face models read to detect packed sequences) and ``seq_idx``
+(the example of every token, for a block-diagonal mask or Mamba-style kernels).
+
+``labels`` are *already shifted*: ``labels[0, t]`` is the token that follows ``input_ids[0, t]``
+in the same example, and ``-100`` (``ignore_index``) at every example's last token and on the
+alignment padding, so no prediction crosses an example boundary. Compute the loss as
+``cross_entropy(logits[0], labels[0], ignore_index=-100, reduction="sum")`` with no further
+shift, and do not pass these labels to a Hugging Face model's ``forward`` (it shifts labels
+itself, which would shift them twice).
+
+The batch carries the counts of :mod:`lightning_varbatch.keys`, like
+:class:`~lightning_varbatch.PaddingCollate`: ``NTOKENS`` is the number of labels (each
+example's length minus one), so plan the epoch with
+``TokenBudgetBatchSampler(lengths, max_tokens, cost="sum", loss_lengths=lengths - 1)`` and
+:func:`~lightning_varbatch.loss.step_token_mean` divides by the exact loss-token count of the
+optimizer step.
+
+Example:
+    >>> import torch
+    >>> import torch.nn.functional as F
+    >>> batch = PackingCollate()([{"tokens": [5, 6, 7]}, {"tokens": [8, 9]}])
+    >>> batch["input_ids"].tolist(), batch["labels"].tolist()
+    ([[5, 6, 7, 8, 9]], [[6, 7, -100, 9, -100]])
+    >>> logits = torch.zeros(1, 5, 10)  # (1, T, vocabulary) from a model run on the row
+    >>> loss_sum = F.cross_entropy(logits[0], batch["labels"][0], ignore_index=-100,
+    ...                            reduction="sum")
+    >>> round(float(loss_sum / batch["ntokens"]), 4)  # the mean over the 3 real predictions
+    2.3026
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lightning_varbatch import keys
+from lightning_varbatch.data.collate import (
+    _other_entries,
+    attach_plan,
+    item_label,
+    plan_entries,
+    ragged_field,
+)
+from lightning_varbatch.data.columnar import ColumnarItems
+from lightning_varbatch.data.ragged import Ragged
+from lightning_varbatch.planner.settings import check_flag
+
+__all__ = ["PACKED_KEYS", "PackingCollate"]
+
+PACKED_KEYS: tuple[str, ...] = (
+    "input_ids",
+    "position_ids",
+    "cu_seqlens",
+    "max_seqlen",
+    "seq_idx",
+    "labels",
+)
+"""The model-input entries of a packed batch (item entries may not use these names)."""
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _check_int(name: str, value: Any, minimum: int | None = None, what: str = "") -> int:
+    """``value`` as an int (numpy ints too, never a bool), at least ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer{what}, got {value!r}.")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {value!r}.")
+    if not -(2**63) <= int(value) < 2**63:
+        raise ValueError(f"{name} must fit a 64-bit integer, got {value}.")
+    return int(value)
+
+
+class PackingCollate:
+    """Pack a micro-batch of token sequences into one padding-free row (varlen attention).
+
+    Items are mappings whose ``field`` (default ``"tokens"``) is a 1-D sequence of integer
+    token ids (list, numpy array or LongTensor), or the Arrow rows of a Hugging Face dataset
+    (:class:`~lightning_varbatch.data.columnar.ColumnarItems`, read without a Python object per
+    token). The examples are concatenated in micro-batch order; everything is computed with
+    whole-tensor operations (no Python loop per token). The batch holds:
+
+    * ``input_ids``: ``(1, T)`` long, the tokens, then ``pad_id`` up to ``T``, the real
+      token count rounded up to ``pad_to_multiple_of`` (alignment only);
+    * ``position_ids``: ``(1, T)`` long, ``0 .. len - 1`` restarting at every example
+      (``0`` on padding);
+    * ``cu_seqlens``: ``(E + 1,)`` int32 cumulative example lengths starting at 0, and
+      ``max_seqlen``, a Python int (the padding is not a sequence);
+    * ``seq_idx``: ``(1, T)`` long, the example (``0 .. E - 1``) of every token, ``-1`` on
+      padding;
+    * ``labels``: ``(1, T)`` long, *shifted*: the next token of the same example, and
+      ``ignore_index`` at every example's last token and on padding. Use
+      ``cross_entropy(logits, labels, ignore_index=ignore_index)`` without shifting again;
+    * the counts of :mod:`lightning_varbatch.keys`: ``NTOKENS`` (labels that are not
+      ``ignore_index``: the sum of ``len - 1``), ``NEXAMPLES`` (``E``), ``PADDED_TOKENS``
+      (``T``), ``INPUT_TOKENS`` (real tokens) and, on micro-batches of a
+      :class:`~lightning_varbatch.TokenBudgetBatchSampler`, the plan's counts
+      (``STEP_NTOKENS`` ...), so that :func:`~lightning_varbatch.loss.step_token_mean` is
+      exact;
+    * the items' other entries: ints as an ``(E,)`` long tensor, anything else as a list.
+
+    Plan the epoch with ``cost="sum"`` (a packed row costs its real tokens) and
+    ``loss_lengths = lengths - 1`` (one label fewer than tokens per example); with a
+    ``max_tokens`` that is a multiple of ``pad_to_multiple_of`` no row exceeds ``max_tokens``
+    slots. The sampler's own ``pad_to_multiple_of`` pads each example for the cost model;
+    leave it at 1 with ``cost="sum"``.
+
+    Truncation (``truncate_to``, and a plan's shorter per-dataset ``truncate_to``) cuts each
+    example's *input* to that many tokens; the label of the last kept token is still its next
+    token in the full example (a real prediction, inside the example), so a cut example has
+    ``min(len - 1, truncate_to)`` labels: exactly what the planner counts when it cuts
+    ``loss_lengths = lengths - 1`` under ``oversize="truncate"``.
+
+    One row, by design: varlen kernels take the flattened tokens anyway, and splitting the
+    examples over several equal-length rows would add padding that a ``cost="sum"`` plan does
+    not budget (or split examples across rows). A model that needs ``(batch, length)`` input
+    should use :class:`~lightning_varbatch.PaddingCollate`.
+
+    Two checks against the plan run on micro-batches of a
+    :class:`~lightning_varbatch.TokenBudgetBatchSampler` (both on by default):
+
+    * ``check_widths``: the row is no wider than the plan allowed: ``T`` at most the sum of
+      the planned lengths rounded up to ``pad_to_multiple_of`` (the error names the first
+      example longer than its planned length).
+    * ``check_ntokens``: ``NTOKENS`` equals the plan's loss-token count, which holds when the
+      plan was made with ``loss_lengths = lengths - 1``.
+
+    Args:
+        field: the item key of the token ids.
+        pad_id: the token id of the alignment padding.
+        pad_to_multiple_of: round the row's length up to a multiple of this (alignment only).
+        truncate_to: cut every example to this many input tokens (the sampler's
+            ``truncate_to`` under ``oversize="truncate"``).
+        check_ntokens: compare ``NTOKENS`` with the plan's count.
+        check_widths: compare the row's width with the plan's budget.
+        ignore_index: the label of positions without a prediction (last tokens, padding).
+
+    Raises:
+        ValueError: for bad settings, an empty micro-batch, non 1-D token fields, an item
+            without ``field`` or with an entry named like a packed field, or (when checking)
+            a micro-batch that breaks the plan.
+        TypeError: for a non-mapping item, non-integer token ids or bad setting types.
+
+    Example:
+        >>> batch = PackingCollate(pad_to_multiple_of=4)([{"tokens": [5, 6, 7], "id": 3},
+        ...                                               {"tokens": [8, 9], "id": 1}])
+        >>> batch["input_ids"].tolist(), batch["position_ids"].tolist()
+        ([[5, 6, 7, 8, 9, 0, 0, 0]], [[0, 1, 2, 0, 1, 0, 0, 0]])
+        >>> batch["labels"].tolist()
+        [[6, 7, -100, 9, -100, -100, -100, -100]]
+        >>> batch["seq_idx"].tolist(), batch["cu_seqlens"].tolist(), batch["max_seqlen"]
+        ([[0, 0, 0, 1, 1, -1, -1, -1]], [0, 3, 5], 3)
+        >>> [int(batch[k]) for k in ("ntokens", "nexamples", "padded_tokens", "input_tokens")]
+        [3, 2, 8, 5]
+        >>> batch["id"].tolist()
+        [3, 1]
+    """
+
+    def __init__(
+        self,
+        field: str = "tokens",
+        pad_id: int = 0,
+        pad_to_multiple_of: int = 1,
+        truncate_to: int | None = None,
+        check_ntokens: bool = True,
+        check_widths: bool = True,
+        ignore_index: int = -100,
+    ) -> None:
+        if not isinstance(field, str) or not field:
+            raise TypeError(f"field must be a non-empty string (an item key), got {field!r}.")
+        if field in PACKED_KEYS:
+            raise ValueError(
+                f"field={field!r} is the name of a packed output; rename the dataset's token "
+                f"column (the batch's entries are {list(PACKED_KEYS)})."
+            )
+        self.field = field
+        self.pad_id = _check_int("pad_id", pad_id, what=" (the padding token id)")
+        self.pad_to_multiple_of = _check_int("pad_to_multiple_of", pad_to_multiple_of, 1)
+        self.truncate_to = (
+            None if truncate_to is None else _check_int("truncate_to", truncate_to, 1)
+        )
+        self.check_ntokens = check_flag("check_ntokens", check_ntokens)
+        self.check_widths = check_flag("check_widths", check_widths)
+        self.ignore_index = _check_int("ignore_index", ignore_index)
+
+    def with_truncation(self, truncate_to: int | None) -> PackingCollate:
+        """A copy cutting examples to ``truncate_to`` (unless this one already cuts).
+
+        Example:
+            >>> PackingCollate().with_truncation(8).truncate_to
+            8
+        """
+        other = copy.copy(self)
+        if other.truncate_to is None:
+            other.truncate_to = truncate_to
+        return other
+
+    def check_item(
+        self,
+        item: Any,
+        index: int,
+        planned_length: int | None = None,
+        truncate_to: int | None = None,
+    ) -> None:
+        """Check one dataset item as this collate will see it (run before training).
+
+        Args:
+            item: the item (``dataset[index]``).
+            index: its index in the dataset, for the message.
+            planned_length: the length the plan budgets for it; when given (and
+                ``check_widths``), the item may not be longer after truncation.
+            truncate_to: the plan's truncation for this item, if any.
+
+        Raises:
+            TypeError: for a non-mapping item or non-integer token ids.
+            ValueError: for a missing field, a non 1-D field, or one over ``planned_length``.
+
+        Example:
+            >>> PackingCollate().check_item({"tokens": [1, 2]}, 0, 2)
+            >>> PackingCollate().check_item({"text": "hi"}, 5)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            ValueError: PackingCollate expects a 'tokens' field but dataset item 5 has keys ...
+        """
+        items = attach_plan([item], [int(index)])
+        self._check_items(items)
+        ragged = ragged_field(items, self.field).truncate(self._limit(None, truncate_to))
+        got = int(ragged.values.numel())
+        if planned_length is not None and self.check_widths and got > planned_length:
+            raise ValueError(self._width_message(item_label(items, 0), got, int(planned_length)))
+
+    def __call__(self, items: Sequence[Any]) -> dict[str, Any]:
+        """Pack one micro-batch (plan-carrying items, :class:`ColumnarItems` or a plain list)."""
+        if len(items) == 0:
+            raise ValueError(
+                "PackingCollate got an empty micro-batch: a batch sampler must yield at least "
+                "one index per micro-batch; use TokenBudgetBatchSampler, or check that your "
+                "own batch sampler never yields an empty list."
+            )
+        self._check_items(items)
+        info = getattr(items, "info", None)
+        batch = self._pack(ragged_field(items, self.field), self._limit(info, None))
+        lengths: list[int] = batch.pop("_lengths")
+        planned = getattr(items, "planned_lengths", None) if self.check_widths else None
+        if planned is not None and len(planned) == len(items):
+            self._check_width(items, lengths, planned, int(batch[keys.PADDED_TOKENS]))
+        others = _other_entries(items, (self.field,))
+        clash = sorted(set(others) & (set(PACKED_KEYS) | set(batch)))
+        if clash:
+            raise ValueError(
+                f"The items have entries {clash}, which are names of the packed batch's own "
+                "entries: remove or rename them in the dataset (e.g. "
+                "ds.remove_columns([...]) for a Hugging Face dataset); PackingCollate builds "
+                "the labels from the token field itself."
+            )
+        batch.update(others)
+        if info is not None:
+            self._check_plan(info, int(batch[keys.NTOKENS]), len(items))
+            batch.update(plan_entries(info))
+        return batch
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _limit(self, info: Mapping[str, int | None] | None, extra: int | None) -> int:
+        """The truncation length in force (0: none): the smallest one set."""
+        limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0, extra or 0]
+        return min((int(x) for x in limits if x), default=0)
+
+    def _pack(self, ragged: Ragged, limit: int) -> dict[str, Any]:
+        """The packed entries and counts of one field, vectorised over all tokens."""
+        values, full = ragged.values, ragged.lengths
+        count = len(ragged)
+        example = torch.repeat_interleave(torch.arange(count), full)
+        starts = torch.cumsum(full, 0) - full
+        position = torch.arange(values.shape[0]) - starts[example]
+        # A token's label is the next token of its example, from the full (uncut) example.
+        has_next = position >= 0
+        following = torch.roll(values, -1) if values.numel() else values
+        labels = torch.where(has_next, following, torch.tensor(self.ignore_index))
+        lengths = full
+        if limit and count and int(full.max()) > limit:
+            keep = position < limit
+            values, labels, example, position, has_next = (
+                t[keep] for t in (values, labels, example, position, has_next)
+            )
+            lengths = full.clamp(max=limit)
+        real = int(values.shape[0])
+        width = _round_up(real, self.pad_to_multiple_of)
+
+        def row(filled: torch.Tensor, pad: int) -> torch.Tensor:
+            out = torch.full((1, width), pad, dtype=torch.long)
+            out[0, :real] = filled
+            return out
+
+        cu_seqlens = torch.zeros(count + 1, dtype=torch.int32)
+        cu_seqlens[1:] = torch.cumsum(lengths, 0)
+        return {
+            "input_ids": row(values, self.pad_id),
+            "position_ids": row(position, 0),
+            "cu_seqlens": cu_seqlens,
+            "max_seqlen": int(lengths.max()) if count else 0,
+            "seq_idx": row(example, -1),
+            "labels": row(labels, self.ignore_index),
+            keys.NTOKENS: torch.tensor(int(has_next.sum())),
+            keys.NEXAMPLES: torch.tensor(count),
+            keys.PADDED_TOKENS: torch.tensor(width),
+            keys.INPUT_TOKENS: torch.tensor(real),
+            "_lengths": lengths.tolist(),
+        }
+
+    def _check_items(self, items: Sequence[Any]) -> None:
+        """Every item a mapping with the token field (Arrow rows: the column exists)."""
+        if isinstance(items, ColumnarItems):
+            if self.field not in items.column_names:
+                raise ValueError(
+                    f"PackingCollate expects a {self.field!r} column but the dataset has "
+                    f"columns {items.column_names}: set PackingCollate(field=...) to the "
+                    "column of token ids."
+                )
+            return
+        for position, item in enumerate(items):
+            if not isinstance(item, Mapping):
+                raise TypeError(
+                    f"PackingCollate expects every item to be a mapping (dict) of fields, but "
+                    f"{item_label(items, position)} is a {type(item).__name__}: return e.g. "
+                    f"{{{self.field!r}: ids}} from the dataset, or pass your own collate."
+                )
+            if self.field not in item:
+                raise ValueError(
+                    f"PackingCollate expects a {self.field!r} field but "
+                    f"{item_label(items, position)} has keys {sorted(map(str, item))}: set "
+                    "PackingCollate(field=...) to the key of the token ids."
+                )
+
+    def _width_message(self, where: str, got: int, planned: int, extra: str = "") -> str:
+        return (
+            f"Field {self.field!r} of {where} has {got} tokens but the plan budgeted a length "
+            f"of {planned} for this item{extra}: the sampler's `lengths` understate this "
+            "field, so the packed row would exceed max_tokens. Pass each example's token "
+            f"count ({self.field!r} length) as lengths, with cost='sum' and loss_lengths = "
+            "lengths - 1 (PackingCollate(check_widths=False) turns this check off)."
+        )
+
+    def _check_width(
+        self, items: Sequence[Any], lengths: list[int], planned: Sequence[int], width: int
+    ) -> None:
+        allowed = _round_up(int(sum(planned)), self.pad_to_multiple_of)
+        if width <= allowed:
+            return
+        over = [i for i, (got, most) in enumerate(zip(lengths, planned, strict=True)) if got > most]
+        position = over[0] if over else 0  # a row over the budget has an item over its own
+        extra = (
+            f"; the packed row would hold {width} token slots where the plan allowed "
+            f"{allowed} (its planned lengths, {int(sum(planned))} tokens, rounded up to "
+            f"pad_to_multiple_of={self.pad_to_multiple_of})"
+        )
+        raise ValueError(
+            self._width_message(
+                item_label(items, position), lengths[position], int(planned[position]), extra
+            )
+        )
+
+    def _check_plan(self, info: Mapping[str, int | None], ntokens: int, nexamples: int) -> None:
+        if not self.check_ntokens:
+            return
+        if info["ntokens"] != ntokens:
+            where = f"epoch {info['epoch']}, step {info['step']}, micro-batch {info['micro']}"
+            raise ValueError(
+                f"The packed micro-batch at {where} has {ntokens} loss tokens (labels: each "
+                f"example's {self.field!r} length minus 1, since its last token has no next "
+                f"token to predict) but the plan counted {info['ntokens']}: build the sampler "
+                f"with cost='sum' and loss_lengths = lengths - 1, where lengths are the "
+                f"examples' {self.field!r} lengths (after any truncation the planner "
+                "applies), or turn the check off with PackingCollate(check_ntokens=False) "
+                "when the loss tokens deliberately differ (the width check stays on)."
+            )
+        if (info["step_nexamples"] or 0) < nexamples:
+            raise ValueError(
+                f"The micro-batch has {nexamples} examples but its step only "
+                f"{info['step_nexamples']}: the dataset does not match the sampler's `lengths`."
+            )
