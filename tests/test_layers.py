@@ -82,6 +82,28 @@ def test_plan_cli_runs_without_torch(tmp_path: Path) -> None:
     assert report["num_examples"] == 20000
 
 
+def test_plan_cli_reads_a_saved_dataset_without_torch_or_datasets(tmp_path: Path) -> None:
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "wmt"
+    rows = {"src_ids": [[1] * (3 + i % 40) for i in range(600)], "tgt_ids": [[2, 3]] * 600}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(folder))
+    done = run_blocked(
+        "BLOCKED.add('datasets')  # the dataset is read with pyarrow alone\n"
+        "from lightning_varbatch.plan import main\n"
+        "code = main(sys.argv[1:])\n"
+        "loaded = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'datasets', "
+        "'pyarrow'})\n"
+        "print(loaded, file=sys.stderr)\n"
+        "sys.exit(code)\n",
+        *("--dataset", str(folder), "--column", "src_ids", "--column", "tgt_ids"),
+        *("--max-tokens", "512", "--world-size", "2", "--no-png", "--json"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "['pyarrow']"
+    report = json.loads(done.stdout)
+    assert report["num_examples"] == 600 and report["equal_counts"] is True
+
+
 def test_a_torch_name_still_fails_clearly_without_torch() -> None:
     done = run_blocked("import lightning_varbatch\nlightning_varbatch.TokenBudgetDataModule\n")
     assert done.returncode != 0

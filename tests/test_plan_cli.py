@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -215,3 +216,166 @@ def test_new_setting_flags_reach_the_plan(capsys: pytest.CaptureFixture[str]) ->
                  "--quadratic-coef", "0.05", "--oversize", "skip"]) == 0  # fmt: skip
     second = json.loads(capsys.readouterr().out)
     assert first["num_micro_batches"] < second["num_micro_batches"]  # costlier: more batches
+
+
+# -- --dataset / --column: a Hugging Face dataset on disk ---------------------------------
+
+
+def _token_ids(rng: np.random.Generator, n: int, high: int) -> list[list[int]]:
+    return [rng.integers(0, 32000, size=k).tolist() for k in rng.integers(1, high, size=n)]
+
+
+@pytest.fixture
+def hf_rows() -> dict[str, list[Any]]:
+    rng = np.random.default_rng(7)
+    src, tgt = _token_ids(rng, 1500, 180), _token_ids(rng, 1500, 180)
+    return {"src_ids": src, "tgt_ids": tgt, "n": [len(s) for s in src], "text": ["x y"] * 1500}
+
+
+def _report(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    capsys.readouterr()  # drop what building the fixtures printed (progress bars)
+    code = main([*argv, "--json", "--no-png"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    report: dict[str, Any] = json.loads(captured.out)
+    return report
+
+
+def _npy(tmp_path: Path, name: str, lengths: Any) -> str:
+    path = tmp_path / name
+    np.save(path, np.asarray(lengths))
+    return str(path)
+
+
+def _list_lengths(rows: list[list[int]]) -> list[int]:
+    return [len(r) for r in rows]  # the independent route: Python's len of each row
+
+
+SETTINGS = ["--max-tokens", "1024", "--world-size", "4", "--accumulate-grad-batches", "2"]
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_dataset_report_equals_the_lengths_report(
+    hf_rows: dict[str, list[Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    shards: int,
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    folder = tmp_path / "wmt"
+    datasets.Dataset.from_dict(hf_rows).save_to_disk(str(folder), num_shards=shards)
+    src, tgt = _list_lengths(hf_rows["src_ids"]), _list_lengths(hf_rows["tgt_ids"])
+    one = _npy(tmp_path, "src.npy", src)
+    pairs = _npy(tmp_path, "pairs.npy", np.stack([src, tgt], axis=1))
+    by_ids = _report(["--dataset", str(folder), "--column", "src_ids", *SETTINGS], capsys)
+    by_count = _report(["--dataset", str(folder), "--column", "n", *SETTINGS], capsys)
+    assert by_ids == by_count == _report(["--lengths", one, *SETTINGS], capsys)
+    assert by_ids["num_examples"] == 1500 and by_ids["real_tokens"] == sum(src)
+    pair = ["--dataset", str(folder), "--column", "src_ids", "--column", "tgt_ids"]
+    assert _report([*pair, *SETTINGS], capsys) == _report(["--lengths", pairs, *SETTINGS], capsys)
+
+
+def test_dataset_rows_follow_a_shuffled_or_selected_dataset(
+    hf_rows: dict[str, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    from lightning_varbatch.plan import _load_lengths, _parser
+
+    ds = datasets.Dataset.from_dict(hf_rows)
+    shuffled = ds.shuffle(seed=3).flatten_indices()
+    picked = ds.select(range(1400, 200, -3))  # an indices mapping; save_to_disk applies it
+    for name, part in (("shuffled", shuffled), ("picked", picked)):
+        folder = tmp_path / name
+        part.save_to_disk(str(folder))
+        src, tgt = _list_lengths(part["src_ids"]), _list_lengths(part["tgt_ids"])
+        argv = ["--dataset", str(folder), "--column", "src_ids", "--column", "tgt_ids"]
+        (loaded,), label = _load_lengths(_parser().parse_args([*argv, "--max-tokens", "1"]))
+        assert loaded.tolist() == [[s, t] for s, t in zip(src, tgt, strict=True)]
+        assert label == f"{folder} (columns 'src_ids', 'tgt_ids')"
+        pairs = _npy(tmp_path, f"{name}.npy", np.stack([src, tgt], axis=1))
+        assert _report([*argv, *SETTINGS], capsys) == _report(
+            ["--lengths", pairs, *SETTINGS], capsys
+        )
+    assert len(picked) == 400
+
+
+def test_parquet_file_folder_and_a_mixture_of_datasets(
+    hf_rows: dict[str, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table(hf_rows)
+    pq.write_table(table.slice(0, 600), tmp_path / "news.parquet")
+    (tmp_path / "wmt").mkdir()
+    pq.write_table(table.slice(0, 900), tmp_path / "wmt" / "part-0.parquet")
+    pq.write_table(table.slice(900), tmp_path / "wmt" / "part-1.parquet")
+    src = _list_lengths(hf_rows["src_ids"])
+    news, wmt = _npy(tmp_path, "news.npy", src[:600]), _npy(tmp_path, "wmt.npy", src)
+    flags = ["--column", "src_ids", *SETTINGS]
+    whole = ["--dataset", str(tmp_path / "wmt"), *flags]
+    assert _report(whole, capsys) == _report(["--lengths", wmt, *SETTINGS], capsys)
+    mix = ["--weights", "3", "1", "--steps-per-epoch", "12", "--dataset-max-tokens", "1024", "512"]
+    both = ["--dataset", str(tmp_path / "wmt"), "--dataset", str(tmp_path / "news.parquet")]
+    report = _report([*both, *flags, *mix], capsys)
+    assert report == _report(["--lengths", wmt, "--lengths", news, *SETTINGS, *mix], capsys)
+    assert [row["name"] for row in report["datasets"]] == ["wmt", "news"]
+    assert [row["steps"] for row in report["datasets"]] == [9, 3]
+
+
+def test_dataset_text_report_names_the_columns(
+    hf_rows: dict[str, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table(hf_rows), path)
+    png = tmp_path / "plan.png"
+    code = main(["--dataset", str(path), "--column", "n", *SETTINGS, "--png", str(png)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.startswith(f"{path} (column 'n'): planned and diagnosed in ")
+    assert "plan: 1,500 examples (1,500 planned)" in out
+    assert _is_png(png)
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--dataset", "{tmp}/missing", "--column", "n"], ["--dataset", "missing"]),
+        (["--dataset", "{tmp}/dd", "--column", "n"], ["--dataset", "DatasetDict", "train"]),
+        (["--dataset", "{tmp}/ds", "--column", "nn"], ["--column 'nn'", "'src_ids'", "'n'"]),
+        (["--dataset", "{tmp}/ds", "--column", "text"], ["--dataset", "'text'", "tokenized"]),
+        (["--dataset", "{tmp}/ds/state.json", "--column", "n"], ["--dataset", "state.json"]),
+        (["--dataset", "{tmp}/ds"], ["--dataset needs --column"]),
+        (["--synthetic", "wmt", "--column", "n"], ["--column", "--dataset PATH"]),
+        (["--dataset", "{tmp}/ds", *["--column", "n"] * 2], ["--column 'n' given twice"]),
+        (["--dataset", "{tmp}/ds", "--column", "a", "--column", "b", "--column", "c"],
+         ["--column given 3 times"]),
+        (["--lengths", "{tmp}/x.npy", "--dataset", "{tmp}/ds", "--column", "n"],
+         ["--dataset", "not allowed with argument --lengths"]),
+    ],
+)  # fmt: skip
+def test_bad_dataset_flags_exit_2_with_an_error_line(
+    hf_rows: dict[str, list[Any]],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    needles: list[str],
+) -> None:
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({k: v[:50] for k, v in hf_rows.items()})
+    ds.save_to_disk(str(tmp_path / "ds"))
+    datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dd"))
+    capsys.readouterr()
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    code: int | str | None
+    try:
+        code = main([*args, "--max-tokens", "4096", "--no-png"])
+    except SystemExit as exit_:  # flags argparse (or the flag checks) refuse
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert "error: " in last and "Traceback" not in err
+    for needle in needles:
+        assert needle in last

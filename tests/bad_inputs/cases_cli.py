@@ -1,6 +1,8 @@
 """The plan CLI: files, flags and figure paths. It must exit 2 with one ``error:`` line.
 
 Most cases call ``main(argv)`` in-process; one runs ``python -m lightning_varbatch.plan``.
+The ``--dataset``/``--column`` cases read a Hugging Face dataset on disk (``save_to_disk``
+folders and parquet files) and must exit with code 2, the last stderr line an ``error:``.
 
 Example:
     >>> len(CASES) > 25
@@ -158,6 +160,76 @@ def _one_file(*flags: str) -> Callable[[Path], Any]:
         return run_plan_cli(["--lengths", path, "--max-tokens", "16", "--no-png", *flags])
 
     return run
+
+
+ARROW = "lightning_varbatch/sources/arrow_lengths.py"
+ROWS: dict[str, list[Any]] = {
+    "input_ids": [[5, 6, 7], [8, 9], [4], [1, 2, 3, 4]],
+    "n": [3, 2, 1, 4],
+    "text": ["a b c", "d e", "f", "g h i j"],
+    "score": [0.5, 1.5, 2.0, 3.0],
+}
+
+
+def _parquet(tmp: Path, rows: dict[str, list[Any]] | None = None) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp / "train.parquet"
+    pq.write_table(pa.table(ROWS if rows is None else rows), path)
+    return str(path)
+
+
+def _dataset_cli(*argv: str) -> str:
+    """Run the CLI; a refusal must exit 2 with an ``error:`` last line (usage lines dropped)."""
+    try:
+        return run_plan_cli([*argv, "--max-tokens", "16", "--no-png"])
+    except CliError as err:
+        code, _, stderr = str(err).partition(": ")
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
+        assert code == "exit code 2", f"{code}, not exit code 2: {stderr!r}"
+        assert "error: " in last and "Traceback" not in stderr, f"vague: {stderr!r}"
+        raise CliError(f"{code}: {last}") from None
+
+
+def _on_parquet(*flags: str, rows: dict[str, list[Any]] | None = None) -> Callable[[Path], Any]:
+    def run(tmp: Path) -> Any:
+        return _dataset_cli("--dataset", _parquet(tmp, rows), *flags)
+
+    return run
+
+
+def _dataset_dict(tmp: Path) -> None:
+    import datasets
+
+    ds = datasets.Dataset.from_dict(ROWS)
+    datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp / "wmt"))
+    _dataset_cli("--dataset", str(tmp / "wmt"), "--column", "n")
+
+
+def _dataset_npy(tmp: Path) -> None:
+    _dataset_cli("--dataset", _save(tmp, "lengths.npy", np.array([3, 5])), "--column", "n")
+
+
+def _dataset_bare_folder(tmp: Path) -> None:
+    (tmp / "wmt").mkdir()
+    (tmp / "wmt" / "notes.txt").write_text("no data here")
+    _dataset_cli("--dataset", str(tmp / "wmt"), "--column", "n")
+
+
+def _dataset_selected(tmp: Path) -> None:
+    """A saved ``select``/``shuffle`` keeps its rows in its own order; the report counts them."""
+    import json
+
+    import datasets
+
+    ds = datasets.Dataset.from_dict(ROWS).shuffle(seed=0).select([3, 1, 0])
+    ds.save_to_disk(str(tmp / "picked"))
+    out = _dataset_cli("--dataset", str(tmp / "picked"), "--column", "input_ids", "--json")
+    report = json.loads(out)
+    assert report["num_examples"] == 3 and report["real_tokens"] == sum(
+        len(ids) for ids in ds["input_ids"]
+    ), report
 
 
 PNG_NOTE = "the figure lands where the printed path says, or exit 2 naming `--png` and the path"
@@ -585,4 +657,167 @@ CASES: list[Case] = [
         fix_in=CLI,
     ),
     accepted("cli-int32-pairs", "plan CLI", "(n, 2) int32 lengths", _int32_pairs, fix_in=CLI),
+    error(
+        "cli-dataset-missing",
+        "plan CLI",
+        "--dataset missing (no such folder)",
+        lambda tmp: _dataset_cli("--dataset", str(tmp / "missing"), "--column", "n"),
+        "--dataset",
+        "missing",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-dataset-dataset-dict",
+        "plan CLI",
+        "--dataset DIR of a saved DatasetDict (splits train, test)",
+        _dataset_dict,
+        "--dataset",
+        "DatasetDict",
+        "train",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-dataset-not-arrow",
+        "plan CLI",
+        "--dataset lengths.npy (neither Arrow nor parquet)",
+        _dataset_npy,
+        "--dataset",
+        "lengths.npy",
+        "parquet",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-dataset-bare-folder",
+        "plan CLI",
+        "--dataset DIR without state.json or parquet files",
+        _dataset_bare_folder,
+        "--dataset",
+        "state.json",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-dataset-without-column",
+        "plan CLI",
+        "--dataset train.parquet without --column",
+        _on_parquet(),
+        "--dataset",
+        "--column",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-column-without-dataset",
+        "plan CLI",
+        "--lengths lengths.npy --column n (--column needs --dataset)",
+        _flags("--max-tokens", "16", "--column", "n"),
+        "--column",
+        "--dataset",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-dataset-and-lengths",
+        "plan CLI",
+        "--dataset train.parquet together with --lengths",
+        lambda tmp: _dataset_cli(
+            "--lengths",
+            _save(tmp, "x.npy", np.array([3])),
+            "--dataset",
+            _parquet(tmp),
+            "--column",
+            "n",
+        ),
+        "--dataset",
+        "--lengths",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-column-unknown",
+        "plan CLI",
+        "--column ids (the dataset has input_ids, n, text, score)",
+        _on_parquet("--column", "ids"),
+        "--column",
+        "'ids'",
+        "'input_ids'",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-column-three",
+        "plan CLI",
+        "--column input_ids --column n --column text (three columns)",
+        _on_parquet("--column", "input_ids", "--column", "n", "--column", "text"),
+        "--column",
+        "3",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-column-twice",
+        "plan CLI",
+        "--column n --column n (the same column twice)",
+        _on_parquet("--column", "n", "--column", "n"),
+        "--column",
+        "'n'",
+        "twice",
+        raises=CliError,
+        fix_in=CLI,
+    ),
+    error(
+        "cli-column-text",
+        "plan CLI",
+        "--column text (a string column, not token ids)",
+        _on_parquet("--column", "text"),
+        "--dataset",
+        "'text'",
+        "tokenized_lengths",
+        raises=CliError,
+        fix_in=ARROW,
+    ),
+    error(
+        "cli-column-floats",
+        "plan CLI",
+        "--column score (float64 values)",
+        _on_parquet("--column", "score"),
+        "--dataset",
+        "'score'",
+        "double",
+        raises=CliError,
+        fix_in=ARROW,
+    ),
+    error(
+        "cli-column-empty-row",
+        "plan CLI",
+        "--column input_ids with an empty token list in row 1",
+        _on_parquet("--column", "input_ids", rows={"input_ids": [[5, 6], [], [7]]}),
+        "--dataset",
+        "'input_ids'",
+        "[1] = 0",
+        raises=CliError,
+        fix_in=ARROW,
+    ),
+    error(
+        "cli-column-nulls",
+        "plan CLI",
+        "--column n holding a null in row 2",
+        _on_parquet("--column", "n", rows={"n": [3, 4, None]}),
+        "'n'",
+        "null",
+        "row 2",
+        raises=CliError,
+        fix_in=ARROW,
+    ),
+    accepted(
+        "cli-dataset-selected",
+        "plan CLI",
+        "--dataset of a saved ds.shuffle().select([3, 1, 0]) (an indices mapping)",
+        _dataset_selected,
+        note="planned: 3 examples with the selected rows' tokens",
+        fix_in=CLI,
+    ),
 ]
