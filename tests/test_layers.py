@@ -210,6 +210,7 @@ LAYERS = {  # what each layer of the package may import from the package
     "lightning_varbatch.plan": {"lightning_varbatch.planner", "lightning_varbatch.sources"},
     "lightning_varbatch.sources": {"lightning_varbatch.planner", "lightning_varbatch.sources"},
     "lightning_varbatch.keys": set(),
+    "lightning_varbatch.attention": set(),
     "lightning_varbatch.loss": {"lightning_varbatch.keys"},
     "lightning_varbatch.data": {
         "lightning_varbatch.planner",
