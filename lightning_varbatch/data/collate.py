@@ -38,6 +38,7 @@ __all__ = [
     "batch_info",
     "check_map_style",
     "item_label",
+    "other_entries",
     "plan_entries",
     "ragged_field",
 ]
@@ -279,8 +280,13 @@ def ragged_field(items: Sequence[Any], field: str) -> Ragged:
     return Ragged.from_rows([_row(item[field], field, items, i) for i, item in enumerate(items)])
 
 
-def _other_entries(items: Sequence[Any], fields: Sequence[str]) -> dict[str, Any]:
-    """The items' non-token entries: ints as a ``(batch,)`` long tensor, others as a list."""
+def other_entries(items: Sequence[Any], fields: Sequence[str]) -> dict[str, Any]:
+    """The items' non-token entries: ints as a ``(batch,)`` long tensor, others as a list.
+
+    Example:
+        >>> other_entries([{"tokens": [1], "id": 4}, {"tokens": [2], "id": 7}], ["tokens"])
+        {'id': tensor([4, 7])}
+    """
     out: dict[str, Any] = {}
     if isinstance(items, ColumnarItems):
         import pyarrow as pa
@@ -534,7 +540,7 @@ class PaddingCollate:
                 lengths = ragged.lengths
                 loss_tokens = int((lengths - off).clamp(min=0).sum() if off else lengths.sum())
             padded_slots += padded.numel()
-        batch.update(_other_entries(items, fields))
+        batch.update(other_entries(items, fields))
         ntokens = loss_tokens
         batch[keys.NTOKENS] = torch.tensor(ntokens)
         batch[keys.NEXAMPLES] = torch.tensor(len(items))

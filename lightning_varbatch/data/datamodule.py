@@ -43,7 +43,7 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import ConcatDataset
 
-from lightning_varbatch.data.collate import PaddingCollate, check_map_style
+from lightning_varbatch.data.collate import check_map_style
 from lightning_varbatch.data.loader import TokenBudgetDataLoader
 from lightning_varbatch.data.sampler import (
     ON_MISMATCH,
@@ -541,15 +541,10 @@ class TokenBudgetDataModule(LightningDataModule):
 
     def _loader(self, stage: str) -> TokenBudgetDataLoader:
         sampler = self.samplers[stage]
-        collate = self.collate
-        if collate is None:
-            collate = PaddingCollate(pad_to_multiple_of=sampler.config.pad_to_multiple_of)
-        if isinstance(collate, PaddingCollate):
-            collate = collate.with_truncation(sampler.truncate_to)
-        return TokenBudgetDataLoader(
+        return TokenBudgetDataLoader(  # the default collate and the truncation are the loader's
             self.datasets[stage],
             sampler,
-            collate_fn=collate,
+            collate_fn=self.collate,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             evaluation=stage != "train",

@@ -32,6 +32,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from lightning_varbatch.data.collate import PaddingCollate, attach_plan, check_map_style
 from lightning_varbatch.data.columnar import fetch_rows
+from lightning_varbatch.data.packed_collate import PackingCollate
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 
 __all__ = [
@@ -134,7 +135,7 @@ def check_dataset_size(
 
 
 def check_first_items_of(
-    dataset: Any, sampler: TokenBudgetBatchSampler, collate: PaddingCollate
+    dataset: Any, sampler: TokenBudgetBatchSampler, collate: PaddingCollate | PackingCollate
 ) -> None:
     """Check the first item of the dataset (of every dataset of a mixture) with ``collate``.
 
@@ -222,25 +223,27 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         check_dataset_size(inner, batch_sampler)
         if collate_fn is None:
             collate_fn = PaddingCollate(pad_to_multiple_of=batch_sampler.config.pad_to_multiple_of)
-            collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
         elif not callable(collate_fn):
             raise TypeError(
                 f"collate_fn must be callable (e.g. PaddingCollate(...)) or None, got "
                 f"{type(collate_fn).__name__} {collate_fn!r}."
             )
-        if isinstance(collate_fn, PaddingCollate):
+        ours = isinstance(collate_fn, PLAN_COLLATES)
+        if isinstance(collate_fn, PLAN_COLLATES):
+            collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
             planned = batch_sampler.config.pad_to_multiple_of
             if planned % collate_fn.pad_to_multiple_of:
                 raise ValueError(
-                    f"PaddingCollate(pad_to_multiple_of={collate_fn.pad_to_multiple_of}) pads "
-                    f"wider than the plan, made with pad_to_multiple_of={planned}: its "
-                    "micro-batches would exceed max_tokens. Give the sampler (or "
-                    "TokenBudgetDataModule) the same pad_to_multiple_of as the collate."
+                    f"{type(collate_fn).__name__}(pad_to_multiple_of="
+                    f"{collate_fn.pad_to_multiple_of}) pads wider than the plan, made with "
+                    f"pad_to_multiple_of={planned}: its micro-batches would exceed max_tokens. "
+                    "Give the sampler (or TokenBudgetDataModule) the same pad_to_multiple_of "
+                    "as the collate."
                 )
-        # A PaddingCollate reads Arrow columns: a Hugging Face dataset's micro-batch is then one
+        # Our collates read Arrow columns: a Hugging Face dataset's micro-batch is then one
         # batched read and a vectorised pad; any other collate gets the items it expects.
-        wrapped = _BatchInfoDataset(inner, columnar=isinstance(collate_fn, PaddingCollate))
-        if check_first_items and isinstance(collate_fn, PaddingCollate):
+        wrapped = _BatchInfoDataset(inner, columnar=ours)
+        if check_first_items and isinstance(collate_fn, PLAN_COLLATES):
             check_first_items_of(inner, batch_sampler, collate_fn)
         super().__init__(
             wrapped,
@@ -273,6 +276,10 @@ class TokenBudgetDataLoader(DataLoader[Any]):
             sampler.set_epoch(0)
         return super().__iter__()
 
+
+#: The collates that read the plan: they get the sampler's truncation, Arrow micro-batches
+#: from a Hugging Face dataset, and the first-item check.
+PLAN_COLLATES = (PaddingCollate, PackingCollate)
 
 _BATCHING = {"batch_size", "shuffle", "sampler", "drop_last", "batch_sampler"}
 

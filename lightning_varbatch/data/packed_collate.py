@@ -46,9 +46,9 @@ import torch
 
 from lightning_varbatch import keys
 from lightning_varbatch.data.collate import (
-    _other_entries,
     attach_plan,
     item_label,
+    other_entries,
     plan_entries,
     ragged_field,
 )
@@ -257,7 +257,7 @@ class PackingCollate:
         planned = getattr(items, "planned_lengths", None) if self.check_widths else None
         if planned is not None and len(planned) == len(items):
             self._check_width(items, lengths, planned, int(batch[keys.PADDED_TOKENS]))
-        others = _other_entries(items, (self.field,))
+        others = other_entries(items, (self.field,))
         clash = sorted(set(others) & (set(PACKED_KEYS) | set(batch)))
         if clash:
             raise ValueError(
@@ -287,7 +287,7 @@ class PackingCollate:
         starts = torch.cumsum(full, 0) - full
         position = torch.arange(values.shape[0]) - starts[example]
         # A token's label is the next token of its example, from the full (uncut) example.
-        has_next = position >= 0
+        has_next = position + 1 < full[example]
         following = torch.roll(values, -1) if values.numel() else values
         labels = torch.where(has_next, following, torch.tensor(self.ignore_index))
         lengths = full

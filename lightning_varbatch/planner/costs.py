@@ -19,6 +19,7 @@ name            cost of a micro-batch                            use it for
 ``"padded"``    ``num_examples * longest``                       padded batches (fairseq rule)
 ``"sum"``       ``total``                                        packed / varlen attention
 ``"quadratic"`` ``num_examples * (longest + c * longest**2)``    attention-dominated models
+``"packed"``    ``total`` rounded up to ``pad_to_multiple_of``   ``layout="packed"`` (one row)
 ==============  ===============================================  ==============================
 
 Example:
@@ -37,9 +38,9 @@ from typing import Literal, TypeAlias
 
 import numpy as np
 
-CostName: TypeAlias = Literal["padded", "sum", "quadratic"]
+CostName: TypeAlias = Literal["padded", "sum", "quadratic", "packed"]
 CostFn: TypeAlias = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-COST_NAMES: tuple[str, ...] = ("padded", "sum", "quadratic")
+COST_NAMES: tuple[str, ...] = ("padded", "sum", "quadratic", "packed")
 
 
 def padded_cost(num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -81,13 +82,30 @@ def quadratic_cost(
     return np.asarray(num_examples, dtype=np.float64) * (longest + coef * longest * longest)
 
 
-def resolve_cost(cost: CostName | CostFn, *, quadratic_coef: float = 1 / 64) -> CostFn:
+def packed_cost(
+    num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray, *, multiple: int = 1
+) -> np.ndarray:
+    """Slots of one packed row: the real tokens rounded up to ``multiple`` (the alignment).
+
+    Example:
+        >>> import numpy as np
+        >>> int(packed_cost(np.array([3]), np.array([10]), np.array([25]), multiple=8)[0])
+        32
+    """
+    del num_examples, longest
+    return np.ceil(np.asarray(total, dtype=np.float64) / multiple) * multiple
+
+
+def resolve_cost(
+    cost: CostName | CostFn, *, quadratic_coef: float = 1 / 64, multiple: int = 1
+) -> CostFn:
     """Turn a cost name or callable into a vectorised cost function.
 
     Args:
         cost: ``"padded"``, ``"sum"``, ``"quadratic"`` or a callable
             ``(num_examples, longest, total) -> cost`` on numpy arrays.
         quadratic_coef: the coefficient ``c`` of the ``"quadratic"`` model.
+        multiple: the row alignment of the ``"packed"`` model (``pad_to_multiple_of``).
 
     Returns:
         The cost function.
@@ -110,6 +128,8 @@ def resolve_cost(cost: CostName | CostFn, *, quadratic_coef: float = 1 / 64) -> 
             if not quadratic_coef >= 0:
                 raise ValueError(f"quadratic_coef must be >= 0, got {quadratic_coef!r}.")
             return partial(quadratic_cost, coef=float(quadratic_coef))
+        if cost == "packed":
+            return sum_cost if multiple == 1 else partial(packed_cost, multiple=int(multiple))
         raise ValueError(
             f"Unknown cost model cost={cost!r}; choose one of {', '.join(COST_NAMES)} "
             "or pass a callable (num_examples, longest, total) -> cost."

@@ -26,12 +26,13 @@ from typing import Literal
 import numpy as np
 
 from lightning_varbatch.planner.epoch_plan import EpochPlan
+from lightning_varbatch.planner.flops import work
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
 
 __all__ = ["LoadModel", "PlanDiagnostics", "diagnose", "rank_loads"]
 
-LoadModel = Literal["linear", "quadratic"]
+LoadModel = Literal["linear", "quadratic", "flops"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,8 @@ class PlanDiagnostics:
         cost: the planner's cost model (name, or the callable's qualified name).
         real_tokens: summed planning lengths of every run example (``max(src, tgt)`` for pairs).
         padded_tokens: token slots after padding: per micro-batch, examples × longest padded
-            planning length.
+            planning length (``layout="packed"``: the row's tokens rounded up to
+            ``pad_to_multiple_of``).
         padding_efficiency: ``real_tokens / padded_tokens``.
         budget_fill: mean micro-batch cost under the planner's cost model / ``max_tokens``
             (each micro-batch over its own dataset's budget in a mixture).
@@ -65,6 +67,10 @@ class PlanDiagnostics:
         imbalance_quadratic_mean: as ``imbalance_linear_mean`` with load
             Σ n·L + c·n·L² (``c = config.quadratic_coef``, 1/64 by default).
         imbalance_quadratic_max: the same, worst step.
+        imbalance_flops_mean: as ``imbalance_linear_mean`` with the compute of
+            :mod:`lightning_varbatch.planner.flops` as load: tokens (slots) plus
+            ``flop_attention`` × Σ L² (n·L² for a padded micro-batch).
+        imbalance_flops_max: the same, worst step.
         num_dropped: examples left out by ``tail="drop"``.
         num_duplicated: examples repeated by ``tail="pad"`` (or a ``"spread"`` that ran out of
             examples to split).
@@ -106,6 +112,8 @@ class PlanDiagnostics:
     imbalance_linear_max: float
     imbalance_quadratic_mean: float
     imbalance_quadratic_max: float
+    imbalance_flops_mean: float
+    imbalance_flops_max: float
     num_dropped: int
     num_duplicated: int
     num_skipped: int
@@ -143,6 +151,7 @@ class PlanDiagnostics:
               budget fill         100.0 %  (mean micro-batch cost / max_tokens)
               examples per batch  min 2  p50 2  mean 2.0  p95 2  max 2
               rank imbalance      linear mean 1.000 max 1.000 | quadratic mean 1.000 max 1.000
+                                  flops mean 1.000 max 1.000
               coverage            100.0 % of planned examples
               dropped/duplicated  0 dropped, 0 duplicated, 0 skipped, 0 truncated
               equal counts        yes: every rank runs 2 micro-batches
@@ -167,6 +176,8 @@ class PlanDiagnostics:
                 f"  rank imbalance      linear mean {self.imbalance_linear_mean:.3f} "
                 f"max {self.imbalance_linear_max:.3f} | quadratic mean "
                 f"{self.imbalance_quadratic_mean:.3f} max {self.imbalance_quadratic_max:.3f}",
+                f"                      flops mean {self.imbalance_flops_mean:.3f} "
+                f"max {self.imbalance_flops_max:.3f}",
                 f"  coverage            {100 * self.coverage:.1f} % of planned examples",
                 f"  dropped/duplicated  {self.num_dropped:,} dropped, "
                 f"{self.num_duplicated:,} duplicated, {self.num_skipped:,} skipped, "
@@ -184,6 +195,7 @@ class _Tiles:
     size: np.ndarray  # examples, int64
     longest: np.ndarray  # longest padded planning length, int64
     real: np.ndarray  # summed planning lengths, int64
+    squares: np.ndarray  # summed squared planning lengths, float64
 
 
 def check_plan_of(planner: Planner, plan: EpochPlan) -> None:
@@ -206,7 +218,7 @@ def _tiles(planner: Planner, plan: EpochPlan) -> _Tiles:
     size = np.asarray(plan.tile_size, dtype=np.int64)
     if size.size == 0:
         zero = np.zeros(0, dtype=np.int64)
-        return _Tiles(size=zero, longest=zero, real=zero)
+        return _Tiles(size=zero, longest=zero, real=zero, squares=zero.astype(np.float64))
     start = np.asarray(plan.tile_start, dtype=np.int64)
     # The lengths in tile order, plus a sentinel so that every tile's end is a valid index.
     # Always the true in-tile maximum: with bucket_width > 1 the first member of a tile is
@@ -216,19 +228,36 @@ def _tiles(planner: Planner, plan: EpochPlan) -> _Tiles:
     bounds = np.stack([start, start + size], axis=1).reshape(-1)
     nonempty = size > 0
     real = np.where(nonempty, np.add.reduceat(keys, bounds, dtype=np.int64)[::2], 0)
+    wide = keys.astype(np.float64)
+    squares = np.where(nonempty, np.add.reduceat(wide * wide, bounds)[::2], 0.0)
     longest = np.where(nonempty, np.maximum.reduceat(keys, bounds)[::2].astype(np.int64), 0)
     p = planner.config.pad_to_multiple_of
-    return _Tiles(size=size, longest=-(-longest // p) * p, real=real)
+    return _Tiles(size=size, longest=-(-longest // p) * p, real=real, squares=squares)
+
+
+def _slots(planner: Planner, tiles: _Tiles) -> np.ndarray:
+    """Token slots of every tile: examples × longest, or a packed row's aligned tokens."""
+    if planner.config.layout == "packed":
+        p = planner.config.pad_to_multiple_of
+        return -(-tiles.real // p) * p
+    return tiles.size * tiles.longest
 
 
 def _tile_load(planner: Planner, tiles: _Tiles, model: LoadModel) -> np.ndarray:
-    n = tiles.size.astype(np.float64)
-    length = tiles.longest.astype(np.float64)
+    cfg = planner.config
+    slots = _slots(planner, tiles).astype(np.float64)
+    if cfg.layout == "packed":
+        squares = tiles.squares
+    else:
+        length = tiles.longest.astype(np.float64)
+        squares = tiles.size * length * length
     if model == "linear":
-        return n * length
+        return slots
     if model == "quadratic":
-        return n * (length + planner.config.quadratic_coef * length * length)
-    raise ValueError(f"Unknown load model={model!r}; choose 'linear' or 'quadratic'.")
+        return slots + cfg.quadratic_coef * squares
+    if model == "flops":
+        return work(slots, squares, cfg.flop_attention)
+    raise ValueError(f"Unknown load model={model!r}; choose 'linear', 'quadratic' or 'flops'.")
 
 
 def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -> np.ndarray:
@@ -238,7 +267,9 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
         planner: the planner that made ``plan``.
         plan: the epoch plan.
         model: ``"linear"`` (Σ examples × longest padded length over the rank's micro-batches
-            of the step) or ``"quadratic"`` (Σ n·L + c·n·L², ``c = config.quadratic_coef``).
+            of the step; a packed row's tokens), ``"quadratic"`` (Σ n·L + c·n·L²,
+            ``c = config.quadratic_coef``) or ``"flops"`` (the same with
+            ``c = config.flop_attention``; a packed row's Σ L²).
 
     Returns:
         ``(num_steps, world_size)`` float64 loads.
@@ -312,11 +343,12 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
     run = np.asarray(plan.assign, dtype=np.int64).reshape(-1)
     size = tiles.size[run]
     real = int(tiles.real[run].sum())
-    padded = int((size * tiles.longest[run]).sum())
+    padded = int(_slots(planner, tiles)[run].sum())
     lin = _tile_load(planner, tiles, "linear")[plan.assign].sum(axis=2)
     quad = _tile_load(planner, tiles, "quadratic")[plan.assign].sum(axis=2)
     lin_mean, lin_max = _imbalance(lin)
     quad_mean, quad_max = _imbalance(quad)
+    flops_mean, flops_max = _imbalance(_tile_load(planner, tiles, "flops")[plan.assign].sum(axis=2))
     per_rank = np.count_nonzero(tiles.size[plan.assign] > 0, axis=(0, 2))
     cost = cfg.cost if isinstance(cfg.cost, str) else getattr(cfg.cost, "__qualname__", "custom")
     empty = size.size == 0
@@ -345,6 +377,8 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
         imbalance_linear_max=lin_max,
         imbalance_quadratic_mean=quad_mean,
         imbalance_quadratic_max=quad_max,
+        imbalance_flops_mean=flops_mean,
+        imbalance_flops_max=flops_max,
         num_dropped=int(plan.num_dropped),
         num_duplicated=int(plan.num_duplicated),
         num_skipped=int(plan.num_skipped),

@@ -42,6 +42,8 @@ class EpochPlan:
         num_truncated: examples cut by ``oversize="truncate"``.
         tile_dataset: the dataset of every tile when several are mixed
             (:class:`~lightning_varbatch.planner.mixture.MixturePlanner`); ``None`` means dataset 0.
+        tile_work: what ranks were balanced by when it is not the cost (``layout="packed"``:
+            each tile's compute, :mod:`lightning_varbatch.planner.flops`); ``None``: the cost.
     """
 
     epoch: int
@@ -57,8 +59,14 @@ class EpochPlan:
     num_skipped: int = 0
     num_truncated: int = 0
     tile_dataset: np.ndarray | None = None
+    tile_work: np.ndarray | None = None
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def tile_load(self) -> np.ndarray:
+        """What ranks are balanced by: ``tile_work``, else ``tile_cost``."""
+        return self.tile_cost if self.tile_work is None else self.tile_work
 
     @property
     def num_steps(self) -> int:

@@ -215,7 +215,7 @@ class EpochPlanner:
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
         selected = select_tiles(layout, tail, world, acc, rng, cfg)
-        assign = deal_steps(selected.tiles.reshape(-1, wa), layout.cost, world, acc)
+        assign = deal_steps(selected.tiles.reshape(-1, wa), layout.work, world, acc)
         if cfg.shuffle:
             assign = assign[rng.permutation(assign.shape[0])]
         prep = self.prepared
@@ -227,6 +227,7 @@ class EpochPlanner:
             tile_start=layout.starts,
             tile_size=layout.sizes,
             tile_cost=layout.cost,
+            tile_work=layout.work if cfg.layout == "packed" else None,
             assign=assign,
             num_dropped=selected.num_dropped,
             num_duplicated=selected.num_duplicated,

@@ -111,12 +111,14 @@ def compose_parts(
     cat = np.concatenate
     plans = [part.plan for part in parts]
     cost = cat([p.tile_cost for p in plans]) if plans else np.zeros(0)
+    load = cat([p.tile_load for p in plans]) if plans else np.zeros(0)
+    packed = any(p.tile_work is not None for p in plans)
     all_units = cat(units) if units else np.zeros((0, world, acc), dtype=np.int64)
     picked = all_units[interleave(cat(unit_ds) if unit_ds else np.zeros(0, int), rng)]
     if mixing == "per_step":
         assign = picked.reshape(-1, world, acc)
     else:
-        assign = deal_steps(picked.reshape(-1, world * acc), cost, world, acc)
+        assign = deal_steps(picked.reshape(-1, world * acc), load, world, acc)
     order = cat(orders) if orders else np.zeros(0, dtype=np.int64)
     return EpochPlan(
         epoch=epoch,
@@ -132,5 +134,6 @@ def compose_parts(
         num_skipped=num_skipped,
         num_truncated=num_truncated,
         tile_dataset=cat(tile_ds) if tile_ds else np.zeros(0, dtype=np.int64),
+        tile_work=load if packed else None,
         _exact_tokens=cat([p.tile_tokens for p in plans]) if plans else np.zeros(0, int),
     )

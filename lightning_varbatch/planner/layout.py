@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lightning_varbatch.planner.costs import checked_cost
+from lightning_varbatch.planner.flops import work
 from lightning_varbatch.planner.settings import PlanConfig
 
 
@@ -101,12 +102,17 @@ class SortedGroups:
         starts = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
         return cls(ids=ids, starts=starts, longest=longest)
 
-    def prefix(self, pos: np.ndarray) -> np.ndarray:
-        """Sum of the group lengths over positions ``[0, pos)`` (exact for bucket width 1)."""
+    def prefix(self, pos: np.ndarray, power: int = 1) -> np.ndarray:
+        """Sum of the group lengths (``power`` 2: their squares) over positions ``[0, pos)``.
+
+        Exact for bucket width 1; with wider buckets each member counts as its bucket's
+        longest (an upper bound).
+        """
         sizes = np.diff(self.starts)
-        cum = np.concatenate(([0], np.cumsum(sizes * self.longest)))
+        value = self.longest.astype(np.int64) ** power
+        cum = np.concatenate(([0], np.cumsum(sizes * value)))
         g = np.clip(np.searchsorted(self.starts, pos, side="right") - 1, 0, len(self.longest) - 1)
-        return cum[g] + (pos - self.starts[g]) * self.longest[g]
+        return cum[g] + (pos - self.starts[g]) * value[g]
 
     def suffix(self, start: int) -> SortedGroups:
         """The sorted order from position ``start`` on (positions renumbered from 0)."""
@@ -163,12 +169,15 @@ class Layout:
         cost: ``(m,)`` cost of each tile under the cost model (an upper bound when buckets are
             wider than 1: the bucket's longest length stands in for every member).
         total: ``(m,)`` summed planning lengths of each tile (exact for bucket width 1).
+        work: ``(m,)`` what ranks are balanced by: the cost, or for ``layout="packed"`` the
+            compute ``Σ L + flop_attention · Σ L²`` (:mod:`lightning_varbatch.planner.flops`).
     """
 
     starts: np.ndarray
     sizes: np.ndarray
     cost: np.ndarray
     total: np.ndarray
+    work: np.ndarray
 
     @property
     def num_tiles(self) -> int:
@@ -182,7 +191,7 @@ class Layout:
         """Compute costs of given tiles and check them against the budget."""
         if starts.size == 0:
             zero = np.zeros(0)
-            return cls(starts=starts, sizes=sizes, cost=zero, total=zero.astype(np.int64))
+            return cls(starts, sizes, cost=zero, total=zero.astype(np.int64), work=zero)
         p = config.pad_to_multiple_of
         longest = groups.longest[groups.group_of(starts)]
         total = groups.prefix(starts + sizes) - groups.prefix(starts)
@@ -195,7 +204,11 @@ class Layout:
                 f"{cost[j]:g} > max_tokens={config.max_tokens} although smaller batches fit: "
                 "a custom cost= must be non-decreasing in num_examples, longest and total."
             )
-        return cls(starts=starts, sizes=sizes, cost=cost, total=total)
+        load = cost
+        if config.layout == "packed":
+            squares = groups.prefix(starts + sizes, 2) - groups.prefix(starts, 2)
+            load = work(total, squares, config.flop_attention)
+        return cls(starts=starts, sizes=sizes, cost=cost, total=total, work=load)
 
     @classmethod
     def build(cls, groups: SortedGroups, config: PlanConfig) -> Layout:

@@ -21,6 +21,12 @@ import numpy as np
 from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
+LayoutName: TypeAlias = Literal["padded", "packed"]
+LAYOUTS: tuple[str, ...] = ("padded", "packed")
+#: ``flop_attention`` default: a causal Transformer with d_model = 1024 (see
+#: :func:`lightning_varbatch.planner.flops.transformer_flops`): 2·d per (query, key) pair
+#: against 24·d² per token through the linear layers, 1 / (12 · 1024).
+DEFAULT_FLOP_ATTENTION = 1 / (12 * 1024)
 OversizePolicy: TypeAlias = Literal["error", "skip", "truncate"]
 TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
@@ -227,6 +233,27 @@ class PlanConfig:
             randomly chosen micro-batches (counted)"""
         ),
     )
+    layout: LayoutName = field(
+        default="padded",
+        metadata=_help(
+            """``"padded"`` (default): each micro-batch is a padded (examples x longest)
+            batch; ``"packed"``: each micro-batch is one packed row of whole examples (no
+            padding but the row's alignment to ``pad_to_multiple_of``), its real tokens
+            within ``max_tokens`` (the ``"packed"`` cost), and each optimizer step's
+            micro-batches are dealt to ranks by their FLOPs (``flop_attention``), not their
+            tokens; use it with :class:`~lightning_varbatch.data.packed_collate.PackingCollate`
+            and one length per example"""
+        ),
+    )
+    flop_attention: float = field(
+        default=DEFAULT_FLOP_ATTENTION,
+        metadata=_help(
+            """the compute of one (query, key) pair of attention relative to one token through
+            the linear layers: a packed micro-batch costs ``sum(L) + flop_attention *
+            sum(L**2)`` when ranks are balanced (``layout="packed"``; derive it from your
+            model with ``transformer_flops(d_model).flop_attention``; 0 balances tokens)"""
+        ),
+    )
     oversize: OversizePolicy = field(
         default="error",
         metadata=_help(
@@ -289,16 +316,50 @@ class PlanConfig:
                 "quadratic_coef=1/64 (0 makes the quadratic cost the padded one)."
             )
         object.__setattr__(self, "quadratic_coef", float(coef))
+        if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
+            raise ValueError(
+                f"Unknown layout={self.layout!r}; choose one of {', '.join(LAYOUTS)} "
+                "(padded batches, or packed rows of whole examples)."
+            )
+        if self.layout == "packed":
+            if self.cost not in ("padded", "packed"):
+                raise ValueError(
+                    f"layout='packed' budgets the real tokens of a packed row itself, so "
+                    f"cost={self.cost!r} cannot apply: leave cost unset with layout='packed' "
+                    "(or use layout='padded' for another cost model)."
+                )
+            object.__setattr__(self, "cost", "packed")
+        elif self.cost == "packed":
+            raise ValueError(
+                "cost='packed' is the budget of packed rows: set layout='packed' instead of "
+                "cost='packed' (the collate and the rank balance change with it)."
+            )
+        flops = self.flop_attention
+        if isinstance(flops, (bool, np.bool_)) or not isinstance(flops, (int, float, np.number)):
+            raise ValueError(
+                f"flop_attention must be a finite number >= 0, got {flops!r} "
+                f"({type(flops).__name__}); pass e.g. "
+                "flop_attention=transformer_flops(d_model=1024).flop_attention."
+            )
+        if not (math.isfinite(float(flops)) and flops >= 0):
+            raise ValueError(
+                f"flop_attention must be >= 0 and finite, got {flops!r}; pass e.g. "
+                "flop_attention=transformer_flops(d_model=1024).flop_attention (0: balance "
+                "ranks by tokens only)."
+            )
+        object.__setattr__(self, "flop_attention", float(flops))
         if isinstance(self.cost, str) and self.cost not in COST_NAMES:
             resolve_cost(self.cost)  # raises with the list of valid names
-        fn = resolve_cost(self.cost, quadratic_coef=self.quadratic_coef)
+        fn = self.cost_fn
         if not isinstance(self.cost, str):
             _probe_cost(fn)
 
     @property
     def cost_fn(self) -> CostFn:
         """The resolved, vectorised cost function."""
-        return resolve_cost(self.cost, quadratic_coef=self.quadratic_coef)
+        return resolve_cost(
+            self.cost, quadratic_coef=self.quadratic_coef, multiple=self.pad_to_multiple_of
+        )
 
     def fingerprint(self) -> str:
         """A short hash of every setting that changes the plan (for checkpoint checks).
@@ -308,6 +369,10 @@ class PlanConfig:
             True
         """
         values = asdict(self)
+        # Settings added later leave the fingerprint of plans made without them unchanged, so
+        # checkpoints saved before they existed still resume.
+        if self.layout == "padded":
+            del values["layout"], values["flop_attention"]
         if callable(self.cost):
             values["cost"] = getattr(self.cost, "__qualname__", repr(self.cost))
         blob = json.dumps(values, sort_keys=True, default=str).encode()

@@ -1,0 +1,116 @@
+"""The compute of a micro-batch: a linear term per token plus an attention term per (query, key).
+
+Packed rows with the same number of tokens can carry very different compute: a row of one
+4096-token document does ``4096²`` attention pairs, a row of sixteen 256-token documents
+``16 · 256²``, sixteen times fewer. Ranks that get equal *tokens* then wait on each other. The
+planner therefore deals packed micro-batches to ranks by
+
+    work = Σ L + flop_attention · Σ L²
+
+per micro-batch (``L``: each example's length), where ``flop_attention`` is the compute of one
+(query, key) pair relative to one token through the linear layers.
+:func:`transformer_flops` derives it from a model's shape.
+
+Example:
+    >>> model = transformer_flops(d_model=1024, num_layers=24)
+    >>> round(1 / model.flop_attention)
+    12288
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FlopModel", "transformer_flops", "work"]
+
+
+@dataclass(frozen=True)
+class FlopModel:
+    """Forward FLOPs of a Transformer: per token (linear layers) and per (query, key) pair.
+
+    Attributes:
+        per_token: forward FLOPs of one token through every linear layer (projections, MLP).
+        per_pair: forward FLOPs of one (query, key) pair through every attention layer
+            (scores and weighted sum).
+    """
+
+    per_token: float
+    per_pair: float
+
+    @property
+    def flop_attention(self) -> float:
+        """``per_pair / per_token``: the planner's ``flop_attention`` setting."""
+        return self.per_pair / self.per_token
+
+    def flops(self, lengths: np.ndarray) -> float:
+        """Forward FLOPs of examples of these lengths (each attends within itself).
+
+        Example:
+            >>> FlopModel(per_token=10.0, per_pair=1.0).flops(np.array([3, 4]))
+            95.0
+        """
+        lengths = np.asarray(lengths, dtype=np.float64)
+        return float(self.per_token * lengths.sum() + self.per_pair * (lengths**2).sum())
+
+
+def transformer_flops(
+    d_model: int,
+    num_layers: int = 1,
+    *,
+    ffn_dim: int | None = None,
+    causal: bool = True,
+    kv_dim: int | None = None,
+) -> FlopModel:
+    """The FLOP model of a standard Transformer stack (multiply-adds count 2).
+
+    Per token and layer, the linear layers do ``2·(2·d² + 2·d·kv + 2·d·ffn)`` FLOPs (query
+    and output projections, key and value projections, the two MLP matrices); per (query,
+    key) pair and layer, attention does ``4·d`` (``Q·Kᵀ`` and the weighted sum of ``V``),
+    half of that when causal (kernels skip the masked half). The embedding and the output
+    layer are per-token costs too but outside the stack; add them to ``per_token`` if your
+    vocabulary is large.
+
+    Args:
+        d_model: the model width.
+        num_layers: Transformer layers.
+        ffn_dim: the MLP's hidden width (default ``4 * d_model``).
+        causal: causal self-attention (decoder-only) or full.
+        kv_dim: the width of keys and values (grouped-query attention; default ``d_model``).
+
+    Returns:
+        The model; ``.flop_attention`` is the planner setting.
+
+    Raises:
+        ValueError: for a width or layer count below 1.
+
+    Example:
+        >>> round(transformer_flops(256, 4).flop_attention * 12 * 256, 6)
+        1.0
+    """
+    for name, value in (("d_model", d_model), ("num_layers", num_layers)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+    ffn = 4 * d_model if ffn_dim is None else ffn_dim
+    kv = d_model if kv_dim is None else kv_dim
+    per_token = 2.0 * (2 * d_model * d_model + 2 * d_model * kv + 2 * d_model * ffn)
+    per_pair = (2.0 if causal else 4.0) * d_model
+    return FlopModel(per_token=per_token * num_layers, per_pair=per_pair * num_layers)
+
+
+def work(total: np.ndarray, squares: np.ndarray, flop_attention: float) -> np.ndarray:
+    """Relative compute of micro-batches: ``total + flop_attention * squares``.
+
+    Args:
+        total: the tokens of each micro-batch (slots, for a padded one).
+        squares: ``Σ L²`` of each micro-batch (``n · L²`` for a padded one).
+        flop_attention: see :class:`FlopModel`.
+
+    Example:
+        >>> work(np.array([8, 8]), np.array([64, 16]), 0.5).tolist()
+        [40.0, 16.0]
+    """
+    return np.asarray(total, dtype=np.float64) + flop_attention * np.asarray(
+        squares, dtype=np.float64
+    )
