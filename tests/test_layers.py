@@ -83,7 +83,8 @@ def test_plan_cli_runs_without_torch(tmp_path: Path) -> None:
 
 
 def test_plan_cli_reads_a_saved_dataset_without_torch_or_datasets(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     folder = tmp_path / "wmt"
     rows = {"src_ids": [[1] * (3 + i % 40) for i in range(600)], "tgt_ids": [[2, 3]] * 600}
     datasets.Dataset.from_dict(rows).save_to_disk(str(folder))

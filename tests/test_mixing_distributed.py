@@ -5,12 +5,25 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 from tests.launch import launch
 
 
-def test_per_step_mixing_is_identical_on_every_rank(tmp_path: Path) -> None:
-    records = launch("mixing_ddp.py", 2, tmp_path)
+@pytest.mark.parametrize("source", ["list", "hf"])
+def test_per_step_mixing_is_identical_on_every_rank(tmp_path: Path, source: str) -> None:
+    extra: tuple[str, ...] = ()
+    if source != "list":  # each DataSource a Hugging Face dataset, lengths from its column
+        pytest.importorskip("datasets")
+        extra = ("--source", source)
+    records = launch("mixing_ddp.py", 2, tmp_path, *extra)
     assert [r["rank"] for r in records] == [0, 1]
+    for r in records:
+        assert r["source"] == source
+        kind = "datasets.Dataset" if source == "hf" else "builtins.list"
+        assert r["loader"]["dataset_type"] == "ConcatDataset"
+        assert r["loader"]["part_types"] == [kind, kind], r["loader"]
+        assert r["loader"]["columnar"] is True  # the default collate: Arrow reads where it can
     assert {r["global_step"] for r in records} == {12}  # 6 steps x 2 epochs, on both ranks
     per_rank = []
     for record in records:

@@ -198,7 +198,9 @@ def test_every_plan_setting_has_a_flag_with_its_help_and_default() -> None:
             assert action.required
         else:
             assert action.default == setting.default
-    assert actions["cost"].choices == ["padded", "sum", "quadratic"]
+    assert actions["cost"].choices == ["padded", "sum", "quadratic", "packed"]
+    assert actions["layout"].choices == ["padded", "packed"]
+    assert actions["flop_attention"].type is float
     assert actions["tail"].choices == ["spread", "drop", "pad"]
     assert actions["oversize"].choices == ["error", "skip", "truncate"]
     assert isinstance(actions["shuffle"], argparse.BooleanOptionalAction)
@@ -261,7 +263,8 @@ def test_dataset_report_equals_the_lengths_report(
     capsys: pytest.CaptureFixture[str],
     shards: int,
 ) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     folder = tmp_path / "wmt"
     datasets.Dataset.from_dict(hf_rows).save_to_disk(str(folder), num_shards=shards)
     src, tgt = _list_lengths(hf_rows["src_ids"]), _list_lengths(hf_rows["tgt_ids"])
@@ -278,7 +281,8 @@ def test_dataset_report_equals_the_lengths_report(
 def test_dataset_rows_follow_a_shuffled_or_selected_dataset(
     hf_rows: dict[str, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     from lightning_varbatch.plan import _load_lengths, _parser
 
     ds = datasets.Dataset.from_dict(hf_rows)
@@ -302,8 +306,9 @@ def test_dataset_rows_follow_a_shuffled_or_selected_dataset(
 def test_parquet_file_folder_and_a_mixture_of_datasets(
     hf_rows: dict[str, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     table = pa.table(hf_rows)
     pq.write_table(table.slice(0, 600), tmp_path / "news.parquet")
     (tmp_path / "wmt").mkdir()
@@ -325,8 +330,9 @@ def test_parquet_file_folder_and_a_mixture_of_datasets(
 def test_dataset_text_report_names_the_columns(
     hf_rows: dict[str, list[Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     path = tmp_path / "train.parquet"
     pq.write_table(pa.table(hf_rows), path)
     png = tmp_path / "plan.png"
@@ -362,7 +368,8 @@ def test_bad_dataset_flags_exit_2_with_an_error_line(
     argv: list[str],
     needles: list[str],
 ) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     ds = datasets.Dataset.from_dict({k: v[:50] for k, v in hf_rows.items()})
     ds.save_to_disk(str(tmp_path / "ds"))
     datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "dd"))

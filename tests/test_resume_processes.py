@@ -1,7 +1,9 @@
 """Resume and launch scenarios with real processes: SIGKILL mid-epoch, a smaller world, torchrun.
 
 The killed run is shared by the first two tests (a module fixture): its rank processes first run
-the uninterrupted reference epoch, then the checkpointed run that the test SIGKILLs.
+the uninterrupted reference epoch, then the checkpointed run that the test SIGKILLs. The elastic
+resume (two ranks' checkpoint on one) also runs with the pairs as a Hugging Face dataset saved
+to disk and memory-mapped by every rank (``--source hf:DIR``), lengths from its columns.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 import torch
 
 from tests.launch import SCRIPTS, free_port, launch, rank_env
-from tests.scripts.datamodule_common import NUM_TRAIN
+from tests.scripts.datamodule_common import NUM_TRAIN, make_pairs, pair_columns
 
 WORLD = 2
 EVERY = 2  # tests/scripts/resume_kill.py checkpoints every EVERY steps and blocks in step EVERY+1
@@ -43,10 +45,8 @@ def checkpoint_steps(ckpt_dir: Path) -> dict[int, Path]:
     return found
 
 
-@pytest.fixture(scope="module")
-def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def kill_mid_epoch(out: Path, *extra: str) -> dict[str, Any]:
     """Run reference + checkpointed run on WORLD ranks; SIGKILL them mid-epoch."""
-    out = tmp_path_factory.mktemp("killed")
     port = free_port()
     start = time.monotonic()
     procs = []
@@ -55,7 +55,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         log = (out / f"stdout{rank}.txt").open("w")
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(SCRIPTS / "resume_kill.py"), str(out), "killed"],
+                [sys.executable, str(SCRIPTS / "resume_kill.py"), str(out), "killed", *extra],
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -95,7 +95,25 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             json.loads((out / f"reference_rank{r}.json").read_text()) for r in range(WORLD)
         ],
         "logs": [read_log(log) for log in logs],
+        "extra": extra,
     }
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The killed run on the pairs as Python lists."""
+    return kill_mid_epoch(tmp_path_factory.mktemp("killed"))
+
+
+@pytest.fixture(scope="module")
+def killed_hf(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The killed run on the same pairs as a Hugging Face dataset saved to disk (memory-mapped)."""
+    pytest.importorskip("datasets")
+    from tests.scripts.hf_source import save_dataset
+
+    out = tmp_path_factory.mktemp("killed_hf")
+    save_dataset(pair_columns(make_pairs(NUM_TRAIN, 1)), out / "hf", "train")
+    return kill_mid_epoch(out, "--source", f"hf:{out / 'hf'}")
 
 
 def before_checkpoint(log: list[dict[str, Any]], step: int) -> list[list[int]]:
@@ -135,12 +153,30 @@ def test_sigkill_resume_matches_uninterrupted(killed: dict[str, Any], tmp_path: 
     assert sorted(union) == list(range(NUM_TRAIN))
 
 
-def test_resume_two_process_checkpoint_on_one(killed: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("source", ["list", "hf"])
+def test_resume_two_process_checkpoint_on_one(
+    source: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    killed = request.getfixturevalue("killed" if source == "list" else "killed_hf")
     step = killed["ckpt_step"]
     start = time.monotonic()
-    (record,) = launch("resume_kill.py", 1, tmp_path, "resume", str(killed["ckpt"]), timeout=90)
+    (record,) = launch(
+        "resume_kill.py", 1, tmp_path, "resume", str(killed["ckpt"]), *killed["extra"], timeout=90
+    )
     print(f"resumed on one process: {time.monotonic() - start:.1f}s")
     assert record["world_size"] == 1
+    if source == "hf":
+        # Every rank of both runs read the memory-mapped Arrow dataset, and the killed run had
+        # replayed the uninterrupted one until the kill.
+        for r in [*killed["reference"], record]:
+            assert r["loader"]["part_types"] == ["datasets.Dataset"], r["loader"]
+            assert r["loader"]["memory_mapped"] == [True] and r["loader"]["columnar"] is True
+        for ref, log in zip(killed["reference"], killed["logs"], strict=True):
+            reference = [r["ids"] for r in ref["trained"]]
+            assert len(reference) > step + 1  # the kill was mid-epoch
+            assert [r["ids"] for r in log] == reference[: len(log)]
+        union = [i for ref in killed["reference"] for r in ref["trained"] for i in r["ids"]]
+        assert sorted(union) == list(range(NUM_TRAIN))
     done = [i for log in killed["logs"] for ids in before_checkpoint(log, step) for i in ids]
     after = [i for r in record["trained"] for i in r["ids"]]
     assert done and after

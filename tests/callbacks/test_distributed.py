@@ -2,7 +2,9 @@
 
 Each scenario runs ``tests/scripts/callbacks_train.py`` once per rank (4 optimizer steps,
 ``accumulate_grad_batches=2``, SGD lr=0.5 with ExponentialLR(0.8), a chainable scheduler into
-which a leaked factor would compound, sqrt LR scaling).
+which a leaked factor would compound, sqrt LR scaling). ``ddp-hf``: the same sequences as a
+Hugging Face dataset (``--source hf``), read through the library's loader and collate, whose
+batches carry the counts the callbacks read (``keys`` mode).
 """
 
 from __future__ import annotations
@@ -18,20 +20,34 @@ from tests.scripts.strategy_common import ACCUMULATE, MAX_TOKENS
 WORLD_SIZE = 2
 STEPS = 4
 LR = 0.5
-SCENARIOS = [("ddp", "fn"), ("deepspeed_varbatch", "keys")]
+SCENARIOS = [
+    pytest.param("ddp", "fn", "list", id="ddp"),
+    pytest.param("deepspeed_varbatch", "keys", "list", id="deepspeed_varbatch"),
+    pytest.param("ddp", "keys", "hf", id="ddp-hf"),
+]
 
 
 def schedule(step: int) -> float:
     return 0.8**step
 
 
-@pytest.mark.parametrize(("strategy", "mode"), SCENARIOS, ids=[s for s, _ in SCENARIOS])
+@pytest.mark.parametrize(("strategy", "mode", "source"), SCENARIOS)
 def test_global_counts_and_identical_scaled_lr(
-    strategy: str, mode: str, tmp_path_factory: pytest.TempPathFactory
+    strategy: str, mode: str, source: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    out = tmp_path_factory.mktemp(f"{strategy}-{mode}")
-    records = launch("callbacks_train.py", WORLD_SIZE, out, strategy, mode, timeout=150.0)
+    out = tmp_path_factory.mktemp(f"{strategy}-{mode}-{source}")
+    extra: tuple[str, ...] = ()
+    if source != "list":
+        import datasets  # noqa: F401  (the hf extra is part of the test install)
+
+        extra = ("--source", source)
+    records = launch("callbacks_train.py", WORLD_SIZE, out, strategy, mode, *extra, timeout=150.0)
+    assert [r["rank"] for r in records] == list(range(WORLD_SIZE))
     assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
+    if source == "hf":  # the counts below came from Arrow reads of the Hugging Face dataset
+        for r in records:
+            assert r["loader"]["part_types"] == ["datasets.Dataset"], r["loader"]
+            assert {m["collated_from"] for m in r["micro_batches"]} == {"ColumnarItems"}
 
     # What every rank really processed, per optimizer step.
     per_step: dict[int, list[int]] = {k: [0] * WORLD_SIZE for k in range(STEPS)}

@@ -1,9 +1,11 @@
-"""One rank of a run with both callbacks: ``callbacks_train.py OUT STRATEGY MODE``.
+"""One rank of a run with both callbacks: ``callbacks_train.py OUT STRATEGY MODE [--source S]``.
 
 MODE ``keys``: counts from the batch keys (STEP_NTOKENS, no collective in the scaler);
 MODE ``fn``: counts from ``tokens_fn``/``examples_fn`` (the scaler all-reduces at each step).
 Writes ``OUT/rank<r>.json``: the lr of every real optimizer step, the micro-batches trained on
-and (rank 0) what the loggers received.
+and (rank 0) what the loggers received. ``--source hf``: the same sequences as a Hugging Face
+dataset through ``TokenBudgetDataModule(ds, "tokens", ...)`` and the library's collate, whose
+batches carry the keys themselves.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hf_source import is_hf, loader_evidence, pop_source
 from lightning.pytorch import LightningModule, Trainer, seed_everything
 from lightning.pytorch.loggers import Logger
 from strategy_common import ACCUMULATE, MAX_TOKENS, collate, loss_sum, make_model, make_sequences
-from strategy_train import Sequences
+from strategy_train import Sequences, hf_datamodule
 from teardown import shutdown
 from torch.utils.data import DataLoader
 
@@ -77,36 +80,25 @@ def collate_with_keys(examples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 class Model(LightningModule):
+    """The model; its data comes from a datamodule (``--source hf``) or :class:`ListModel`."""
+
     def __init__(self) -> None:
         super().__init__()
         self.net = make_model()
-        self.sequences = make_sequences()
         self.micro_batches: list[dict[str, Any]] = []
         self.step_lrs: list[float] = []
 
-    def train_dataloader(self) -> DataLoader[dict[str, Any]]:
-        sampler = TokenBudgetBatchSampler(
-            [len(s) for s in self.sequences],
-            MAX_TOKENS,
-            rank=self.trainer.global_rank,
-            world_size=self.trainer.world_size,
-            accumulate_grad_batches=self.trainer.accumulate_grad_batches,
-            seed=0,
-        )
-        return DataLoader(
-            Sequences(self.sequences), batch_sampler=sampler, collate_fn=collate_with_keys
-        )
-
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        self.micro_batches.append(
-            {
-                "step": batch["step"],
-                "ntokens": batch["ntokens"],
-                "nexamples": len(batch["ids"]),
-                "step_ntokens": int(batch["step_ntokens"]),
-                "global_step": self.trainer.global_step,
-            }
-        )
+        record = {
+            "step": batch["step"],
+            "ntokens": int(batch["ntokens"]),
+            "nexamples": len(batch["ids"]),
+            "step_ntokens": int(batch["step_ntokens"]),
+            "global_step": self.trainer.global_step,
+        }
+        if "collated_from" in batch:
+            record["collated_from"] = batch["collated_from"]
+        self.micro_batches.append(record)
         trainer = self.trainer
         return token_mean_loss(
             loss_sum(self.net, batch["tokens"]),
@@ -122,11 +114,35 @@ class Model(LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
+class ListModel(Model):
+    """The sequences as a Python list, through the sampler and a torch DataLoader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sequences = make_sequences()
+
+    def train_dataloader(self) -> DataLoader[dict[str, Any]]:
+        sampler = TokenBudgetBatchSampler(
+            [len(s) for s in self.sequences],
+            MAX_TOKENS,
+            rank=self.trainer.global_rank,
+            world_size=self.trainer.world_size,
+            accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+            seed=0,
+        )
+        return DataLoader(
+            Sequences(self.sequences), batch_sampler=sampler, collate_fn=collate_with_keys
+        )
+
+
 def main() -> None:
-    out, strategy, mode = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+    argv = sys.argv[1:]
+    source = pop_source(argv)
+    out, strategy, mode = Path(argv[0]), argv[1], argv[2]
     rank = int(os.environ["RANK"])
     seed_everything(0, verbose=False)
-    model = Model()
+    model = Model() if is_hf(source) else ListModel()
+    datamodule = hf_datamodule(source) if is_hf(source) else None
     fns: dict[str, Any] = {}
     if mode == "fn":
         fns = {
@@ -150,7 +166,7 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model)
+    trainer.fit(model, datamodule=datamodule)
     record = {
         "rank": trainer.global_rank,
         "global_step": trainer.global_step,
@@ -160,7 +176,10 @@ def main() -> None:
         "final_lr": float(trainer.lr_scheduler_configs[0].scheduler.get_last_lr()[0]),
         "micro_batches": model.micro_batches,
         "logged": logger.calls,
+        "source": source,
     }
+    if datamodule is not None:
+        record["loader"] = loader_evidence(trainer.train_dataloader)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 
 

@@ -40,6 +40,15 @@ def pair_lengths(items: list[dict[str, Any]]) -> np.ndarray:
     return np.array([[len(x["source"]), len(x["target"])] for x in items])
 
 
+def pair_columns(items: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The pairs as the columns of a Hugging Face dataset (targets as lists of ids)."""
+    return {
+        "id": [x["id"] for x in items],
+        "source": [list(x["source"]) for x in items],
+        "target": [x["target"].tolist() for x in items],
+    }
+
+
 class Model(LightningModule):
     def __init__(self) -> None:
         super().__init__()
@@ -98,15 +107,30 @@ def quiet_trainer(**settings: Any) -> Trainer:
     return Trainer(**{**defaults, **settings})
 
 
-def make_datamodule(num_workers: int = 0, with_val: bool = True) -> TokenBudgetDataModule:
-    train = make_pairs(NUM_TRAIN, 1)
-    val = make_pairs(NUM_VAL, 2) if with_val else None
+def make_datamodule(
+    num_workers: int = 0, with_val: bool = True, source: str = "list"
+) -> TokenBudgetDataModule:
+    """The pairs as lists, or as Hugging Face datasets of the same items.
+
+    ``source`` ``hf`` / ``hf:DIR`` (see ``hf_source.py``): the lengths are then the dataset's
+    ``("source", "target")`` columns.
+    """
+    train: Any = make_pairs(NUM_TRAIN, 1)
+    val: Any = make_pairs(NUM_VAL, 2) if with_val else None
+    lengths: Any = pair_lengths
+    if source != "list":
+        # Only the per-rank scripts pass a source: tests/scripts is then on sys.path.
+        from hf_source import as_dataset
+
+        lengths = ("source", "target")
+        train = as_dataset(pair_columns(train), source, "train")
+        val = None if val is None else as_dataset(pair_columns(val), source, "val")
     return TokenBudgetDataModule(
         train,
-        pair_lengths,
+        lengths,
         MAX_TOKENS,
         val_dataset=val,
-        val_lengths=pair_lengths if with_val else None,
+        val_lengths=lengths if with_val else None,
         num_workers=num_workers,
         seed=3,
     )
@@ -124,10 +148,11 @@ def fit(
     ckpt_path: str | None = None,
     num_workers: int = 0,
     with_val: bool = True,
+    source: str = "list",
 ) -> tuple[Trainer, Model, TokenBudgetDataModule]:
     """Trainer.fit with the trainer's default use_distributed_sampler=True."""
     model = Model()
-    dm = make_datamodule(num_workers, with_val)
+    dm = make_datamodule(num_workers, with_val, source)
     callbacks: list[Any] = []
     if ckpt_every is not None:
         callbacks.append(

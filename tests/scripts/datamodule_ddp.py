@@ -1,5 +1,8 @@
 """One rank of a 2-process run through TokenBudgetDataModule: ``OUT [resume [STRATEGY]]``.
 
+``--source hf`` or ``--source hf:DIR`` (anywhere; ``hf_source.py``): the same pairs as Hugging
+Face datasets, planned from their ``("source", "target")`` columns.
+
 Launched per rank by ``tests.launch.launch``; the Trainer keeps its default
 ``use_distributed_sampler=True``. Writes ``OUT/rank<r>.json`` with what this rank trained and
 validated, its step count and its train loader's length. With ``resume``: an uninterrupted
@@ -14,13 +17,20 @@ import sys
 from pathlib import Path
 
 from datamodule_common import fit
+from hf_source import loader_evidence, pop_source
 from teardown import shutdown
 
 RESUME_EVERY = 2
 
 
-def resume(out: Path, world: int, strategy: str) -> None:
-    common = {"devices": world, "strategy": strategy, "accumulate": 2, "with_val": False}
+def resume(out: Path, world: int, strategy: str, source: str) -> None:
+    common = {
+        "devices": world,
+        "strategy": strategy,
+        "accumulate": 2,
+        "with_val": False,
+        "source": source,
+    }
     _, full, dm = fit(max_epochs=2, **common)
     ckpt_dir = out / "ckpt"
     fit(
@@ -38,17 +48,22 @@ def resume(out: Path, world: int, strategy: str) -> None:
         "full": [r["ids"] for r in full.trained],
         "resumed": [r["ids"] for r in resumed.trained],
         "global_steps": [full.trained[-1]["global_step"], trainer.global_step],
+        "loader": loader_evidence(trainer.train_dataloader),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    argv = sys.argv[1:]
+    source = pop_source(argv)
+    out = Path(argv[0])
     world = int(os.environ["WORLD_SIZE"])
-    if sys.argv[2:3] == ["resume"]:
-        resume(out, world, sys.argv[3] if len(sys.argv) > 3 else "ddp")
+    if argv[1:2] == ["resume"]:
+        resume(out, world, argv[2] if len(argv) > 2 else "ddp", source)
         return
-    trainer, model, dm = fit(devices=world, strategy="ddp", accumulate=2, max_epochs=2)
+    trainer, model, dm = fit(
+        devices=world, strategy="ddp", accumulate=2, max_epochs=2, source=source
+    )
     record = {
         "rank": trainer.global_rank,
         "global_step": trainer.global_step,
@@ -57,6 +72,7 @@ def main() -> None:
         "use_distributed_sampler": trainer._accelerator_connector.use_distributed_sampler,
         "trained": model.trained,
         "validated": model.validated,
+        "loader": loader_evidence(trainer.train_dataloader),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 

@@ -1,9 +1,10 @@
-"""One rank of a 2-process DDP run over two datasets mixed per step: ``OUT``.
+"""One rank of a 2-process DDP run over two datasets mixed per step: ``OUT [--source S]``.
 
 Dataset 0 holds sequences of 16 tokens (8 per micro-batch under a 128-token budget), dataset 1
 sequences of 32 tokens (4 per micro-batch). Each rank records, for every micro-batch it trains,
 the optimizer step, the dataset, the batch shape and the token counts, and writes
-``OUT/rank<r>.json``.
+``OUT/rank<r>.json``. ``--source hf``: each dataset is a Hugging Face dataset of the same items,
+given as ``DataSource("tokens", dataset=ds)`` (lengths read from its ``tokens`` column).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from hf_source import as_dataset, is_hf, loader_evidence, pop_source
 from lightning.pytorch import LightningModule, Trainer
 from teardown import shutdown
 from torch import nn
@@ -59,14 +61,20 @@ class Model(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
+def source_of(data: list[dict[str, Any]], length: int, name: str, source: str) -> DataSource:
+    if not is_hf(source):
+        return DataSource(np.full(len(data), length), dataset=data, name=name)
+    columns = {"tokens": [x["tokens"] for x in data]}
+    return DataSource("tokens", dataset=as_dataset(columns, source, split=name), name=name)
+
+
 def main() -> None:
-    out = Path(sys.argv[1])
+    argv = sys.argv[1:]
+    source = pop_source(argv)
+    out = Path(argv[0])
     short, long = items(96, 16, 0), items(48, 32, 1)  # whole steps: no tail re-cut
     dm = TokenBudgetDataModule(
-        [
-            DataSource(np.full(len(short), 16), dataset=short, name="short"),
-            DataSource(np.full(len(long), 32), dataset=long, name="long"),
-        ],
+        [source_of(short, 16, "short", source), source_of(long, 32, "long", source)],
         max_tokens=128,
         mixing="per_step",
         weights=[1, 1],
@@ -93,6 +101,8 @@ def main() -> None:
         "trained": model.trained,
         "weights": [float(p.detach().sum()) for p in model.parameters()],
         "monitor_dataset_tokens": monitor.dataset_tokens,
+        "source": source,
+        "loader": loader_evidence(trainer.train_dataloader),
     }
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 

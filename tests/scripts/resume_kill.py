@@ -1,4 +1,4 @@
-"""One rank of the SIGKILL-resume scenarios: ``OUT MODE [CKPT]`` arguments.
+"""One rank of the SIGKILL-resume scenarios: ``OUT MODE [CKPT] [--source S]`` arguments.
 
 Modes (every rank writes ``OUT/<mode>_rank<r>.json`` when it finishes):
 
@@ -8,6 +8,10 @@ Modes (every rank writes ``OUT/<mode>_rank<r>.json`` when it finishes):
   ``BLOCK_AT`` has been logged, the rank sleeps until the test SIGKILLs it: it never finishes.
 - ``resume CKPT``: the same run resumed with ``trainer.fit(ckpt_path=CKPT)``; records the ids
   trained after the resume and the final weights. Also used with a different world size.
+
+``--source hf`` / ``--source hf:DIR`` (``hf_source.py``): the same pairs as a Hugging Face
+dataset (built in memory, or the split ``DIR/train`` saved by the test, memory-mapped), planned
+from its ``("source", "target")`` columns; the records then also say what the loader read.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 
 import torch
 from datamodule_common import Model, make_datamodule
+from hf_source import loader_evidence, pop_source
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from teardown import shutdown
@@ -47,7 +52,11 @@ class LoggingModel(Model):
 
 
 def run(
-    world: int, log: Path | None = None, ckpt_dir: Path | None = None, ckpt_path: str | None = None
+    world: int,
+    log: Path | None = None,
+    ckpt_dir: Path | None = None,
+    ckpt_path: str | None = None,
+    source: str = "list",
 ) -> tuple[Trainer, LoggingModel]:
     torch.use_deterministic_algorithms(True)
     model = LoggingModel(log)
@@ -69,7 +78,8 @@ def run(
         limit_val_batches=0,
         deterministic=True,
     )
-    trainer.fit(model, datamodule=make_datamodule(with_val=False), ckpt_path=ckpt_path)
+    datamodule = make_datamodule(with_val=False, source=source)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     return trainer, model
 
 
@@ -80,21 +90,24 @@ def summary(trainer: Trainer, model: Model) -> dict[str, Any]:
         "global_step": trainer.global_step,
         "trained": model.trained,
         "weights": {k: v.double().tolist() for k, v in model.state_dict().items()},
+        "loader": loader_evidence(trainer.train_dataloader),
     }
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    mode = sys.argv[2]
+    argv = sys.argv[1:]
+    source = pop_source(argv)
+    out = Path(argv[0])
+    mode = argv[1]
     world = int(os.environ["WORLD_SIZE"])
     rank = int(os.environ["RANK"])
     if mode == "killed":
-        trainer, model = run(world)
+        trainer, model = run(world, source=source)
         (out / f"reference_rank{rank}.json").write_text(json.dumps(summary(trainer, model)))
-        run(world, log=out / f"log_rank{rank}.jsonl", ckpt_dir=out / "ckpt")
+        run(world, log=out / f"log_rank{rank}.jsonl", ckpt_dir=out / "ckpt", source=source)
         raise AssertionError("the killed run was not stopped")
     assert mode == "resume", mode
-    trainer, model = run(world, ckpt_path=sys.argv[3])
+    trainer, model = run(world, ckpt_path=argv[2], source=source)
     (out / f"rank{rank}.json").write_text(json.dumps(summary(trainer, model)))
 
 

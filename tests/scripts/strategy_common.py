@@ -24,6 +24,12 @@ def make_sequences() -> list[list[int]]:
     return [rng.integers(1, VOCAB, size=int(n)).tolist() for n in lengths]
 
 
+def sequence_columns() -> dict[str, list[Any]]:
+    """The sequences as the columns of a Hugging Face dataset: row ``i`` is example ``i``."""
+    sequences = make_sequences()
+    return {"id": list(range(len(sequences))), "tokens": sequences}
+
+
 def targets(tokens: torch.Tensor) -> torch.Tensor:
     """A fixed token -> token mapping to learn (keeps pad 0 -> 0, masked out anyway)."""
     return torch.where(tokens > 0, (tokens * 5 + 3) % VOCAB, torch.zeros_like(tokens))

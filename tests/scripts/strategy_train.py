@@ -1,5 +1,9 @@
 """One rank of a run on token-budgeted batches: ``strategy_train.py OUT STRATEGY [DS_CONFIG]``.
 
+``--source hf`` (anywhere, see ``hf_source.py``): the same sequences as a Hugging Face
+dataset, through ``TokenBudgetDataModule(ds, "tokens", ...)`` and the library's collate (each
+micro-batch one Arrow read); the record then also says what the loader read.
+
 Launched once per rank by ``tests.launch.launch`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* set),
 so Lightning sees processes created externally and does not re-run this script itself. Writes
 ``OUT/rank<r>.json``: initial parameters, the full parameters after every optimizer step, the
@@ -16,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hf_source import RecordingCollate, as_dataset, is_hf, loader_evidence, pop_source
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.strategies import StrategyRegistry
 from strategy_common import (
@@ -26,11 +31,12 @@ from strategy_common import (
     loss_sum,
     make_model,
     make_sequences,
+    sequence_columns,
 )
 from teardown import shutdown
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler
+from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler, TokenBudgetDataModule
 from lightning_varbatch.loss import token_mean_loss
 from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy  # registers the names
 
@@ -89,11 +95,42 @@ def full_params(trainer: Trainer, module: torch.nn.Module) -> dict[str, list[Any
 
 
 class Model(LightningModule):
-    def __init__(self, sequences: list[list[int]]) -> None:
+    """The model; its data comes from a datamodule (``--source hf``) or :class:`ListModel`."""
+
+    def __init__(self) -> None:
         super().__init__()
         self.net = make_model()
-        self.sequences = sequences
         self.micro_batches: list[dict[str, Any]] = []
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        summed = loss_sum(self.net, batch["tokens"])
+        trainer = self.trainer
+        record = {
+            "batch_idx": batch_idx,
+            "global_step": trainer.global_step,
+            "step": batch["step"],
+            "micro": batch["micro"],
+            "ids": batch["ids"],
+            "ntokens": int(batch["ntokens"]),
+            "step_ntokens": int(batch["step_ntokens"]),
+        }
+        if "collated_from" in batch:
+            record["collated_from"] = batch["collated_from"]
+        self.micro_batches.append(record)
+        return token_mean_loss(
+            summed, batch["step_ntokens"], trainer.world_size, trainer.accumulate_grad_batches
+        )
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=LR)
+
+
+class ListModel(Model):
+    """The sequences as a Python list, through the sampler, a torch DataLoader and ``collate``."""
+
+    def __init__(self, sequences: list[list[int]]) -> None:
+        super().__init__()
+        self.sequences = sequences
 
     def train_dataloader(self) -> DataLoader[dict[str, Any]]:
         lengths = [len(s) for s in self.sequences]
@@ -107,26 +144,16 @@ class Model(LightningModule):
         )
         return DataLoader(Sequences(self.sequences), batch_sampler=sampler, collate_fn=collate)
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        summed = loss_sum(self.net, batch["tokens"])
-        trainer = self.trainer
-        self.micro_batches.append(
-            {
-                "batch_idx": batch_idx,
-                "global_step": trainer.global_step,
-                "step": batch["step"],
-                "micro": batch["micro"],
-                "ids": batch["ids"],
-                "ntokens": batch["ntokens"],
-                "step_ntokens": int(batch["step_ntokens"]),
-            }
-        )
-        return token_mean_loss(
-            summed, batch["step_ntokens"], trainer.world_size, trainer.accumulate_grad_batches
-        )
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=LR)
+def hf_datamodule(source: str) -> TokenBudgetDataModule:
+    """The same sequences as a Hugging Face dataset, planned from its ``tokens`` column."""
+    return TokenBudgetDataModule(
+        as_dataset(sequence_columns(), source),
+        "tokens",
+        MAX_TOKENS,
+        collate=RecordingCollate(),
+        seed=0,
+    )
 
 
 class Snapshots(Callback):
@@ -155,11 +182,14 @@ def make_strategy(name: str, config: dict[str, Any] | None) -> Any:
 
 
 def main() -> None:
-    out, name = Path(sys.argv[1]), sys.argv[2]
-    config = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
+    argv = sys.argv[1:]
+    source = pop_source(argv)
+    out, name = Path(argv[0]), argv[1]
+    config = json.loads(argv[2]) if len(argv) > 2 else None
     rank = int(os.environ["RANK"])
     seed_everything(0, verbose=False)
-    model = Model(make_sequences())
+    model = Model() if is_hf(source) else ListModel(make_sequences())
+    datamodule = hf_datamodule(source) if is_hf(source) else None
     init = {n: p.detach().double().tolist() for n, p in model.net.named_parameters()}
     snapshots = Snapshots()
     trainer = Trainer(
@@ -176,7 +206,7 @@ def main() -> None:
         enable_model_summary=False,
     )
     try:
-        trainer.fit(model)
+        trainer.fit(model, datamodule=datamodule)
     except ValueError as error:
         if config is None:
             raise
@@ -194,7 +224,10 @@ def main() -> None:
         "params": {str(k): v for k, v in snapshots.params.items()},
         "micro_batches": model.micro_batches,
         "deepspeed_config": {k: ds_config[k] for k in DS_KEYS if k in ds_config},
+        "source": source,
     }
+    if datamodule is not None:
+        record["loader"] = loader_evidence(trainer.train_dataloader)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 
 

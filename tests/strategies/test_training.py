@@ -4,6 +4,9 @@ Each strategy runs once (2 processes, ``accumulate_grad_batches=2``, 3 optimizer
 lr=1) through ``tests/scripts/strategy_train.py``; the tests below check the records every rank
 wrote: completion, step counts, identical parameters, and that the first update equals the
 single-process update on the union of that step's micro-batches with the token-mean loss.
+DDP, FSDP and DeepSpeed ZeRO 2 also run once with the same sequences as a Hugging Face dataset
+(``--source hf``: ``TokenBudgetDataModule(ds, "tokens", ...)``, each micro-batch one Arrow read),
+checked against the same reference.
 """
 
 from __future__ import annotations
@@ -34,15 +37,40 @@ EXTRA = [
     "deepspeed_varbatch_stage_3_offload",
 ]
 
-_runs: dict[str, list[dict[str, Any]]] = {}
+# One run per strategy with a Hugging Face dataset as the source (the cheapest ZeRO stage).
+HF = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
+# (strategy, source): the list runs keep their test ids, the HF runs are "<strategy>-hf".
+CORE_AND_HF = [pytest.param(s, "list", id=s) for s in CORE] + [
+    pytest.param(s, "hf", id=f"{s}-hf") for s in HF
+]
+
+_runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
 
 
-def run(strategy: str, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def run(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory, source: str = "list"
+) -> list[dict[str, Any]]:
     """Every rank's record of one run of ``strategy`` (run once per test session)."""
-    if strategy not in _runs:
-        out = tmp_path_factory.mktemp(strategy)
-        _runs[strategy] = launch("strategy_train.py", WORLD_SIZE, out, strategy, timeout=TIMEOUT)
-    return _runs[strategy]
+    if (strategy, source) not in _runs:
+        extra: tuple[str, ...] = ()
+        if source != "list":
+            import datasets  # noqa: F401  (the hf extra is part of the test install)
+
+            extra = ("--source", source)
+        out = tmp_path_factory.mktemp(f"{strategy}-{source}")
+        _runs[strategy, source] = launch(
+            "strategy_train.py", WORLD_SIZE, out, strategy, *extra, timeout=TIMEOUT
+        )
+    return _runs[strategy, source]
+
+
+def assert_read_as_arrow(records: list[dict[str, Any]]) -> None:
+    """Every rank's loader read the Hugging Face dataset, every micro-batch as one Arrow table."""
+    for r in records:
+        assert r["source"] == "hf"
+        assert r["loader"]["part_types"] == ["datasets.Dataset"], r["loader"]
+        assert r["loader"]["columnar"] is True, r["loader"]
+        assert {m["collated_from"] for m in r["micro_batches"]} == {"ColumnarItems"}
 
 
 def max_update_error(
@@ -54,11 +82,13 @@ def max_update_error(
     }
 
 
-@pytest.mark.parametrize("strategy", CORE)
+@pytest.mark.parametrize(("strategy", "source"), CORE_AND_HF)
 def test_every_rank_trains_the_same_steps_and_parameters(
-    strategy: str, tmp_path_factory: pytest.TempPathFactory
+    strategy: str, source: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    records = run(strategy, tmp_path_factory)
+    records = run(strategy, tmp_path_factory, source)
+    if source == "hf":
+        assert_read_as_arrow(records)
     assert [r["rank"] for r in records] == list(range(WORLD_SIZE))
     assert {r["world_size"] for r in records} == {WORLD_SIZE}
     assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
@@ -82,11 +112,13 @@ def test_every_rank_trains_the_same_steps_and_parameters(
     assert records[0]["params"][str(STEPS)] != records[0]["init"]
 
 
-@pytest.mark.parametrize("strategy", CORE + EXTRA)
+@pytest.mark.parametrize(
+    ("strategy", "source"), CORE_AND_HF + [pytest.param(s, "list", id=s) for s in EXTRA]
+)
 def test_update_equals_single_process_token_mean(
-    strategy: str, tmp_path_factory: pytest.TempPathFactory
+    strategy: str, source: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    records = run(strategy, tmp_path_factory)
+    records = run(strategy, tmp_path_factory, source)
     expected = reference_update(records[0]["init"], step_micro_batches(records, 0))
     init, after = params_of(records[0]["init"]), params_of(records[0]["params"]["1"])
     for name, value in expected.items():
