@@ -137,7 +137,7 @@ def _check_data(data: DictConfig) -> None:
     _int("data.num_workers", data.get("num_workers"), 0, extra=" (0: load in the main process)")
     _choice("data.tail", data.get("tail"), ("spread", "drop", "pad"))
     _choice("data.oversize", data.get("oversize"), ("error", "skip", "truncate"))
-    for key in ("cache_dir", "src_path", "tgt_path", "tsv_path"):
+    for key in ("cache_dir", "src_path", "tgt_path", "tsv_path", "hf_path"):
         _path(f"data.{key}", data.get(key))
 
 
@@ -275,8 +275,11 @@ def check_config(cfg: DictConfig) -> None:
     corpora = read_corpora(cfg.data)
     mixture_settings(cfg.data, corpora)
     for c in corpora:
-        if cfg.get("test") and not c.test:
-            raise ConfigError(f"test=true needs a test split: set {c.setting}.test > 0 (got 0).")
+        if cfg.get("test") and not c.has_test:
+            own = f" (or {c.setting}.hf_test_split)" if c.kind == "hf" else ""
+            raise ConfigError(
+                f"test=true needs a test split: set {c.setting}.test > 0{own} (got 0)."
+            )
 
 
 def check_checkpoint_file(path: str, deepspeed: bool = False) -> dict[str, Any] | None:

@@ -2,8 +2,11 @@
 
 Without ``data.corpora`` (the default) the run has one corpus, set by ``data.*``: the embedded
 corpus (``data.num_pairs``, ``data.seed``), parallel files (``data.src_path`` +
-``data.tgt_path``) or a TSV file (``data.tsv_path``). With ``data.corpora``, a mapping from
-a name to an entry, the run mixes several corpora (see ``conf/data/mixture.yaml``)::
+``data.tgt_path``), a TSV file (``data.tsv_path``) or a local Hugging Face dataset or parquet
+files (``data.hf_path`` + ``data.source_column`` + ``data.target_column``, optionally
+``data.hf_split``/``data.hf_valid_split``/``data.hf_test_split`` for a ``DatasetDict``). With
+``data.corpora``, a mapping from a name to an entry, the run mixes several corpora (see
+``conf/data/mixture.yaml``)::
 
     data:
       corpora:
@@ -22,6 +25,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -31,6 +35,18 @@ from lightning_varbatch.planner.sources import MIXING_POLICIES
 
 __all__ = ["KINDS", "ConfigError", "Corpus", "mixture_settings", "read_corpora"]
 
+#: The settings of the single corpus of ``data.*`` that only apply to a Hugging Face dataset
+#: (a ``DatasetDict``'s splits: ``hf_split`` to train on, null ``hf_valid_split``/
+#: ``hf_test_split`` hold ``data.valid``/``data.test`` pairs out of it). Not a kind of
+#: ``data.corpora`` entry: a mixture reads text files or the embedded corpus.
+_HF_KEYS = (
+    "hf_path",
+    "source_column",
+    "target_column",
+    "hf_split",
+    "hf_valid_split",
+    "hf_test_split",
+)
 #: The kinds of corpus a ``data.corpora`` entry can be, and the settings each one reads.
 KINDS: dict[str, tuple[str, ...]] = {
     "synthetic": ("num_pairs", "seed", "domain"),
@@ -52,11 +68,13 @@ class Corpus:
     Attributes:
         name: the name under ``data.corpora`` (``None`` for the single corpus of ``data.*``).
         setting: where its settings live, for messages: ``data`` or ``data.corpora.<name>``.
-        kind: ``synthetic``, ``parallel`` or ``tsv``.
+        kind: ``synthetic``, ``parallel``, ``tsv`` or ``hf``.
         source: the kind's settings (``num_pairs``/``seed``/``domain``, ``src_path`` and
-            ``tgt_path``, or ``tsv_path``).
-        valid: validation pairs split off this corpus.
-        test: test pairs split off this corpus.
+            ``tgt_path``, ``tsv_path``, or ``hf_path``/``source_column``/``target_column`` and
+            the ``hf_split``/``hf_valid_split``/``hf_test_split`` of a ``DatasetDict``).
+        valid: validation pairs split off this corpus (not used for an ``hf`` corpus with its
+            own ``hf_valid_split``).
+        test: test pairs split off this corpus (likewise with ``hf_test_split``).
         weight: its mixing weight (``None``: shares by size).
         max_tokens: its own micro-batch budget (``None``: ``data.max_tokens``).
         max_examples: its own cap on examples per micro-batch.
@@ -72,19 +90,34 @@ class Corpus:
     max_tokens: int | None = None
     max_examples: int | None = None
 
+    @property
+    def has_test(self) -> bool:
+        """Whether the corpus has a test split (held out, or a DatasetDict's own)."""
+        return self.test > 0 or bool(self.source.get("hf_test_split"))
+
     def describe(self) -> str:
         """Its source settings as ``key=value`` (e.g. ``data.corpora.news.tsv_path=news.tsv``)."""
-        return " / ".join(f"{self.setting}.{k}={v}" for k, v in self.source.items())
+        return " / ".join(
+            f"{self.setting}.{k}={v}" for k, v in self.source.items() if v is not None
+        )
 
-    def load(self, cache_dir: str | None = None) -> list[tuple[str, str]]:
-        """Its ``(source, target)`` pairs.
+    def load(self, cache_dir: str | None = None) -> list[tuple[str, str]] | dict[str, Any]:
+        """Its ``(source, target)`` pairs; for an ``hf`` corpus its ``datasets.Dataset`` splits.
+
+        An ``hf`` corpus gives ``{"train": ds}`` plus ``"valid"``/``"test"`` for the splits
+        named by ``hf_valid_split``/``hf_test_split``: Arrow-backed, memory-mapped, never
+        turned into a list (see :func:`examples.translation.data.load_hf_dataset`).
 
         Raises:
             ConfigError: for a missing or unreadable file, a TSV line without exactly one
                 tab, parallel files of different lengths, non-UTF-8 text or no pairs at all;
-                the message names the setting, the file and the line.
+                for a Hugging Face dataset, no dataset at the path, an unknown split, or a
+                column that is missing or not text; the message names the setting, the file
+                and the line (or the columns there are).
         """
         src = self.source
+        if self.kind == "hf":
+            return self._load_hf(cache_dir)
         if self.kind == "synthetic":
             return corpus_io.build_corpus(
                 src["num_pairs"], seed=src["seed"], cache_dir=cache_dir, domain=src["domain"]
@@ -101,6 +134,36 @@ class Corpus:
             raise ConfigError(f"The corpus of {self.describe()} is empty: it holds no pairs.")
         return pairs
 
+    def _load_hf(self, cache_dir: str | None) -> dict[str, Any]:
+        """The ``train`` split and the ``valid``/``test`` splits the settings name."""
+        src = self.source
+        out: dict[str, Any] = {}
+        splits = (("train", "hf_split"), ("valid", "hf_valid_split"), ("test", "hf_test_split"))
+        for split, key in splits:
+            if not src.get(key):
+                continue
+            try:
+                ds = corpus_io.load_hf_dataset(
+                    src["hf_path"],
+                    src[key],
+                    src["source_column"],
+                    src["target_column"],
+                    cache_dir=None if cache_dir is None else Path(cache_dir) / "hf",
+                )
+            except corpus_io.DatasetSettingError as error:
+                at_fault = {"path": "hf_path", "split": key}.get(error.argument, error.argument)
+                raise ConfigError(f"{self.setting}.{at_fault}={src[at_fault]}: {error}") from error
+            except (OSError, ValueError) as error:
+                raise ConfigError(
+                    f"Cannot read the dataset of {self.describe()}: {error}"
+                ) from error
+            if len(ds) == 0:
+                raise ConfigError(
+                    f"The {split} split of {self.describe()} is empty: it holds no rows."
+                )
+            out[split] = ds
+        return out
+
 
 def _is_int(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
@@ -113,8 +176,50 @@ def _check_int(setting: str, value: Any, minimum: int, nullable: bool = True) ->
     raise ConfigError(f"{setting} must be {what}{' or null' if nullable else ''}, got {value!r}.")
 
 
+def _hf_source(setting: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of a Hugging Face corpus, checked: the path and both columns together."""
+    source = {key: given.get(key) for key in _HF_KEYS}
+    if not source["hf_path"]:
+        named = [f"{setting}.{k}" for k in _HF_KEYS if source[k] is not None and k != "hf_split"]
+        verb, pronoun = ("apply", "them") if len(named) > 1 else ("applies", "it")
+        raise ConfigError(
+            f"{' and '.join(named)} {verb} to a Hugging Face dataset: set {setting}.hf_path "
+            f"too (a save_to_disk folder or parquet files), or unset {pronoun}."
+        )
+    missing = [f"{setting}.{k}" for k in ("source_column", "target_column") if not source[k]]
+    if missing:
+        raise ConfigError(
+            f"{setting}.hf_path={source['hf_path']} needs {' and '.join(missing)}: the names of "
+            "its source and target text columns (e.g. en and de, or translation.en and "
+            "translation.de)."
+        )
+    for key in _HF_KEYS:
+        value = source[key]
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            raise ConfigError(f"{setting}.{key} must be a non-empty string, got {value!r}.")
+    source["hf_split"] = source["hf_split"] or "train"
+    return source
+
+
 def _single(data: DictConfig) -> Corpus:
     """The one corpus of ``data.*`` (no ``data.corpora``), as the example always read it."""
+    hf_given = data.get("hf_path") or any(
+        data.get(k) is not None for k in _HF_KEYS if k != "hf_split"
+    )
+    if hf_given:
+        source = _hf_source("data", data)
+        other = [f"data.{k}" for k in ("src_path", "tsv_path") if data.get(k) is not None]
+        if other:
+            raise ConfigError(
+                f"Give either data.hf_path or {' / '.join(other)}, not both; got "
+                f"data.hf_path={source['hf_path']} and {other[0]}={data.get(other[0][5:])}."
+            )
+        return Corpus(None, "data", "hf", source, valid=data.valid, test=data.test)
+    if data.get("hf_split") not in (None, "train"):
+        raise ConfigError(
+            f"data.hf_split={data.hf_split} applies to a Hugging Face dataset: set data.hf_path "
+            "too, or leave data.hf_split at train."
+        )
     if (data.src_path is None) != (data.tgt_path is None):
         raise ConfigError("data.src_path and data.tgt_path must be given together.")
     if data.get("tsv_path") and data.src_path is not None:
@@ -222,7 +327,11 @@ def read_corpora(data: DictConfig) -> list[Corpus]:
             "+data.corpora.news={kind: tsv, tsv_path: news.tsv}; got "
             f"{OmegaConf.to_container(entries) if OmegaConf.is_config(entries) else entries!r}."
         )
-    given = [key for key in ("src_path", "tgt_path", "tsv_path") if data.get(key) is not None]
+    given = [
+        key
+        for key in ("src_path", "tgt_path", "tsv_path", *_HF_KEYS)
+        if data.get(key) is not None and not (key == "hf_split" and data.get(key) == "train")
+    ]
     if given:
         raise ConfigError(
             f"data.{given[0]} is set next to data.corpora: with data.corpora every corpus is an "

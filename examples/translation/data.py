@@ -13,13 +13,15 @@ token-budgeted batches pay off.
 
 Other loaders read real corpora: :func:`load_parallel_text` (fairseq-style
 ``train.src`` / ``train.tgt``), :func:`load_tsv` (``source<TAB>target`` per line) and
-:func:`load_hf_dataset` (optional, needs ``datasets``).
+:func:`load_hf_dataset` (a local Hugging Face dataset or parquet files, kept as a memory-mapped
+``datasets.Dataset``; optional, needs ``datasets``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import functools
+import glob
 import hashlib
 import json
 import random
@@ -34,6 +36,7 @@ from num2words import num2words
 __all__ = [
     "CORPUS_VERSION",
     "DOMAINS",
+    "DatasetSettingError",
     "Pair",
     "build_corpus",
     "corpus_stats",
@@ -41,6 +44,7 @@ __all__ = [
     "load_parallel_text",
     "load_tsv",
     "split_corpus",
+    "split_indices",
 ]
 
 Pair = tuple[str, str]
@@ -401,20 +405,35 @@ def fingerprint(pairs: list[Pair]) -> str:
     return h.hexdigest()[:16]
 
 
+def split_indices(n: int, valid: int, test: int, seed: int = 0) -> dict[str, list[int]]:
+    """The row indices of a deterministic shuffled ``train``/``valid``/``test`` split of ``n``.
+
+    The same ``(n, valid, test, seed)`` always gives the same split, whatever holds the rows
+    (a list of pairs in :func:`split_corpus`, a ``datasets.Dataset`` through ``select``).
+
+    Example:
+        >>> {k: len(v) for k, v in split_indices(10, 2, 3).items()}
+        {'train': 5, 'valid': 2, 'test': 3}
+    """
+    if valid < 0 or test < 0:
+        raise ValueError("valid and test sizes must be >= 0")
+    if valid + test > n:
+        raise ValueError(f"valid ({valid}) + test ({test}) exceeds the corpus size ({n})")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return {
+        "train": order[valid + test :],
+        "valid": order[:valid],
+        "test": order[valid : valid + test],
+    }
+
+
 def split_corpus(
     pairs: list[Pair], valid: int = 2000, test: int = 2000, seed: int = 0
 ) -> dict[str, list[Pair]]:
     """Shuffle deterministically and split into disjoint ``train``/``valid``/``test``."""
-    if valid < 0 or test < 0:
-        raise ValueError("valid and test sizes must be >= 0")
-    if valid + test > len(pairs):
-        raise ValueError(f"valid ({valid}) + test ({test}) exceeds the corpus size ({len(pairs)})")
-    order = list(range(len(pairs)))
-    random.Random(seed).shuffle(order)
-    v = [pairs[i] for i in order[:valid]]
-    te = [pairs[i] for i in order[valid : valid + test]]
-    tr = [pairs[i] for i in order[valid + test :]]
-    return {"train": tr, "valid": v, "test": te}
+    rows = split_indices(len(pairs), valid, test, seed)
+    return {split: [pairs[i] for i in rows[split]] for split in ("train", "valid", "test")}
 
 
 def _read_lines(path: str | Path) -> list[str]:
@@ -478,11 +497,55 @@ def load_tsv(path: str | Path) -> list[Pair]:
     return out
 
 
-def load_hf_dataset(name: str, config: str, split: str, src: str, tgt: str) -> list[Pair]:
-    """Load a Hugging Face translation dataset (optional; needs ``datasets`` and network).
+class DatasetSettingError(ValueError):
+    """A local Hugging Face dataset that cannot be used as given.
 
-    Supports both the ``{"translation": {src: ..., tgt: ...}}`` layout (WMT, IWSLT,
-    OPUS) and flat ``src`` / ``tgt`` columns.
+    Attributes:
+        argument: the :func:`load_hf_dataset` argument at fault (``path``, ``split``,
+            ``source_column`` or ``target_column``), so that a caller can name its own setting.
+    """
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+
+def _is_text(feature: Any) -> bool:
+    return getattr(feature, "dtype", None) in ("string", "large_string")
+
+
+def load_hf_dataset(
+    path: str | Path,
+    split: str | None = None,
+    source_column: str | None = None,
+    target_column: str | None = None,
+    cache_dir: str | Path | None = None,
+) -> Any:
+    """Open a local Hugging Face dataset, memory-mapped, with two text columns checked.
+
+    Nothing is downloaded: ``path`` is a folder written by ``Dataset.save_to_disk`` or
+    ``DatasetDict.save_to_disk`` (read with ``datasets.load_from_disk``), a ``.parquet`` file,
+    a folder of parquet files, or a glob of them (``datasets.load_dataset("parquet", ...)``,
+    which converts them once into Arrow files in its cache). A column of a struct column is
+    named with a dot: ``translation.en`` for the ``{"translation": {"en": ..., "de": ...}}``
+    layout of WMT/IWSLT/OPUS (the dataset is flattened).
+
+    Args:
+        path: the dataset on local disk.
+        split: the split of a ``DatasetDict`` folder (``None``: ``train``). Parquet files and
+            a single saved ``Dataset`` are one split: only ``None`` or ``train`` is accepted.
+        source_column: the source text column (``None``: not checked).
+        target_column: the target text column (``None``: not checked).
+        cache_dir: where ``load_dataset`` keeps its Arrow copy of parquet files (``None``:
+            the Hugging Face cache).
+
+    Returns:
+        The ``datasets.Dataset`` (every column kept; the named ones are text).
+
+    Raises:
+        ImportError: without the ``datasets`` package.
+        DatasetSettingError: for a path with no dataset, an unknown split, or a column that is
+            missing (the columns are listed) or not text; ``argument`` names the argument.
     """
     try:
         import datasets  # type: ignore[import-not-found]
@@ -491,11 +554,73 @@ def load_hf_dataset(name: str, config: str, split: str, src: str, tgt: str) -> l
             "load_hf_dataset needs the `datasets` package: `pip install datasets` "
             "(the default embedded corpus does not)"
         ) from e
-    ds: Any = datasets.load_dataset(name, config, split=split)
-    out: list[Pair] = []
-    for row in ds:
-        if "translation" in row:
-            out.append((str(row["translation"][src]), str(row["translation"][tgt])))
+    where = Path(path)
+    pattern = str(path)
+    if where.is_dir() and (where / "dataset_dict.json").exists():
+        loaded: Any = datasets.load_from_disk(str(where))
+        name = split or "train"
+        if name not in loaded:
+            raise DatasetSettingError(
+                "split",
+                f"{where} holds the splits {sorted(loaded)}, not {name!r}: name one of them.",
+            )
+        ds = loaded[name]
+    else:
+        if split not in (None, "train"):
+            raise DatasetSettingError(
+                "split",
+                f"{path} is a single split (a saved Dataset or parquet files), not a saved "
+                f"DatasetDict: it has no split {split!r}, only its rows (validation and test "
+                "pairs can be held out of them instead).",
+            )
+        if where.is_dir() and (where / "state.json").exists():
+            ds = datasets.load_from_disk(str(where))
         else:
-            out.append((str(row[src]), str(row[tgt])))
-    return out
+            if where.is_dir():
+                files = sorted(str(f) for f in where.glob("*.parquet"))
+            elif where.is_file() or any(c in pattern for c in "*?["):
+                files = sorted(glob.glob(pattern)) if not where.is_file() else [str(where)]
+            else:
+                files = []
+            if not files or not all(f.endswith(".parquet") for f in files):
+                found = "nothing" if not where.exists() else "no state.json or parquet file"
+                if files:
+                    found = f"{files[:3]}, not all .parquet"
+                raise DatasetSettingError(
+                    "path",
+                    f"no local dataset at {path} (found {found}): give a folder written by "
+                    "Dataset.save_to_disk or DatasetDict.save_to_disk, a .parquet file, or a "
+                    "folder or glob of parquet files. To use a dataset of the Hugging Face Hub, "
+                    "download it once: datasets.load_dataset(NAME).save_to_disk(FOLDER).",
+                )
+            ds = datasets.load_dataset(
+                "parquet",
+                data_files=files,
+                split="train",
+                cache_dir=None if cache_dir is None else str(cache_dir),
+            )
+    for argument, column in (("source_column", source_column), ("target_column", target_column)):
+        if column is None:
+            continue
+        if column not in ds.column_names and "." in column:
+            ds = ds.flatten()
+        if column not in ds.column_names:
+            raise DatasetSettingError(
+                argument,
+                f"{path} has no column {column!r}; its columns are {ds.column_names}.",
+            )
+        feature = ds.features[column]
+        if not _is_text(feature):
+            raise DatasetSettingError(
+                argument,
+                f"column {column!r} of {path} holds {feature}, not text: name a text column "
+                f"(the columns are {ds.column_names}).",
+            )
+        nulls = ds.data.column(column).null_count
+        if nulls:
+            raise DatasetSettingError(
+                argument,
+                f"column {column!r} of {path} has {nulls} empty (null) value(s): every pair "
+                "needs both texts; drop those rows first (ds.filter(...)).",
+            )
+    return ds

@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -31,7 +32,9 @@ __all__ = [
     "UNK",
     "UNK_ID",
     "decode",
+    "encode_dataset",
     "encode_pairs",
+    "encode_texts",
     "train_or_load_tokenizer",
 ]
 
@@ -114,6 +117,32 @@ def train_or_load_tokenizer(
     return tok
 
 
+def encode_texts(
+    tokenizer: Tokenizer,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    max_length: int | None = None,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of aligned sources (``[..., EOS]``) and targets (``[BOS, ..., EOS]``).
+
+    With ``max_length`` both sides are truncated so that each list (specials included) has at
+    most ``max_length`` ids; the final ``EOS`` is kept.
+    """
+    if max_length is not None and max_length < 2:
+        raise ValueError(f"max_length must be >= 2 (room for BOS/EOS), got {max_length}")
+    src_enc = tokenizer.encode_batch(list(sources), add_special_tokens=False)
+    tgt_enc = tokenizer.encode_batch(list(targets), add_special_tokens=False)
+    out_src: list[list[int]] = []
+    out_tgt: list[list[int]] = []
+    for se, te in zip(src_enc, tgt_enc, strict=True):
+        s_ids, t_ids = se.ids, te.ids
+        if max_length is not None:
+            s_ids, t_ids = s_ids[: max_length - 1], t_ids[: max_length - 2]
+        out_src.append([*s_ids, EOS_ID])
+        out_tgt.append([BOS_ID, *t_ids, EOS_ID])
+    return out_src, out_tgt
+
+
 def encode_pairs(
     tokenizer: Tokenizer,
     pairs: Sequence[tuple[str, str]],
@@ -128,23 +157,66 @@ def encode_pairs(
     Returns:
         The items and an ``(n, 2)`` int64 array of ``(len(source), len(target))``.
     """
+    sources, targets = encode_texts(
+        tokenizer, [s for s, _ in pairs], [t for _, t in pairs], max_length
+    )
+    items = [{"source": s, "target": t} for s, t in zip(sources, targets, strict=True)]
+    lengths = np.array([[len(s), len(t)] for s, t in zip(sources, targets, strict=True)])
+    return items, lengths.reshape(len(items), 2).astype(np.int64)
+
+
+def encode_dataset(
+    tokenizer: Tokenizer,
+    dataset: Any,
+    source_column: str,
+    target_column: str,
+    max_length: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> Any:
+    """A ``datasets.Dataset`` of token ids: ``source`` and ``target`` list columns (int32).
+
+    The same ids as :func:`encode_pairs`, computed with ``Dataset.map(batched=True)``; the text
+    columns (and every other column) are dropped. The result stays an Arrow-backed dataset, so
+    its lengths can be read from the columns (``column_lengths(ds, ("source", "target"))``) and
+    its micro-batches read as Arrow. It is kept in memory, or with ``cache_dir`` written there
+    (named after the dataset's fingerprint, the tokenizer and ``max_length``: the next run with
+    the same data and tokenizer reloads it instead of tokenizing again); nothing is written next
+    to the dataset itself.
+    """
+    import datasets  # type: ignore[import-not-found]
+
     if max_length is not None and max_length < 2:
         raise ValueError(f"max_length must be >= 2 (room for BOS/EOS), got {max_length}")
-    srcs = [s for s, _ in pairs]
-    tgts = [t for _, t in pairs]
-    src_enc = tokenizer.encode_batch(srcs, add_special_tokens=False)
-    tgt_enc = tokenizer.encode_batch(tgts, add_special_tokens=False)
-    items: list[dict[str, list[int]]] = []
-    lengths = np.empty((len(srcs), 2), dtype=np.int64)
-    for i, (se, te) in enumerate(zip(src_enc, tgt_enc, strict=True)):
-        s_ids, t_ids = se.ids, te.ids
-        if max_length is not None:
-            s_ids, t_ids = s_ids[: max_length - 1], t_ids[: max_length - 2]
-        source = [*s_ids, EOS_ID]
-        target = [BOS_ID, *t_ids, EOS_ID]
-        items.append({"source": source, "target": target})
-        lengths[i, 0], lengths[i, 1] = len(source), len(target)
-    return items, lengths
+    key = hashlib.sha256(
+        f"{dataset._fingerprint}|{source_column}|{target_column}|{max_length}|".encode()
+        + tokenizer.to_str().encode()
+    ).hexdigest()[:20]
+    ids = getattr(datasets, "List", datasets.Sequence)(datasets.Value("int32"))
+    features = datasets.Features({"source": ids, "target": ids})
+    if len(dataset) == 0:  # map() would keep the input's (removed) columns: none at all
+        return datasets.Dataset.from_dict({"source": [], "target": []}, features=features)
+
+    def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+        sources, targets = encode_texts(
+            tokenizer, batch[source_column], batch[target_column], max_length
+        )
+        return {"source": sources, "target": targets}
+
+    cache_file = None
+    if cache_dir is not None:
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        cache_file = str(Path(cache_dir) / f"tokens-{key}.arrow")
+    return dataset.map(
+        encode,
+        batched=True,
+        batch_size=1000,
+        remove_columns=dataset.column_names,
+        features=features,
+        keep_in_memory=cache_file is None,
+        cache_file_name=cache_file,
+        new_fingerprint=key,
+        desc="Tokenizing",
+    )
 
 
 def decode(tokenizer: Tokenizer, ids: Sequence[int]) -> str:

@@ -8,6 +8,7 @@ From the repository root (or from this folder as ``python train.py ...``)::
     python examples/translation/train.py ckpt_path=outputs/.../checkpoints/last.ckpt
     python examples/translation/train.py -m data.max_tokens=2048,4096   # output_dir/0, output_dir/1
     python examples/translation/train.py data=mixture data.corpora.sentences.weight=3
+    python examples/translation/train.py data.hf_path=ds data.source_column=en data.target_column=de
 
 :func:`train` does the work (tests call it with a composed config); :func:`main` is the
 command-line entry. A bad setting (any ``data.*``/``model.*``/``trainer.*`` value that cannot
@@ -38,6 +39,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import hydra  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch import Callback, Trainer, seed_everything  # noqa: E402
 from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
@@ -74,7 +76,11 @@ from lightning_varbatch import (  # noqa: E402
     TokenBudgetDataModule,
     VarBatchDeepSpeedStrategy,
 )
+from lightning_varbatch.sources import column_lengths  # noqa: E402
 
+#: The token-id columns of a Hugging Face corpus after tokenizing: what the collate pads and
+#: the DataModule reads the planning lengths from.
+TOKEN_COLUMNS = ("source", "target")
 CONF_DIR = ROOT / "conf"
 STRATEGIES = sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
 
@@ -89,15 +95,66 @@ def _world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _split(c: Corpus, pairs: list[tuple[str, str]], seed: int) -> dict[str, list[Any]]:
-    """``c``'s pairs split into train/valid/test by its own ``valid`` and ``test`` sizes."""
-    if c.valid < 1 or c.test < 0 or c.valid + c.test >= len(pairs):
+def _split(c: Corpus, pairs: list[tuple[str, str]] | dict[str, Any], seed: int) -> dict[str, Any]:
+    """``c``'s pairs split into train/valid/test by its own ``valid`` and ``test`` sizes.
+
+    A Hugging Face corpus (``pairs`` is ``{"train": ds, ...}``, see :meth:`Corpus.load`) is
+    split the same way, by rows (``ds.select``: the same pairs as the list of them would give),
+    except for a ``valid``/``test`` split of its own (``data.hf_valid_split`` /
+    ``data.hf_test_split``), which is used whole and nothing is held out for it.
+    """
+    own: dict[str, Any] = {}
+    whole: Any = pairs  # a list of pairs, or the training split's datasets.Dataset
+    if isinstance(pairs, dict):
+        own = {k: v for k, v in pairs.items() if k != "train"}
+        whole = pairs["train"]
+    valid = 0 if "valid" in own else c.valid
+    test = 0 if "test" in own else c.test
+    if valid + test >= len(whole) or (valid < 1 and "valid" not in own) or test < 0:
+        larger = "give a larger corpus"
+        if c.kind == "synthetic":
+            larger = f"raise {c.setting}.num_pairs (or {larger})"
         raise ConfigError(
             f"{c.setting}.valid={c.valid} and {c.setting}.test={c.test} must leave training "
-            f"pairs ({c.setting}.valid >= 1, {c.setting}.test >= 0) of the {len(pairs)} pairs "
-            f"of the corpus: lower them, or raise {c.setting}.num_pairs (or give a larger corpus)."
+            f"pairs ({c.setting}.valid >= 1, {c.setting}.test >= 0) of the {len(whole)} pairs "
+            f"of the corpus: lower them, or {larger}."
         )
-    return corpus.split_corpus(pairs, valid=c.valid, test=c.test, seed=seed)
+    if isinstance(whole, list):
+        return corpus.split_corpus(whole, valid=valid, test=test, seed=seed)
+    rows = corpus.split_indices(len(whole), valid=valid, test=test, seed=seed)
+    return {split: own[split] if split in own else whole.select(rows[split]) for split in rows}
+
+
+def _texts(split: Any, c: Corpus) -> tuple[list[str], list[str]]:
+    """The sources and the targets of one split (pairs or a Hugging Face dataset)."""
+    if isinstance(split, list):
+        return [s for s, _ in split], [t for _, t in split]
+    # a select()ed split's rows through its indices, as Python strings for the BPE trainer
+    return list(split[c.source["source_column"]]), list(split[c.source["target_column"]])
+
+
+def _encode(split: Any, c: Corpus, tokenizer: Any, data: DictConfig) -> tuple[Any, Any]:
+    """One split's items and ``(n, 2)`` (source, target) lengths.
+
+    Pairs become a list of ``{"source", "target"}`` items; a Hugging Face split stays a
+    ``datasets.Dataset`` with ``source``/``target`` token-id columns
+    (:func:`~examples.translation.tokenizer.encode_dataset`), its lengths read from them with
+    Arrow (:func:`~lightning_varbatch.sources.column_lengths`), not a loop over rows.
+    """
+    if isinstance(split, list):
+        return tok.encode_pairs(tokenizer, split, max_length=data.max_length)
+    cache = None if data.cache_dir is None or _world() > 1 else Path(data.cache_dir) / "hf"
+    ids = tok.encode_dataset(
+        tokenizer,
+        split,
+        c.source["source_column"],
+        c.source["target_column"],
+        max_length=data.max_length,
+        cache_dir=cache,
+    )
+    if len(ids) == 0:  # an empty split (data.test=0): nothing to read
+        return ids, np.zeros((0, 2), dtype=np.int64)
+    return ids, column_lengths(ids, TOKEN_COLUMNS, f"{c.setting}.hf_path")
 
 
 #: Above this share of a split's examples skipped or truncated, the run is refused.
@@ -160,7 +217,9 @@ def _splits(
         items, lengths = encoded[0][split]
         _, (budget,) = _budgets(cfg, split, corpora)
         out[f"{stage}_dataset"] = items
-        out[f"{stage}_lengths"] = lengths  # what the collate pads: source and whole target
+        # what the collate pads: source and whole target; a Hugging Face dataset's are named
+        # by column, so that the DataModule reads them from Arrow itself
+        out[f"{stage}_lengths"] = TOKEN_COLUMNS if corpora[0].kind == "hf" else lengths
         out[f"{stage}_loss_lengths"] = _loss_lengths(cfg, lengths, budget)
     return out
 
@@ -219,6 +278,10 @@ def build_datamodule(
     """The tokenizer and the token-budgeted DataModule over train/valid/test splits.
 
     Each corpus is split on its own and one BPE tokenizer is trained on every training split.
+    A Hugging Face corpus (``data.hf_path``) stays a ``datasets.Dataset`` throughout: its
+    splits are tokenized into ``source``/``target`` token-id columns and handed to the
+    DataModule with those column names as their lengths (read from Arrow), so that every
+    micro-batch is read as one Arrow table.
     Every split is planned on the padded (source, target) lengths with the loss counts
     (target minus BOS) as its loss lengths (:mod:`examples.translation.batching`): one corpus
     is one plain dataset per split (``train_loss_lengths``, ...); with ``data.corpora`` every
@@ -245,19 +308,19 @@ def build_datamodule(
     corpora = read_corpora(data)
     mixture = mixture_settings(data, corpora)
     splits = [_split(c, c.load(data.cache_dir), data.seed) for c in corpora]
-    train_pairs = [pair for sp in splits for pair in sp["train"]]
-    texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
+    train_texts = [_texts(sp["train"], c) for c, sp in zip(corpora, splits, strict=True)]
+    # every source, then every target (the order the tokenizer's cache fingerprint hashes)
+    texts = [s for sources, _ in train_texts for s in sources]
+    texts += [t for _, targets in train_texts for t in targets]
     cache = None
     if data.cache_dir is not None and _world() == 1:
         cache = Path(data.cache_dir) / f"tokenizer-{data.vocab_size}.json"
     # Several ranks train the same (deterministic) tokenizer in memory: no shared-file race.
     tokenizer = tok.train_or_load_tokenizer(texts, vocab_size=data.vocab_size, cache_path=cache)
     encoded: list[dict[str, Any]] = []
-    for sp in splits:
-        encoded.append({})
-        for split in ("train", "valid", "test"):
-            encoded[-1][split] = tok.encode_pairs(tokenizer, sp[split], max_length=data.max_length)
-    with_test = all(c.test for c in corpora)
+    for c, sp in zip(corpora, splits, strict=True):
+        encoded.append({split: _encode(sp[split], c, tokenizer, data) for split in sp})
+    with_test = all(c.has_test for c in corpora)
     try:
         dm = _datamodule(cfg, corpora, encoded, mixture, with_test)
     except ValueError as error:  # the DataModule may plan its splits when it is built

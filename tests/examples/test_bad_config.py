@@ -82,6 +82,36 @@ CASES: list[tuple[str, str]] = [
     ("data.tsv_path={tmp}/latin1.tsv", "data.tsv_path="),
     ("data.tsv_path={tmp}/ok.tsv data.src_path={tmp}/a.en data.tgt_path={tmp}/a.en", "either"),
     ("data.tsv_path=3", "data.tsv_path must be a path"),
+    # data.hf_path: a local Hugging Face dataset (the unknown/non-text column cases need a
+    # dataset: tests/examples/test_hf_data.py)
+    (
+        "data.hf_path={tmp}/missing data.source_column=en data.target_column=de",
+        "data.hf_path={tmp}/missing: no local dataset at",
+    ),
+    (
+        "data.hf_path={tmp} data.source_column=en data.target_column=de",
+        "data.hf_path={tmp}: no local dataset at {tmp} (found no",
+    ),
+    (
+        "data.hf_path={tmp}/ok.tsv data.source_column=en data.target_column=de",
+        "data.hf_path={tmp}/ok.tsv: no local dataset",
+    ),
+    ("data.hf_path={tmp}", "data.hf_path={tmp} needs data.source_column and data.target_column"),
+    ("data.hf_path={tmp} data.source_column=en", "data.hf_path={tmp} needs data.target_column"),
+    ("data.source_column=en", "data.source_column applies to a Hugging Face dataset: set data.hf"),
+    ("data.hf_test_split=test", "data.hf_test_split applies to a Hugging Face dataset: set data"),
+    ("data.hf_split=dev", "data.hf_split=dev applies to a Hugging Face dataset: set data.hf_path"),
+    (
+        "data.hf_path={tmp} data.source_column=en data.target_column=de data.tsv_path={tmp}/ok.tsv",
+        "either data.hf_path or data.tsv",
+    ),
+    (
+        "data.hf_path={tmp} data.source_column=en data.target_column=de test=true",
+        "set data.test > 0 (or data.hf_test_split)",
+    ),
+    ("data.hf_path=''", "data.hf_path must be a path"),
+    ("data.hf_path={tmp} data.source_column=en data.target_column=3", "data.target_column must"),
+    ("data=mixture data.hf_path={tmp}", "data.hf_path is set next to data.corpora"),
     ("data.steps_per_epoch=10", "data.steps_per_epoch=10 applies to a mixture"),
     ("data.steps_per_epoch=0", "data.steps_per_epoch must be a positive integer or null"),
     ("data.mixing=foo", "data.mixing must be one of per_step, per_batch"),
