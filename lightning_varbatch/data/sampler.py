@@ -30,7 +30,14 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import OversizePolicy, PlanConfig, TailPolicy, check_count
+from lightning_varbatch.planner.settings import (
+    DEFAULT_FLOP_ATTENTION,
+    LayoutName,
+    OversizePolicy,
+    PlanConfig,
+    TailPolicy,
+    check_count,
+)
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
 from lightning_varbatch.sources.arrow_lengths import source_with_column_lengths
 
@@ -168,6 +175,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         seed: random seed; the plan depends only on it and the epoch.
         tail: ``"spread"``, ``"drop"`` or ``"pad"`` (see :class:`PlanConfig`).
         oversize: ``"error"``, ``"skip"`` or ``"truncate"``.
+        layout: ``"padded"`` batches or ``"packed"`` rows (see :class:`PlanConfig`; use
+            :class:`~lightning_varbatch.data.packed_collate.PackingCollate` with ``"packed"``).
+        flop_attention: attention compute per (query, key) pair relative to one token's
+            linear compute; packed micro-batches are dealt to ranks by it.
         loss_lengths: loss tokens per example when they are not the lengths / target column.
         epoch: the starting epoch.
 
@@ -200,6 +211,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         tail: TailPolicy = "spread",
         oversize: OversizePolicy = "error",
+        layout: LayoutName = "padded",
+        flop_attention: float = DEFAULT_FLOP_ATTENTION,
         loss_lengths: npt.ArrayLike | None = None,
         epoch: int = 0,
         _planner: Planner | None = None,

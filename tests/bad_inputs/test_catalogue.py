@@ -87,6 +87,7 @@ PASSED_TO_PLAN_CONFIG = {
     "TokenBudgetBatchSampler": {
         "max_examples",
         "quadratic_coef",
+        "flop_attention",
         "batch_size_multiple",
         "pad_to_multiple_of",
         "bucket_width",
