@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any
 from lightning_varbatch._registration import register_when_lightning_loads
 
 if TYPE_CHECKING:
+    from lightning_varbatch.attention import document_attention
     from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
     from lightning_varbatch.data.collate import PaddingCollate
     from lightning_varbatch.data.datamodule import TokenBudgetDataModule
     from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
     from lightning_varbatch.data.micro_batch import MicroBatch
+    from lightning_varbatch.data.packed_collate import PackingCollate
     from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
     from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
     from lightning_varbatch.planner import (
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
         PlanConfig,
         plan_epoch,
     )
+    from lightning_varbatch.planner.flops import transformer_flops
     from lightning_varbatch.sources import column_lengths, tokenized_lengths
     from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
 
@@ -48,6 +51,9 @@ _WHERE = {
     "TokenThroughputMonitor": "lightning_varbatch.callbacks",
     "MicroBatch": "lightning_varbatch.data.micro_batch",
     "PaddingCollate": "lightning_varbatch.data.collate",
+    "PackingCollate": "lightning_varbatch.data.packed_collate",
+    "document_attention": "lightning_varbatch.attention",
+    "transformer_flops": "lightning_varbatch.planner.flops",
     "TokenBudgetBatchSampler": "lightning_varbatch.data.sampler",
     "TokenBudgetDataLoader": "lightning_varbatch.data.loader",
     "TokenBudgetDataModule": "lightning_varbatch.data.datamodule",
@@ -74,6 +80,7 @@ __all__ = [
     "EpochPlanner",
     "MicroBatch",
     "MixturePlanner",
+    "PackingCollate",
     "PaddingCollate",
     "PlanConfig",
     "TokenBudgetBatchSampler",
@@ -83,12 +90,14 @@ __all__ = [
     "VarBatchDeepSpeedStrategy",
     "VarBatchFSDPStrategy",
     "column_lengths",
+    "document_attention",
     "example_mean_loss",
     "plan_epoch",
     "step_token_mean",
     "token_budget_dataloader",
     "token_mean_loss",
     "tokenized_lengths",
+    "transformer_flops",
 ]
 __version__ = "0.1.0"
 
