@@ -17,13 +17,13 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 @st.composite
 def scenarios(draw: st.DrawFn) -> dict:
     n = draw(st.integers(1, 400))
-    pairs = draw(st.booleans())
+    cost = draw(st.sampled_from(["padded", "sum", "quadratic", "packed"]))
+    pairs = cost != "packed" and draw(st.booleans())  # packed rows: one length per example
     high = draw(st.sampled_from([4, 30, 300]))
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
     shape = (n, 2) if pairs else (n,)
     lengths = rng.integers(1, high + 1, size=shape)
-    cost = draw(st.sampled_from(["padded", "sum", "quadratic"]))
     pad = draw(st.sampled_from([1, 1, 8]))
     oversize = draw(st.sampled_from(["error", "skip", "truncate"]))
     longest = int(lengths.max())
@@ -38,7 +38,9 @@ def scenarios(draw: st.DrawFn) -> dict:
         "config": PlanConfig(
             max_tokens=max_tokens,
             max_examples=draw(st.sampled_from([None, None, 3, 16])),
-            cost=cost,
+            cost="padded" if cost == "packed" else cost,
+            layout="packed" if cost == "packed" else "padded",
+            flop_attention=draw(st.sampled_from([0.0, 1 / 64, 1.0])),
             batch_size_multiple=draw(st.sampled_from([1, 1, 2, 8])),
             pad_to_multiple_of=pad,
             bucket_width=draw(st.sampled_from([1, 1, 3])),
@@ -70,6 +72,8 @@ def _cost(ids: np.ndarray, key: np.ndarray, config: PlanConfig) -> float:
         return float(len(ids) * longest)
     if config.cost == "sum":
         return float(lens.sum())
+    if config.cost == "packed":  # one row: the real tokens, aligned to the multiple
+        return float(-(-int(lens.sum()) // p) * p)
     return float(len(ids) * (longest + config.quadratic_coef * longest * longest))
 
 

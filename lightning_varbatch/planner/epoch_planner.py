@@ -77,6 +77,13 @@ class EpochPlanner:
             )
         self.config = config
         self.prepared: PreparedLengths = prepare_lengths(lengths, config, loss_lengths)
+        if config.layout == "packed" and self.prepared.pairs:
+            raise ValueError(
+                "layout='packed' concatenates each example's tokens into one row, so it needs "
+                "one length per example, got (source, target) pairs: pass the length of the "
+                "packed sequence (e.g. source + target for a decoder-only model), or use "
+                "layout='padded' for pairs."
+            )
         self._exact_totals = (
             not self.prepared.pairs and loss_lengths is None and config.bucket_width == 1
         )
@@ -215,7 +222,12 @@ class EpochPlanner:
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
         selected = select_tiles(layout, tail, world, acc, rng, cfg)
-        assign = deal_steps(selected.tiles.reshape(-1, wa), layout.work, world, acc)
+        tiles = selected.tiles
+        if cfg.layout == "packed":
+            # Packed rows of equal tokens differ in compute (Σ L²): steps take micro-batches
+            # of neighbouring compute, so that dealing can even the ranks out.
+            tiles = tiles[np.argsort(-layout.work[tiles], kind="stable")]
+        assign = deal_steps(tiles.reshape(-1, wa), layout.work, world, acc)
         if cfg.shuffle:
             assign = assign[rng.permutation(assign.shape[0])]
         prep = self.prepared

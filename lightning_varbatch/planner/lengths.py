@@ -111,8 +111,11 @@ def _ragged_message(lengths: object, name: str, err: Exception) -> str:
     )
 
 
-def as_int_lengths(lengths: npt.ArrayLike, name: str) -> np.ndarray:
+def as_int_lengths(lengths: npt.ArrayLike, name: str, minimum: int = 1) -> np.ndarray:
     """``lengths`` (``(n,)`` or ``(n, 2)``) as an integer array, or an error naming ``name``.
+
+    ``minimum`` is the smallest allowed value (0 for loss lengths: an example may carry no
+    loss token, e.g. a one-token document under next-token prediction).
 
     Raises:
         TypeError: for something that is not an array of numbers.
@@ -186,12 +189,16 @@ def as_int_lengths(lengths: npt.ArrayLike, name: str) -> np.ndarray:
                 f"{name}[{i}] = {_shown(arr[i])} is not an integer: lengths are token counts "
                 "(whole numbers >= 1); pass the number of tokens of each example."
             )
-    low = arr < 1
+    low = arr < minimum
     if low.any():
         i = _first_bad(low)
+        hint = (
+            "count EOS/BOS in the length, or filter empty examples out of the dataset"
+            if minimum
+            else "a loss length counts the example's loss tokens, 0 or more"
+        )
         raise ValueError(
-            f"{name}[{i}] = {_shown(arr[i])}: every length must be >= 1 (count EOS/BOS in "
-            "the length, or filter empty examples out of the dataset)."
+            f"{name}[{i}] = {_shown(arr[i])}: every length must be >= {minimum} ({hint})."
         )
     high = arr >= 2**31
     if high.any():
@@ -276,7 +283,7 @@ def prepare_lengths(
     if loss_lengths is None:
         loss = arr[:, 1] if pairs else arr
     else:
-        loss = as_int_lengths(loss_lengths, "loss_lengths")
+        loss = as_int_lengths(loss_lengths, "loss_lengths", minimum=0)
         if loss.shape != key.shape:
             raise ValueError(
                 f"loss_lengths has shape {loss.shape} but lengths describe {key.shape[0]} "
