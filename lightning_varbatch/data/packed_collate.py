@@ -1,7 +1,7 @@
 """Padding-free packing: a micro-batch's examples concatenated into one row, for varlen attention.
 
-A token-budgeted micro-batch planned with ``cost="sum"`` holds whole examples whose lengths sum
-to at most ``max_tokens``. :class:`PackingCollate` lays them end to end in a single row
+A token-budgeted micro-batch planned with ``layout="packed"`` holds whole examples whose
+lengths sum to at most ``max_tokens`` (with the row aligned to ``pad_to_multiple_of``). :class:`PackingCollate` lays them end to end in a single row
 ``(1, T)`` instead of padding each to the longest, and returns what a variable-length
 attention kernel needs to keep attention inside each example: ``cu_seqlens`` and
 ``max_seqlen`` (FlashAttention's ``flash_attn_varlen_func`` convention), restarting
@@ -18,7 +18,8 @@ itself, which would shift them twice).
 The batch carries the counts of :mod:`lightning_varbatch.keys`, like
 :class:`~lightning_varbatch.PaddingCollate`: ``NTOKENS`` is the number of labels (each
 example's length minus one), so plan the epoch with
-``TokenBudgetBatchSampler(lengths, max_tokens, cost="sum", loss_lengths=lengths - 1)`` and
+``TokenBudgetBatchSampler(lengths, max_tokens, layout="packed", loss_lengths=lengths - 1)``
+and
 :func:`~lightning_varbatch.loss.step_token_mean` divides by the exact loss-token count of the
 optimizer step.
 
@@ -112,11 +113,11 @@ class PackingCollate:
       exact;
     * the items' other entries: ints as an ``(E,)`` long tensor, anything else as a list.
 
-    Plan the epoch with ``cost="sum"`` (a packed row costs its real tokens) and
-    ``loss_lengths = lengths - 1`` (one label fewer than tokens per example); with a
-    ``max_tokens`` that is a multiple of ``pad_to_multiple_of`` no row exceeds ``max_tokens``
-    slots. The sampler's own ``pad_to_multiple_of`` pads each example for the cost model;
-    leave it at 1 with ``cost="sum"``.
+    Plan the epoch with ``layout="packed"`` (a packed row costs its real tokens rounded up to
+    the sampler's ``pad_to_multiple_of``, and ranks are balanced by compute) and
+    ``loss_lengths = lengths - 1`` (one label fewer than tokens per example); give the
+    collate the sampler's ``pad_to_multiple_of`` (the loader refuses a wider one), and no row
+    exceeds ``max_tokens`` slots.
 
     Truncation (``truncate_to``, and a plan's shorter per-dataset ``truncate_to``) cuts each
     example's *input* to that many tokens; the label of the last kept token is still its next
@@ -125,7 +126,7 @@ class PackingCollate:
     ``loss_lengths = lengths - 1`` under ``oversize="truncate"``.
 
     One row, by design: varlen kernels take the flattened tokens anyway, and splitting the
-    examples over several equal-length rows would add padding that a ``cost="sum"`` plan does
+    examples over several equal-length rows would add padding that a packed plan does
     not budget (or split examples across rows). A model that needs ``(batch, length)`` input
     should use :class:`~lightning_varbatch.PaddingCollate`.
 
@@ -350,7 +351,7 @@ class PackingCollate:
             f"Field {self.field!r} of {where} has {got} tokens but the plan budgeted a length "
             f"of {planned} for this item{extra}: the sampler's `lengths` understate this "
             "field, so the packed row would exceed max_tokens. Pass each example's token "
-            f"count ({self.field!r} length) as lengths, with cost='sum' and loss_lengths = "
+            f"count ({self.field!r} length) as lengths, with layout='packed' and loss_lengths = "
             "lengths - 1 (PackingCollate(check_widths=False) turns this check off)."
         )
 
@@ -382,7 +383,7 @@ class PackingCollate:
                 f"The packed micro-batch at {where} has {ntokens} loss tokens (labels: each "
                 f"example's {self.field!r} length minus 1, since its last token has no next "
                 f"token to predict) but the plan counted {info['ntokens']}: build the sampler "
-                f"with cost='sum' and loss_lengths = lengths - 1, where lengths are the "
+                f"with layout='packed' and loss_lengths = lengths - 1, where lengths are the "
                 f"examples' {self.field!r} lengths (after any truncation the planner "
                 "applies), or turn the check off with PackingCollate(check_ntokens=False) "
                 "when the loss tokens deliberately differ (the width check stays on)."
