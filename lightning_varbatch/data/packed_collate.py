@@ -2,11 +2,12 @@
 
 A token-budgeted micro-batch planned with ``layout="packed"`` holds whole examples whose
 lengths sum to at most ``max_tokens`` (with the row aligned to ``pad_to_multiple_of``).
-:class:`PackingCollate` lays them end to end in a single row ``(1, T)`` instead of padding each to the longest, and returns what a variable-length
-attention kernel needs to keep attention inside each example: ``cu_seqlens`` and
-``max_seqlen`` (FlashAttention's ``flash_attn_varlen_func`` convention), restarting
-``position_ids`` (what Hugging Face models read to detect packed sequences) and ``seq_idx``
-(the example of every token, for a block-diagonal mask or Mamba-style kernels).
+:class:`PackingCollate` lays them end to end in a single row ``(1, T)`` instead of padding
+each to the longest, and returns what a variable-length attention kernel needs to keep
+attention inside each example: ``cu_seqlens`` and ``max_seqlen`` (FlashAttention's
+``flash_attn_varlen_func`` convention), restarting ``position_ids`` (what Hugging Face models
+read to detect packed sequences) and ``seq_idx`` (the example of every token, for a
+block-diagonal mask or Mamba-style kernels).
 
 ``labels`` are *already shifted*: ``labels[0, t]`` is the token that follows ``input_ids[0, t]``
 in the same example, and ``-100`` (``ignore_index``) at every example's last token and on the
