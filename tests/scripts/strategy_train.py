@@ -4,6 +4,11 @@
 dataset, through ``TokenBudgetDataModule(ds, "tokens", ...)`` and the library's collate (each
 micro-batch one Arrow read); the record then also says what the loader read.
 
+``--layout packed`` (anywhere, see ``packed_model.py``): the epoch planned with
+``layout="packed"`` and ``loss_lengths = lengths - 1``, every micro-batch one padding-free row
+of whole documents (``PackingCollate``), a causal attention model kept inside each document
+(``document_attention``) and the next-token loss normalised by ``step_token_mean``.
+
 Launched once per rank by ``tests.launch.launch`` (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* set),
 so Lightning sees processes created externally and does not re-run this script itself. Writes
 ``OUT/rank<r>.json``: initial parameters, the full parameters after every optimizer step, the
@@ -23,10 +28,20 @@ import torch
 from hf_source import RecordingCollate, as_dataset, is_hf, loader_evidence, pop_source
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.strategies import StrategyRegistry
+from packed_model import (
+    RecordingPackingCollate,
+    make_packed_model,
+    packed_loss_sum,
+    pop_layout,
+    row_record,
+)
 from strategy_common import (
     ACCUMULATE,
+    DIM,
     LR,
     MAX_TOKENS,
+    SEED,
+    VOCAB,
     collate,
     loss_sum,
     make_model,
@@ -36,8 +51,13 @@ from strategy_common import (
 from teardown import shutdown
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler, TokenBudgetDataModule
-from lightning_varbatch.loss import token_mean_loss
+from lightning_varbatch import (
+    MicroBatch,
+    TokenBudgetBatchSampler,
+    TokenBudgetDataModule,
+    token_budget_dataloader,
+)
+from lightning_varbatch.loss import step_token_mean, token_mean_loss
 from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy  # registers the names
 
 STEPS = 3
@@ -97,14 +117,18 @@ def full_params(trainer: Trainer, module: torch.nn.Module) -> dict[str, list[Any
 class Model(LightningModule):
     """The model; its data comes from a datamodule (``--source hf``) or :class:`ListModel`."""
 
-    def __init__(self) -> None:
+    def __init__(self, layout: str = "padded") -> None:
         super().__init__()
-        self.net = make_model()
+        self.packed = layout == "packed"
+        self.net = make_packed_model(VOCAB, DIM, MAX_TOKENS, SEED) if self.packed else make_model()
         self.micro_batches: list[dict[str, Any]] = []
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        summed = loss_sum(self.net, batch["tokens"])
         trainer = self.trainer
+        if self.packed:
+            summed = packed_loss_sum(self.net, batch)
+        else:
+            summed = loss_sum(self.net, batch["tokens"])
         record = {
             "batch_idx": batch_idx,
             "global_step": trainer.global_step,
@@ -116,6 +140,10 @@ class Model(LightningModule):
         }
         if "collated_from" in batch:
             record["collated_from"] = batch["collated_from"]
+        if self.packed:
+            record.update(row_record(batch))
+            self.micro_batches.append(record)
+            return step_token_mean(summed, batch, trainer)
         self.micro_batches.append(record)
         return token_mean_loss(
             summed, batch["step_ntokens"], trainer.world_size, trainer.accumulate_grad_batches
@@ -128,12 +156,26 @@ class Model(LightningModule):
 class ListModel(Model):
     """The sequences as a Python list, through the sampler, a torch DataLoader and ``collate``."""
 
-    def __init__(self, sequences: list[list[int]]) -> None:
-        super().__init__()
+    def __init__(self, sequences: list[list[int]], layout: str = "padded") -> None:
+        super().__init__(layout)
         self.sequences = sequences
 
     def train_dataloader(self) -> DataLoader[dict[str, Any]]:
         lengths = [len(s) for s in self.sequences]
+        if self.packed:
+            # One packed row per micro-batch; a document of n tokens has n - 1 labels.
+            packed = TokenBudgetBatchSampler(
+                lengths,
+                MAX_TOKENS,
+                layout="packed",
+                loss_lengths=[n - 1 for n in lengths],
+                rank=self.trainer.global_rank,
+                world_size=self.trainer.world_size,
+                accumulate_grad_batches=self.trainer.accumulate_grad_batches,
+                seed=0,
+            )
+            items = [{"id": i, "tokens": s} for i, s in enumerate(self.sequences)]
+            return token_budget_dataloader(items, packed, collate_fn=RecordingPackingCollate())
         sampler = TokenBudgetBatchSampler(
             lengths,
             MAX_TOKENS,
@@ -145,8 +187,19 @@ class ListModel(Model):
         return DataLoader(Sequences(self.sequences), batch_sampler=sampler, collate_fn=collate)
 
 
-def hf_datamodule(source: str) -> TokenBudgetDataModule:
+def hf_datamodule(source: str, layout: str = "padded") -> TokenBudgetDataModule:
     """The same sequences as a Hugging Face dataset, planned from its ``tokens`` column."""
+    if layout == "packed":
+        columns = sequence_columns()
+        return TokenBudgetDataModule(
+            as_dataset(columns, source),
+            "tokens",
+            MAX_TOKENS,
+            layout="packed",
+            train_loss_lengths=[len(t) - 1 for t in columns["tokens"]],
+            collate=RecordingPackingCollate(),
+            seed=0,
+        )
     return TokenBudgetDataModule(
         as_dataset(sequence_columns(), source),
         "tokens",
@@ -184,12 +237,13 @@ def make_strategy(name: str, config: dict[str, Any] | None) -> Any:
 def main() -> None:
     argv = sys.argv[1:]
     source = pop_source(argv)
+    layout = pop_layout(argv)
     out, name = Path(argv[0]), argv[1]
     config = json.loads(argv[2]) if len(argv) > 2 else None
     rank = int(os.environ["RANK"])
     seed_everything(0, verbose=False)
-    model = Model() if is_hf(source) else ListModel(make_sequences())
-    datamodule = hf_datamodule(source) if is_hf(source) else None
+    model = Model(layout) if is_hf(source) else ListModel(make_sequences(), layout)
+    datamodule = hf_datamodule(source, layout) if is_hf(source) else None
     init = {n: p.detach().double().tolist() for n, p in model.net.named_parameters()}
     snapshots = Snapshots()
     trainer = Trainer(
@@ -225,6 +279,7 @@ def main() -> None:
         "micro_batches": model.micro_batches,
         "deepspeed_config": {k: ds_config[k] for k in DS_KEYS if k in ds_config},
         "source": source,
+        "layout": layout,
     }
     if datamodule is not None:
         record["loader"] = loader_evidence(trainer.train_dataloader)

@@ -6,12 +6,16 @@ wrote: completion, step counts, identical parameters, and that the first update 
 single-process update on the union of that step's micro-batches with the token-mean loss.
 DDP, FSDP and DeepSpeed ZeRO 2 also run once with the same sequences as a Hugging Face dataset
 (``--source hf``: ``TokenBudgetDataModule(ds, "tokens", ...)``, each micro-batch one Arrow read),
-checked against the same reference.
+checked against the same reference. And once with padding-free packing (``--layout packed``:
+``layout="packed"``, ``loss_lengths = lengths - 1``, ``PackingCollate`` rows, a causal attention
+model through ``document_attention``, ``step_token_mean``), checked against the float64 update
+computed from every document of the step run alone.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +23,13 @@ import pytest
 import torch
 
 from tests.launch import launch
-from tests.scripts.strategy_common import ACCUMULATE, NUM_EXAMPLES
-from tests.strategies._reference import params_of, reference_update, step_micro_batches
+from tests.scripts.strategy_common import ACCUMULATE, MAX_TOKENS, NUM_EXAMPLES, make_sequences
+from tests.strategies._reference import (
+    packed_reference_update,
+    params_of,
+    reference_update,
+    step_micro_batches,
+)
 
 WORLD_SIZE = 2
 STEPS = 3
@@ -39,29 +48,53 @@ EXTRA = [
 
 # One run per strategy with a Hugging Face dataset as the source (the cheapest ZeRO stage).
 HF = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
+# One run per strategy with packed rows (``--layout packed``, the cheapest ZeRO stage).
+PACKED = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
 # (strategy, source): the list runs keep their test ids, the HF runs are "<strategy>-hf".
 CORE_AND_HF = [pytest.param(s, "list", id=s) for s in CORE] + [
     pytest.param(s, "hf", id=f"{s}-hf") for s in HF
 ]
+# (strategy, source, layout): the padded runs above, then the packed runs "<strategy>-packed".
+ALL_LAYOUTS = [pytest.param(*p.values, "padded", id=p.id) for p in CORE_AND_HF] + [
+    pytest.param(s, "list", "packed", id=f"{s}-packed") for s in PACKED
+]
 
-_runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+_runs: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The float64 references are tiny: a second intra-op thread contends on a busy machine.
+
+    Measured on a loaded 2-core machine: one packed reference update in 6 s with two threads,
+    0.06 s with one. The ranks already run one thread each (``tests.launch.rank_env``).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def run(
-    strategy: str, tmp_path_factory: pytest.TempPathFactory, source: str = "list"
+    strategy: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    source: str = "list",
+    layout: str = "padded",
 ) -> list[dict[str, Any]]:
     """Every rank's record of one run of ``strategy`` (run once per test session)."""
-    if (strategy, source) not in _runs:
+    if (strategy, source, layout) not in _runs:
         extra: tuple[str, ...] = ()
         if source != "list":
             import datasets  # noqa: F401  (the hf extra is part of the test install)
 
             extra = ("--source", source)
-        out = tmp_path_factory.mktemp(f"{strategy}-{source}")
-        _runs[strategy, source] = launch(
+        if layout != "padded":
+            extra = (*extra, "--layout", layout)
+        out = tmp_path_factory.mktemp(f"{strategy}-{source}-{layout}")
+        _runs[strategy, source, layout] = launch(
             "strategy_train.py", WORLD_SIZE, out, strategy, *extra, timeout=TIMEOUT
         )
-    return _runs[strategy, source]
+    return _runs[strategy, source, layout]
 
 
 def assert_read_as_arrow(records: list[dict[str, Any]]) -> None:
@@ -82,13 +115,14 @@ def max_update_error(
     }
 
 
-@pytest.mark.parametrize(("strategy", "source"), CORE_AND_HF)
+@pytest.mark.parametrize(("strategy", "source", "layout"), ALL_LAYOUTS)
 def test_every_rank_trains_the_same_steps_and_parameters(
-    strategy: str, source: str, tmp_path_factory: pytest.TempPathFactory
+    strategy: str, source: str, layout: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    records = run(strategy, tmp_path_factory, source)
+    records = run(strategy, tmp_path_factory, source, layout)
     if source == "hf":
         assert_read_as_arrow(records)
+    assert {r["layout"] for r in records} == {layout}
     assert [r["rank"] for r in records] == list(range(WORLD_SIZE))
     assert {r["world_size"] for r in records} == {WORLD_SIZE}
     assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
@@ -113,13 +147,15 @@ def test_every_rank_trains_the_same_steps_and_parameters(
 
 
 @pytest.mark.parametrize(
-    ("strategy", "source"), CORE_AND_HF + [pytest.param(s, "list", id=s) for s in EXTRA]
+    ("strategy", "source", "layout"),
+    ALL_LAYOUTS + [pytest.param(s, "list", "padded", id=s) for s in EXTRA],
 )
 def test_update_equals_single_process_token_mean(
-    strategy: str, source: str, tmp_path_factory: pytest.TempPathFactory
+    strategy: str, source: str, layout: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    records = run(strategy, tmp_path_factory, source)
-    expected = reference_update(records[0]["init"], step_micro_batches(records, 0))
+    records = run(strategy, tmp_path_factory, source, layout)
+    reference = packed_reference_update if layout == "packed" else reference_update
+    expected = reference(records[0]["init"], step_micro_batches(records, 0))
     init, after = params_of(records[0]["init"]), params_of(records[0]["params"]["1"])
     for name, value in expected.items():
         torch.testing.assert_close(after[name] - init[name], value - init[name], **TOLERANCE)
@@ -142,6 +178,49 @@ def test_naive_micro_batch_mean_is_a_different_update(
     with pytest.raises(AssertionError):
         for name, value in naive.items():
             torch.testing.assert_close(after[name] - init[name], value - init[name], **TOLERANCE)
+
+
+@pytest.mark.parametrize("strategy", PACKED)
+def test_packed_rows_hold_whole_documents_and_count_their_labels(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    records = run(strategy, tmp_path_factory, layout="packed")
+    lengths = [len(s) for s in make_sequences()]
+    for r in records:
+        for m in r["micro_batches"]:
+            docs = [lengths[i] for i in m["ids"]]
+            # One padding-free row of whole documents, within the budget.
+            assert m["row_shape"] == [1, sum(docs)] and sum(docs) <= MAX_TOKENS, m
+            bounds = [0]
+            for n in docs:
+                bounds.append(bounds[-1] + n)
+            assert m["cu_seqlens"] == bounds and m["max_seqlen"] == max(docs), m
+            # Labels: each document's length minus one, what the plan counted.
+            assert m["ntokens"] == m["labelled"] == sum(n - 1 for n in docs), m
+    # Rows pack several documents (the update checked, step 0's, has boundaries to respect).
+    rows = [m for r in records for m in r["micro_batches"]]
+    assert sum(len(m["ids"]) > 1 for m in rows) > len(rows) // 2
+    for r in records:
+        assert any(len(m["ids"]) > 1 for m in r["micro_batches"] if m["step"] == 0)
+    # The step's loss tokens, known to every rank from the plan, are the sum over all rows.
+    for step in range(STEPS):
+        rows = [m for r in records for m in r["micro_batches"] if m["step"] == step]
+        assert len(rows) == WORLD_SIZE * ACCUMULATE
+        assert {m["step_ntokens"] for m in rows} == {sum(m["ntokens"] for m in rows)}
+
+
+@pytest.mark.parametrize("strategy", PACKED)
+@pytest.mark.parametrize("mistake", ["naive", "leak"])
+def test_packed_update_misses_a_leak_or_the_naive_mean(
+    strategy: str, mistake: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # The packed equivalence can fail: attention across the row's documents ("leak"), or each
+    # row's own token mean averaged over rows ("naive"), is measurably another update.
+    records = run(strategy, tmp_path_factory, layout="packed")
+    micro_batches = step_micro_batches(records, 0)
+    wrong = packed_reference_update(records[0]["init"], micro_batches, mode=mistake)
+    errors = max_update_error(records, wrong)
+    assert max(errors.values()) > 100 * TOLERANCE["atol"], errors
 
 
 @pytest.mark.parametrize("strategy", ["deepspeed_varbatch_stage_2", "deepspeed_varbatch_stage_3"])
