@@ -241,8 +241,9 @@ class PlanConfig:
             padding but the row's alignment to ``pad_to_multiple_of``), its real tokens
             within ``max_tokens`` (the ``"packed"`` cost), and each optimizer step's
             micro-batches are dealt to ranks by their FLOPs (``flop_attention``), not their
-            tokens; use it with :class:`~lightning_varbatch.data.packed_collate.PackingCollate`
-            and one length per example"""
+            tokens; use it with :class:`~lightning_varbatch.data.packed_collate.PackingCollate`,
+            one length per example and ``bucket_width=1`` (wider buckets count every member at
+            its bucket's longest length, which under-fills packed rows)"""
         ),
     )
     flop_attention: float = field(
