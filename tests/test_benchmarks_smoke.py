@@ -24,6 +24,15 @@ QUICK = {
     "training_throughput": ["--quick"],
     "straggler": ["--quick"],
     "gpu_throughput": ["--device", "cpu", "--tiny"],
+    "hf_datasets": ["--quick"],
+}
+NO_PLOT = {"hf_datasets"}  # prints tables only
+HF_CONFIGS = {
+    *(f"lengths/{case}/{m}" for case in "abc" for m in ("ours", "loop", "map")),
+    "lengths/a/numpy",
+    *(f"tokens/{m}" for m in ("loop", "encode_batch", "ours", "ours_np2", "ours_first")),
+    "tokens/ours_cached",
+    *(f"loader/{kind}/w{w}" for kind in ("list", "hf", "disk") for w in (0, 2)),
 }
 
 
@@ -50,8 +59,15 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
         assert any(p["method"] == "ours: EpochPlanner" for p in data["performance"])
     elif name == "straggler":
         assert set(data["configs"]) == {"ours", "rr-shuffled", "rr-sorted"}
+    elif name == "hf_datasets":
+        assert set(data["configs"]) == HF_CONFIGS
+        for key, config in data["configs"].items():  # lengths and counts equal, same batches
+            assert config["seconds"] > 0, key
+            assert config["identical_batches" if key.startswith("loader/") else "agrees"], key
     else:
         assert set(data["configs"]) == {"a", "b", "c"} and data["predicted"] > 1.0
+    if name in NO_PLOT:
+        return
     plots = _run(["benchmarks.plots", "--results", str(tmp_path), "--out", str(tmp_path)])
     assert plots.returncode == 0, plots.stdout[-2000:] + plots.stderr[-2000:]
     assert list(tmp_path.glob("*.png"))
