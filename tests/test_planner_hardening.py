@@ -273,8 +273,10 @@ def test_bad_lengths_name_the_item_the_value_and_the_rule(
 
 
 def test_bad_loss_lengths_are_named() -> None:
-    with pytest.raises(ValueError, match=r"loss_lengths\[1\] = 0: every length must be >= 1"):
-        plan_epoch(np.array([3, 4]), 64, loss_lengths=np.array([2, 0]))
+    with pytest.raises(ValueError, match=r"loss_lengths\[1\] = -1: every length must be >= 0"):
+        plan_epoch(np.array([3, 4]), 64, loss_lengths=np.array([2, -1]))
+    # 0 is a valid loss length: a one-token document has no next token to predict.
+    assert int(plan_epoch(np.array([1, 4]), 64, loss_lengths=np.array([0, 3])).step_tokens[0]) == 3
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,7 @@ __all__ = [
     "attach_plan",
     "batch_info",
     "check_map_style",
+    "count_entries",
     "item_label",
     "other_entries",
     "plan_entries",
@@ -98,20 +99,39 @@ def batch_info(indices: Sequence[int]) -> dict[str, int | None] | None:
     return info
 
 
-def plan_entries(info: Mapping[str, int | None]) -> dict[str, torch.Tensor]:
+def plan_entries(info: Mapping[str, int | None]) -> dict[str, int]:
     """The batch entries of the plan's counts: every keyed, known row of ``PLAN_COUNTS``.
 
     Example:
-        >>> entries = plan_entries({"ntokens": 4, "step_ntokens": 9, "dataset": None})
-        >>> {k: int(v) for k, v in entries.items()}
+        >>> plan_entries({"ntokens": 4, "step_ntokens": 9, "dataset": None})
         {'step_ntokens': 9}
     """
     out = {}
     for count in keys.PLAN_COUNTS:
         value = info.get(count.attribute)
         if count.key is not None and value is not None:
-            out[count.key] = torch.tensor(value)
+            out[count.key] = int(value)
     return out
+
+
+def count_entries(
+    counts: Mapping[str, int], info: Mapping[str, int | None] | None
+) -> dict[str, torch.Tensor]:
+    """A batch's counts and the plan's (:func:`plan_entries`) as 0-dim long tensors.
+
+    All of them are views of one tensor: a DataLoader worker then ships one shared-memory
+    block per batch instead of one per count (about a millisecond each).
+
+    Example:
+        >>> entries = count_entries({"ntokens": 4}, {"step_ntokens": 9})
+        >>> {k: int(v) for k, v in entries.items()}, entries["ntokens"].shape
+        ({'ntokens': 4, 'step_ntokens': 9}, torch.Size([]))
+    """
+    merged = dict(counts)
+    if info is not None:
+        merged.update(plan_entries(info))
+    values = torch.tensor(list(merged.values()), dtype=torch.long)
+    return {key: values[i] for i, key in enumerate(merged)}
 
 
 def attach_plan(items: Any, indices: Sequence[int]) -> Sequence[Any]:
@@ -542,13 +562,15 @@ class PaddingCollate:
             padded_slots += padded.numel()
         batch.update(other_entries(items, fields))
         ntokens = loss_tokens
-        batch[keys.NTOKENS] = torch.tensor(ntokens)
-        batch[keys.NEXAMPLES] = torch.tensor(len(items))
-        batch[keys.PADDED_TOKENS] = torch.tensor(padded_slots)
-        batch[keys.INPUT_TOKENS] = torch.tensor(real_tokens)
         if info is not None:
             self._check(info, ntokens, len(items), loss_field)
-            batch.update(plan_entries(info))
+        own = {
+            keys.NTOKENS: ntokens,
+            keys.NEXAMPLES: len(items),
+            keys.PADDED_TOKENS: padded_slots,
+            keys.INPUT_TOKENS: real_tokens,
+        }
+        batch.update(count_entries(own, info))
         return batch
 
     def _check_same_fields(self, items: Sequence[Any], fields: Sequence[str]) -> None:

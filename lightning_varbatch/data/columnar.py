@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import bisect
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,8 +40,16 @@ def is_arrow_table(value: object) -> bool:
     return kind.__name__ == "Table" and kind.__module__.startswith("pyarrow")
 
 
+_VIEWS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def arrow_view(dataset: Any) -> Any | None:
     """``dataset`` formatted to return Arrow tables, if it is a ``datasets.Dataset``.
+
+    ``None`` for anything else, and for a dataset with a transform (``set_transform`` /
+    ``with_transform``): its items are what the transform returns, so they are read through
+    the dataset itself. The view keeps the dataset's column selection and is built once per
+    dataset and process (``with_format`` copies the dataset object: too slow per batch).
 
     Example:
         >>> arrow_view([1, 2]) is None
@@ -49,7 +58,18 @@ def arrow_view(dataset: Any) -> Any | None:
     kind = type(dataset)
     if kind.__name__ != "Dataset" or not kind.__module__.startswith("datasets"):
         return None
-    return dataset.with_format("arrow")
+    view = _VIEWS.get(dataset)
+    if view is None:
+        fmt = dataset.format
+        if fmt.get("type") == "custom":
+            return None
+        view = dataset.with_format(
+            "arrow",
+            columns=fmt.get("columns"),
+            output_all_columns=bool(fmt.get("output_all_columns", False)),
+        )
+        _VIEWS[dataset] = view
+    return view
 
 
 def _part_of(dataset: ConcatDataset[Any], indices: Sequence[int]) -> tuple[int, int] | None:

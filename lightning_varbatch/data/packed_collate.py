@@ -49,9 +49,9 @@ import torch
 from lightning_varbatch import keys
 from lightning_varbatch.data.collate import (
     attach_plan,
+    count_entries,
     item_label,
     other_entries,
-    plan_entries,
     ragged_field,
 )
 from lightning_varbatch.data.columnar import ColumnarItems
@@ -69,6 +69,8 @@ PACKED_KEYS: tuple[str, ...] = (
     "labels",
 )
 """The model-input entries of a packed batch (item entries may not use these names)."""
+
+_COUNTS = (keys.NTOKENS, keys.NEXAMPLES, keys.PADDED_TOKENS, keys.INPUT_TOKENS)
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -271,7 +273,8 @@ class PackingCollate:
         batch.update(others)
         if info is not None:
             self._check_plan(info, int(batch[keys.NTOKENS]), len(items))
-            batch.update(plan_entries(info))
+        counts = {k: batch.pop(k) for k in _COUNTS}
+        batch.update(count_entries(counts, info))
         return batch
 
     # -- internals -----------------------------------------------------------------------
@@ -316,10 +319,10 @@ class PackingCollate:
             "max_seqlen": int(lengths.max()) if count else 0,
             "seq_idx": row(example, -1),
             "labels": row(labels, self.ignore_index),
-            keys.NTOKENS: torch.tensor(int(has_next.sum())),
-            keys.NEXAMPLES: torch.tensor(count),
-            keys.PADDED_TOKENS: torch.tensor(width),
-            keys.INPUT_TOKENS: torch.tensor(real),
+            keys.NTOKENS: int(has_next.sum()),
+            keys.NEXAMPLES: count,
+            keys.PADDED_TOKENS: width,
+            keys.INPUT_TOKENS: real,
             "_lengths": lengths.tolist(),
         }
 

@@ -131,7 +131,7 @@ def arrow_list_problem(column: Any) -> str | None:
         )
     if column.null_count:
         return "has a null row: every item needs its token ids"
-    flat = column.combine_chunks().flatten() if hasattr(column, "combine_chunks") else None
-    if flat is not None and flat.null_count:
+    chunks = column.chunks if hasattr(column, "chunks") else [column]
+    if any(chunk.flatten().null_count for chunk in chunks):  # views, no copy
         return "has null token ids inside a row"
     return None

@@ -91,7 +91,8 @@ def arrow_table_of(data: Any, name: str = "dataset") -> tuple[Any, np.ndarray | 
             mapping = data._indices
             rows = None
             if mapping is not None:
-                rows = np.asarray(mapping.column(0).to_numpy(), dtype=np.int64)
+                rows = mapping.column(0).to_numpy()  # uint64 row ids, < 2**63: view them
+                rows = rows.view(np.int64) if rows.dtype == np.uint64 else rows
             return inner, rows
     raise TypeError(
         f"{name} ({kind}) is not Arrow-backed: column names as lengths need a Hugging Face "
@@ -156,9 +157,13 @@ def _one_column(table: Any, column: str, where: str) -> np.ndarray:
                 f"{where}: column {column!r} is a list of {inner}, not of integer token ids "
                 f"(type {kind}): pass a token-id column (list of ints) or a length column."
             )
-        return np.asarray(pc.list_value_length(col).to_numpy(), dtype=np.int64)
+        return np.asarray(pc.list_value_length(col).to_numpy())  # int32/int64, not widened
     if pa.types.is_integer(kind):
-        return np.asarray(col.to_numpy(), dtype=np.int64)
+        values = np.asarray(col.to_numpy())
+        if values.dtype in (np.int32, np.int64):
+            return values
+        # narrow ints widen to int32; uint32/uint64 go to int64 (as_int_lengths refuses >= 2**31)
+        return values.astype(np.int32 if values.dtype.itemsize < 4 else np.int64)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
         raise TypeError(
             f"{where}: column {column!r} holds text ({kind}), not token counts: count the "
