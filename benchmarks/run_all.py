@@ -8,6 +8,7 @@ Run from the repository root (venv active)::
     python -m benchmarks --quick                # every smoke test (~2.5 min; callback 2)
     python -m benchmarks --only planning training_throughput straggler   # issue 6's (~12 min)
     python -m benchmarks --only hf_datasets     # issue 14's (~15 min busy; quick ~1 min)
+    python -m benchmarks --only packing         # issue 16 (~4-5 min; quick ~25 s)
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
 own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
@@ -30,8 +31,15 @@ from collections.abc import Sequence
 
 from benchmarks.harness import ROOT, uptime
 
-BENCHMARKS = ("planning", "training_throughput", "straggler", "callback_overhead", "hf_datasets")
-WITH_JSON = ("planning", "training_throughput", "straggler", "hf_datasets")
+BENCHMARKS = (
+    "planning",
+    "training_throughput",
+    "straggler",
+    "callback_overhead",
+    "hf_datasets",
+    "packing",
+)
+WITH_JSON = ("planning", "training_throughput", "straggler", "hf_datasets", "packing")
 
 
 def run_one(name: str, quick: bool, out_dir: str, root: str) -> int:

@@ -25,8 +25,10 @@ QUICK = {
     "straggler": ["--quick"],
     "gpu_throughput": ["--device", "cpu", "--tiny"],
     "hf_datasets": ["--quick"],
+    "packing": ["--quick"],
+    "gpu_packing": ["--device", "cpu", "--tiny"],
 }
-NO_PLOT = {"hf_datasets"}  # prints tables only
+NO_PLOT = {"hf_datasets", "packing", "gpu_packing"}  # print tables only
 HF_CONFIGS = {
     *(f"lengths/{case}/{m}" for case in "abc" for m in ("ours", "loop", "map")),
     "lengths/a/numpy",
@@ -64,6 +66,17 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
         for key, config in data["configs"].items():  # lengths and counts equal, same batches
             assert config["seconds"] > 0, key
             assert config["identical_batches" if key.startswith("loader/") else "agrees"], key
+    elif name == "packing":
+        assert set(data["training"]["configs"]) == {"packed", "padded", "random"}
+        assert {r["name"] for r in data["flops"]["rows"]} == {
+            "ours, packed",
+            "ours, packed, token-balanced",
+            "naive packing",
+            "ours, padded",
+        }
+        assert data["lengths"]["p99_over_median"] >= 8
+    elif name == "gpu_packing":
+        assert set(data["configs"]) == {"packed", "padded", "random"}
     else:
         assert set(data["configs"]) == {"a", "b", "c"} and data["predicted"] > 1.0
     if name in NO_PLOT:
@@ -74,8 +87,9 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
-def test_gpu_benchmark_refuses_without_cuda() -> None:
-    proc = _run(["benchmarks.gpu_throughput"], timeout=60)
+@pytest.mark.parametrize("script", ["gpu_throughput", "gpu_packing"])
+def test_gpu_benchmark_refuses_without_cuda(script: str) -> None:
+    proc = _run([f"benchmarks.{script}"], timeout=60)
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
 
 
