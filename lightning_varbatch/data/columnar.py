@@ -102,7 +102,9 @@ def fetch_rows(dataset: Any, indices: Sequence[int], columnar: bool) -> Any:
     if columnar:
         view = arrow_view(dataset)
         if view is not None:
-            return view[[int(i) for i in indices]]
+            # A gather leaves one chunk per row; one contiguous chunk per column makes every
+            # later step (checks, lengths, flattening) a single vectorised call.
+            return view[[int(i) for i in indices]].combine_chunks()
     inner = getattr(dataset, "__getitems__", None)
     if callable(inner):
         return inner(list(indices) if not isinstance(indices, list) else indices)
