@@ -28,11 +28,18 @@ This module needs torch only (no Lightning, nothing else from this package). Thr
     non-finite ``k``/``v`` in *another example* would leak (``0 * nan``); padding rows are
     zeroed before the call, and ``"sdpa"`` and ``"flash"`` never read other examples.
 ``"sdpa"``
-    :func:`torch.nn.functional.scaled_dot_product_attention` called once per example on that
-    example's slice (``is_causal`` for causal attention), results concatenated. Works on
-    every device, dtype and torch version this package supports, with backward. Memory is
-    ``O(sum of len**2)`` per head, never ``O(T**2)``; the price is one host sync (to read
-    ``cu_seqlens``) and one kernel call per example.
+    :func:`torch.nn.functional.scaled_dot_product_attention`, one of two ways chosen per call
+    by a cost rule (``_sdpa_batches``, below). The *loop*: one call per example on that
+    example's slice (``is_causal`` for causal attention), results concatenated; work
+    ``O(sum of len**2)`` per head, never ``O(T**2)``, but a fixed overhead per call
+    (about 0.15 ms forward+backward on CPU at 8 heads x 64). The *batch*: the examples copied (one
+    ``index_copy`` from index tensors built from ``cu_seqlens``) into a zero-padded ``(E,
+    Lmax)`` batch, ONE call (``is_causal`` alone for causal attention, as the padding comes
+    after every real query's keys; a ``(E, 1, 1, Lmax)`` key-padding mask for non-causal),
+    the real rows gathered back (one ``index_select``). Both are exact (float64 equal to
+    every example alone, outputs and gradients). Works on every device, dtype and torch
+    version this package supports, with backward. Either way one host sync (to read
+    ``cu_seqlens``).
 
 ``"auto"`` picks ``"flash"`` when it is usable (flash-attn importable, CUDA, fp16/bf16), else
 ``"flex"`` on CUDA when torch has it, else ``"sdpa"``. On CPU it therefore always picks
@@ -57,6 +64,28 @@ dimension 64, float32):
   examples 0.40 s vs 1.76 s), because it skips the masked-out blocks and CPU SDPA (a
   flash-style kernel, float64 included) turns a boolean mask into a dense ``T x T`` float
   bias. So the mask variant is not offered.
+
+Loop or batch in ``"sdpa"`` (the rule of ``_sdpa_batches``): batched when ``E * Lmax * (Lmax
++ 128) <= sum(L_i * (L_i + 128)) + 1536 * E`` and ``E * Lmax <= 4 * sum(L_i)``, i.e. when the
+attention work of the padded batch, plus a per-slot cost of the copies, is below the loop's
+work plus its per-call overhead, with the padded batch at most four times the real tokens.
+The constants come from a least-squares fit of fwd+bwd timings (8 heads x 64, float32,
+1 thread): about 0.15 ms per call of the loop, about 15 us per padded token slot (memory
+traffic: zeros, copies and their backward), about 80-95 ns per ``(query, key)`` pair, on a
+busy shared 2-core machine (timings varied by 20-50% between repeats). Per layer forward +
+backward, ``T = 2048``, one lognormal row (``numpy`` lognormal, sigma 0.5 or 1, scaled to
+the row), old loop / forced batch / rule:
+
+* sigma 0.5, causal: 4 examples (longest 876) 165 / 342 / 161 ms; 64 examples (longest 112)
+  37 / 179 / 39 ms; 512 examples (longest 16) 87 / 120 / 79 ms (the rule keeps the loop).
+* sigma 1, causal: 4 examples (longest 1251) 131 / 406 / 130 ms; 64 (longest 297) 36 / 703 /
+  34 ms; 512 (longest 53) 56 / 469 / 52 ms (loop). Non-causal alike (batch 1.4-13x slower).
+* Similar lengths, causal: 128 examples of 16 tokens 49 / 13 / 15 ms; 256 examples of 3-8
+  tokens 44 / 30 / 27 ms; 512 of 4 tokens 83 / 16 / 15 ms (the rule batches).
+
+So with skewed (lognormal) lengths one long example makes the padded batch cost ``E *
+Lmax**2`` and the loop stays; the batch pays off for many short examples of similar
+lengths, where the loop's per-call overhead dominates (3-5x faster there).
 
 Example:
     >>> import torch
@@ -448,6 +477,52 @@ def _pad_rows(out: torch.Tensor, total: int) -> torch.Tensor:
     return torch.cat([out, out.new_zeros((total - out.shape[0], *out.shape[1:]))])
 
 
+# How ``"sdpa"`` runs the examples: ``"auto"`` (the cost rule of :func:`_sdpa_batches`),
+# ``"loop"`` (one call per example) or ``"batched"`` (one call on a zero-padded batch). Private:
+# the tests set it to exercise both strategies on the same inputs.
+_SDPA_STRATEGY = "auto"
+_SLOT_COST = 128
+"""The cost of one token slot of the padded batch (gather, zeros, scatter, the kernel's
+per-row work and their backward), in units of one ``(query, key)`` pair of attention work."""
+_CALL_COST = 1536
+"""The cost of one SDPA call of the per-example loop (forward and backward), same units."""
+_MAX_PADDED = 4
+"""The padded batch holds at most this many times the row's real tokens."""
+
+
+def _sdpa_batches(sizes: list[int]) -> bool:
+    """Whether one SDPA call on a zero-padded ``(E, Lmax)`` batch beats the per-example loop.
+
+    ``sizes`` are the lengths ``L_i`` of the ``E`` non-empty examples, ``Lmax`` the largest.
+    Cost model, in units of one ``(query, key)`` pair of attention work (fitted to fwd+bwd
+    timings at 8 heads x 64 on CPU, see the module docstring): the loop costs
+    ``sum(L_i**2) + _CALL_COST * E`` (one call per example, about 0.15 ms each, as much as a
+    ~40-token example's attention), the batch ``E * Lmax**2`` plus ``_SLOT_COST`` per token
+    slot, padded or not (memory traffic dominates: copying into zeros and back, in both
+    directions), minus the same per-token cost that the loop pays for the real tokens.
+    Batched when::
+
+        E * Lmax * (Lmax + 128) <= sum(L_i * (L_i + 128)) + 1536 * E
+        and E * Lmax <= 4 * sum(L_i)
+
+    So the batch wins for many short examples of similar lengths (where the loop's per-call
+    overhead dominates) and loses as soon as one long example pads many short ones (the work
+    grows as ``E * Lmax**2``). The second condition bounds the memory: the padded q, k, v
+    (and their gradients) hold at most four times the row's real tokens. The ``E x Lmax x
+    Lmax`` scores are not materialised (measured: a forced batch of one 1000-token and 64
+    16-token examples grew the peak memory by about 1 GB, causal and non-causal alike: its
+    padded q, k, v, output and gradients, not the 2 GB of scores). With equal lengths (no
+    padding) the rule always batches.
+    """
+    if _SDPA_STRATEGY != "auto":
+        return _SDPA_STRATEGY == "batched"
+    count, longest, real = len(sizes), max(sizes), sum(sizes)
+    if count < 2 or count * longest > _MAX_PADDED * real:
+        return False
+    batched = count * longest * (longest + _SLOT_COST)
+    return batched <= sum(n * (n + _SLOT_COST) for n in sizes) + _CALL_COST * count
+
+
 def _sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -456,13 +531,30 @@ def _sdpa(
     causal: bool,
     scale: float | None,
 ) -> torch.Tensor:
-    """Per-example ``scaled_dot_product_attention`` (one call per non-empty example)."""
+    """``scaled_dot_product_attention`` per example, looped or batched (see _sdpa_batches)."""
+    total, heads = q.shape[0], q.shape[1]
+    sizes = [b - a for a, b in itertools.pairwise(cu) if b > a]
+    if not sizes:
+        return v.new_zeros((total, heads, v.shape[2]))
+    if _sdpa_batches(sizes):
+        return _sdpa_padded(q, k, v, sizes, cu[-1], causal, scale)
+    return _sdpa_loop(q, k, v, sizes, cu[-1], causal, scale)
+
+
+def _sdpa_loop(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sizes: list[int],
+    real: int,
+    causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """One ``scaled_dot_product_attention`` per non-empty example (``sizes``), concatenated."""
     total, heads = q.shape[0], q.shape[1]
     if k.shape[1] != heads:  # grouped-query attention (SDPA's enable_gqa needs torch >= 2.5)
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    real = cu[-1]
-    sizes = [b - a for a, b in itertools.pairwise(cu) if b > a]
     # split, not slice: the backward of a split is one concatenation, while every slice's
     # backward writes a full-size zero gradient.
     chunks = zip(*(x.split([*sizes, total - real]) for x in (q, k, v)), strict=True)
@@ -478,6 +570,58 @@ def _sdpa(
     ]
     outs.append(v.new_zeros((total - real, heads, v.shape[2])))  # the padding (maybe none)
     return torch.cat(outs)
+
+
+def _sdpa_padded(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sizes: list[int],
+    real: int,
+    causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    """One ``scaled_dot_product_attention`` on the examples as a zero-padded batch.
+
+    The real tokens (the non-empty examples, ``sizes``, are contiguous from token 0) are copied
+    into an ``(E, Lmax)`` batch of zeros (right padding), one call runs, the real rows are
+    gathered back. Causal: ``is_causal`` alone suffices, as a real query (position ``i <
+    L_e``) only sees keys ``<= i``, all real. Non-causal: a key-padding mask, unless every
+    example is ``Lmax`` long. No query row is fully masked (every example has a real first
+    key) and the padded slots hold zeros (never the row's own padding tokens), so the
+    discarded padded rows are finite and, receiving a zero gradient, send none back.
+    """
+    total, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]
+    count, longest = len(sizes), max(sizes)
+    device = q.device
+    lengths = torch.tensor(sizes, device=device)
+    slot: torch.Tensor | None = None  # slot of every real token in the flat (E * Lmax) batch
+    if count * longest != real:  # (else every example is Lmax long: the batch is a view)
+        starts = torch.cumsum(lengths, 0) - lengths
+        doc = torch.repeat_interleave(torch.arange(count, device=device), lengths, output_size=real)
+        slot = torch.arange(real, device=device) + doc * longest - starts[doc]
+
+    def batch(x: torch.Tensor) -> torch.Tensor:
+        """``(E, heads, Lmax, D)``: ``x``'s real tokens in their slots, zeros elsewhere."""
+        if real != total:  # split, not slice: no full-size zero gradient in the backward
+            x = x.split([real, total - real])[0]
+        if slot is not None:
+            x = x.new_zeros((count * longest, *x.shape[1:])).index_copy_(0, slot, x)
+        return x.view(count, longest, *x.shape[1:]).transpose(1, 2)
+
+    qb, kb, vb = batch(q), batch(k), batch(v)
+    if kv_heads != heads:  # grouped-query attention (SDPA's enable_gqa needs torch >= 2.5)
+        kb = kb.repeat_interleave(heads // kv_heads, dim=1)
+        vb = vb.repeat_interleave(heads // kv_heads, dim=1)
+    mask = None
+    if not causal and min(sizes) < longest:
+        keys = torch.arange(longest, device=device)
+        mask = (keys < lengths[:, None])[:, None, None, :]  # (E, 1, 1, Lmax): real keys
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, is_causal=causal, scale=scale)
+    out = out.transpose(1, 2).reshape(count * longest, heads, v.shape[2])
+    if slot is not None:
+        out = out.index_select(0, slot)
+    return _pad_rows(out, total)
 
 
 def _flex(

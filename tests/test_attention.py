@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import math
 from pathlib import Path
 
@@ -244,6 +245,126 @@ def test_non_finite_padding_does_not_leak(backend):
     if backend not in FORWARD_ONLY:
         out.sum().backward()
         assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
+
+
+# --------------------------------------------------------------------------- sdpa strategies
+
+STRATEGIES = ["loop", "batched"]
+# uneven lengths (the batch pads them), with empty examples; equal lengths (no padding)
+SDPA_CASES = {
+    "uneven": ([0, 0, 5, 6, 6, 15, 18, 20, 20], 3),
+    "equal": ([0, 4, 8, 12], 2),
+    "one": ([0, 7], 1),
+}
+
+
+@pytest.fixture(params=STRATEGIES)
+def strategy(request, monkeypatch):
+    """Force the per-example loop or the padded single call of backend='sdpa'."""
+    monkeypatch.setattr(attention_module, "_SDPA_STRATEGY", request.param)
+    return request.param
+
+
+def _lengths(cu_list):
+    return [b - a for a, b in itertools.pairwise(cu_list)]
+
+
+@pytest.mark.parametrize("case", list(SDPA_CASES))
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(("heads", "kv_heads", "scale"), [(3, 3, None), (4, 2, 0.3)])
+def test_sdpa_strategies_equal_reference_with_gradients(
+    strategy, case, causal, heads, kv_heads, scale, monkeypatch
+):
+    cu_list, pad = SDPA_CASES[case]
+    lengths = _lengths(cu_list)
+    n = sum(lengths)
+    calls = []
+    for name in ("_sdpa_loop", "_sdpa_padded"):
+        original = getattr(attention_module, name)
+        monkeypatch.setattr(
+            attention_module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
+        )
+    q, k, v = _qkv(lengths, pad, heads, kv_heads, requires_grad=True)
+    weights = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    cu = torch.tensor(cu_list, dtype=torch.int32)
+    out = document_attention(q, k, v, cu, causal=causal, scale=scale, backend="sdpa")
+    assert calls == [f"_sdpa_{'padded' if strategy == 'batched' else 'loop'}"]
+    (out * weights).sum().backward()
+    assert torch.equal(out[n:], torch.zeros_like(out[n:]))
+
+    rq, rk, rv = (x.detach()[:n].clone().requires_grad_() for x in (q, k, v))
+    want = _naive(rq, rk, rv, lengths, causal, scale)
+    torch.testing.assert_close(out[:n], want, rtol=0, atol=1e-12)
+    (want * weights[:n]).sum().backward()
+    for got, expected in ((q.grad, rq.grad), (k.grad, rk.grad), (v.grad, rv.grad)):
+        torch.testing.assert_close(got[:n], expected, rtol=0, atol=1e-12)
+        assert torch.equal(got[n:], torch.zeros_like(got[n:]))
+
+
+def test_sdpa_strategies_agree_on_many_short_examples(monkeypatch):
+    lengths = [1, 7, 3, 8, 8, 2, 5, 1, 6, 4] * 4
+    q, k, v = _qkv(lengths, pad=5, heads=2, requires_grad=True)
+    results = []
+    for strategy in STRATEGIES:
+        monkeypatch.setattr(attention_module, "_SDPA_STRATEGY", strategy)
+        for causal in (True, False):
+            out = document_attention(q, k, v, _cu(lengths), causal=causal, backend="sdpa")
+            grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
+            results.append((out, *grads))
+    for loop, batched in zip(results[:2], results[2:], strict=True):
+        for a, b in zip(loop, batched, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sdpa_strategies_no_leak_between_examples_or_from_padding(strategy, causal):
+    # A long example next to short ones: the batch pads the short ones with many slots (whose
+    # query rows, for non-causal, see only the real keys); nothing may reach other examples,
+    # the padded slots or the trailing padding (NaN/inf there), forward or backward.
+    lengths = [9, 1, 2, 5]
+    n = sum(lengths)
+    cu = _cu(lengths)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        q, k, v = _qkv(lengths, pad=3, requires_grad=True)
+        with torch.no_grad():
+            for x, value in zip((q, k, v), (math.nan, math.inf, math.nan), strict=True):
+                x[n:] = value
+        out = document_attention(q, k, v, cu, causal=causal, backend="sdpa")
+        assert torch.isfinite(out).all() and torch.equal(out[n:], torch.zeros_like(out[n:]))
+        out[a:b].pow(2).sum().backward()
+        for x in (q, k, v):
+            assert torch.isfinite(x.grad).all()
+            elsewhere = torch.ones(x.shape[0], dtype=torch.bool)
+            elsewhere[a:b] = False
+            assert torch.equal(x.grad[elsewhere], torch.zeros_like(x.grad[elsewhere]))
+        assert v.grad[a:b].abs().sum() > 0
+
+
+def test_sdpa_batches_rule():
+    batches = attention_module._sdpa_batches
+    assert batches([64] * 32) and batches([4] * 512)  # equal lengths: no padding, fewer calls
+    assert batches([6, 8, 7, 5, 8, 3, 8, 6] * 30)  # many short, similar examples
+    assert not batches([700, 500, 400, 400])  # few long examples: the loop's overhead is small
+    assert not batches([1000] + [4] * 200)  # one long example would pad 200 short ones
+    assert not batches([60] + [1] * 300)  # cheap in time, but 60 x 300 slots for 360 tokens
+    assert not batches([2048])  # one example: nothing to batch
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [([6, 8, 7, 5, 8, 3, 8, 6] * 30, "_sdpa_padded"), ([900, 4, 3], "_sdpa_loop")],
+)
+def test_auto_strategy_follows_the_rule(sizes, expected, monkeypatch):
+    assert attention_module._SDPA_STRATEGY == "auto"
+    calls = []
+    for name in ("_sdpa_loop", "_sdpa_padded"):
+        original = getattr(attention_module, name)
+        monkeypatch.setattr(
+            attention_module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
+        )
+    q, k, v = _qkv(sizes, pad=0, heads=1)
+    document_attention(q, k, v, _cu(sizes))
+    assert calls == [expected]
 
 
 # --------------------------------------------------------------------------- end to end
