@@ -27,6 +27,7 @@ from lightning_varbatch._registration import register_when_lightning_loads
 if TYPE_CHECKING:
     from lightning_varbatch.attention import document_attention
     from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
+    from lightning_varbatch.callbacks.worst_batch import WorstBatchCheck
     from lightning_varbatch.data.collate import PaddingCollate
     from lightning_varbatch.data.datamodule import TokenBudgetDataModule
     from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from lightning_varbatch.data.packed_collate import PackingCollate
     from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
     from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
+    from lightning_varbatch.memory import BudgetResult, find_max_tokens
     from lightning_varbatch.planner import (
         DataSource,
         EpochPlan,
@@ -49,6 +51,9 @@ if TYPE_CHECKING:
 _WHERE = {
     "BatchSizeLRScaler": "lightning_varbatch.callbacks",
     "TokenThroughputMonitor": "lightning_varbatch.callbacks",
+    "WorstBatchCheck": "lightning_varbatch.callbacks.worst_batch",
+    "BudgetResult": "lightning_varbatch.memory",
+    "find_max_tokens": "lightning_varbatch.memory",
     "MicroBatch": "lightning_varbatch.data.micro_batch",
     "PaddingCollate": "lightning_varbatch.data.collate",
     "PackingCollate": "lightning_varbatch.data.packed_collate",
@@ -75,6 +80,7 @@ _WHERE = {
 
 __all__ = [
     "BatchSizeLRScaler",
+    "BudgetResult",
     "DataSource",
     "EpochPlan",
     "EpochPlanner",
@@ -89,9 +95,11 @@ __all__ = [
     "TokenThroughputMonitor",
     "VarBatchDeepSpeedStrategy",
     "VarBatchFSDPStrategy",
+    "WorstBatchCheck",
     "column_lengths",
     "document_attention",
     "example_mean_loss",
+    "find_max_tokens",
     "plan_epoch",
     "step_token_mean",
     "token_budget_dataloader",

@@ -220,7 +220,13 @@ LAYERS = {  # what each layer of the package may import from the package
         "lightning_varbatch.keys",
     },
     "lightning_varbatch.strategies": {"lightning_varbatch.strategies"},
-    "lightning_varbatch.callbacks": {"lightning_varbatch.callbacks", "lightning_varbatch.keys"},
+    "lightning_varbatch.callbacks": {
+        "lightning_varbatch.callbacks",
+        "lightning_varbatch.keys",
+        "lightning_varbatch.data",  # the worst-batch check reads the sampler's plan
+        "lightning_varbatch.planner",
+    },
+    "lightning_varbatch.memory": {"lightning_varbatch.planner"},
 }
 THIRD_PARTY_OF_PLANNER = {"numpy"}
 

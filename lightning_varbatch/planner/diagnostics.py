@@ -30,7 +30,14 @@ from lightning_varbatch.planner.flops import work
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
 
-__all__ = ["LoadModel", "PlanDiagnostics", "diagnose", "rank_loads"]
+__all__ = [
+    "LoadModel",
+    "PlanDiagnostics",
+    "TileFigures",
+    "diagnose",
+    "rank_loads",
+    "tile_figures",
+]
 
 LoadModel = Literal["linear", "quadratic", "flops"]
 
@@ -189,13 +196,22 @@ class PlanDiagnostics:
 
 
 @dataclass(frozen=True)
-class _Tiles:
-    """Per-tile figures of a plan's layout (one entry per tile, run or not)."""
+class TileFigures:
+    """Per-tile figures of a plan's layout (one entry per tile, run or not).
 
-    size: np.ndarray  # examples, int64
-    longest: np.ndarray  # longest padded planning length, int64
-    real: np.ndarray  # summed planning lengths, int64
-    squares: np.ndarray  # summed squared planning lengths, float64
+    Attributes:
+        size: examples, int64.
+        longest: longest padded planning length, int64.
+        real: summed planning lengths, int64.
+        squares: summed squared planning lengths, float64.
+        slots: token slots: examples × longest, or a packed row's aligned tokens.
+    """
+
+    size: np.ndarray
+    longest: np.ndarray
+    real: np.ndarray
+    squares: np.ndarray
+    slots: np.ndarray
 
 
 def check_plan_of(planner: Planner, plan: EpochPlan) -> None:
@@ -213,12 +229,22 @@ def check_plan_of(planner: Planner, plan: EpochPlan) -> None:
         )
 
 
-def _tiles(planner: Planner, plan: EpochPlan) -> _Tiles:
+def tile_figures(planner: Planner, plan: EpochPlan) -> TileFigures:
+    """Examples, longest length, real tokens, Σ L² and slots of every tile of ``plan``.
+
+    Example:
+        >>> import numpy as np
+        >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
+        >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
+        >>> figures = tile_figures(planner, planner.plan(epoch=0))
+        >>> figures.size.tolist(), figures.slots.tolist()
+        ([2, 3], [18, 12])
+    """
     check_plan_of(planner, plan)
     size = np.asarray(plan.tile_size, dtype=np.int64)
     if size.size == 0:
         zero = np.zeros(0, dtype=np.int64)
-        return _Tiles(size=zero, longest=zero, real=zero, squares=zero.astype(np.float64))
+        return TileFigures(zero, zero, zero, zero.astype(np.float64), zero)
     start = np.asarray(plan.tile_start, dtype=np.int64)
     # The lengths in tile order, plus a sentinel so that every tile's end is a valid index.
     # Always the true in-tile maximum: with bucket_width > 1 the first member of a tile is
@@ -232,20 +258,14 @@ def _tiles(planner: Planner, plan: EpochPlan) -> _Tiles:
     squares = np.where(nonempty, np.add.reduceat(wide * wide, bounds)[::2], 0.0)
     longest = np.where(nonempty, np.maximum.reduceat(keys, bounds)[::2].astype(np.int64), 0)
     p = planner.config.pad_to_multiple_of
-    return _Tiles(size=size, longest=-(-longest // p) * p, real=real, squares=squares)
+    longest = -(-longest // p) * p
+    slots = -(-real // p) * p if planner.config.layout == "packed" else size * longest
+    return TileFigures(size=size, longest=longest, real=real, squares=squares, slots=slots)
 
 
-def _slots(planner: Planner, tiles: _Tiles) -> np.ndarray:
-    """Token slots of every tile: examples × longest, or a packed row's aligned tokens."""
-    if planner.config.layout == "packed":
-        p = planner.config.pad_to_multiple_of
-        return -(-tiles.real // p) * p
-    return tiles.size * tiles.longest
-
-
-def _tile_load(planner: Planner, tiles: _Tiles, model: LoadModel) -> np.ndarray:
+def _tile_load(planner: Planner, tiles: TileFigures, model: LoadModel) -> np.ndarray:
     cfg = planner.config
-    slots = _slots(planner, tiles).astype(np.float64)
+    slots = tiles.slots.astype(np.float64)
     if cfg.layout == "packed":
         squares = tiles.squares
     else:
@@ -284,7 +304,7 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
         >>> rank_loads(planner, planner.plan(epoch=0, world_size=2)).tolist()
         [[18.0, 12.0]]
     """
-    load = _tile_load(planner, _tiles(planner, plan), model)
+    load = _tile_load(planner, tile_figures(planner, plan), model)
     return load[plan.assign].sum(axis=2)
 
 
@@ -339,11 +359,11 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
         (1.2, 26, 30)
     """
     cfg = planner.config
-    tiles = _tiles(planner, plan)
+    tiles = tile_figures(planner, plan)
     run = np.asarray(plan.assign, dtype=np.int64).reshape(-1)
     size = tiles.size[run]
     real = int(tiles.real[run].sum())
-    padded = int(_slots(planner, tiles)[run].sum())
+    padded = int(tiles.slots[run].sum())
     lin = _tile_load(planner, tiles, "linear")[plan.assign].sum(axis=2)
     quad = _tile_load(planner, tiles, "quadratic")[plan.assign].sum(axis=2)
     lin_mean, lin_max = _imbalance(lin)

@@ -1,0 +1,129 @@
+"""find_max_tokens: fit a + b·B·L + c·B·L² from probes and pick the largest budget that fits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from lightning_varbatch import TokenBudgetBatchSampler
+from lightning_varbatch.callbacks.worst_batch import measure_peak
+from lightning_varbatch.memory import Probe, find_max_tokens, fit_memory_model
+
+A, B, C = 5e6, 96.0, 0.75  # bytes: fixed, per padded token, per attention pair
+LIMIT = 15_000_000
+MARGIN = 0.1
+
+
+def exact(examples: int, length: int) -> float:
+    return A + B * examples * length + C * examples * length * length
+
+
+def _lengths() -> np.ndarray:
+    return np.random.default_rng(0).integers(1, 200, 3000)
+
+
+def worst_exact(lengths: np.ndarray, max_tokens: int, **settings: object) -> float:
+    """Independent scan: the exact memory of every micro-batch a sampler yields, its max."""
+    sampler = TokenBudgetBatchSampler(lengths, max_tokens, rank=0, world_size=1, **settings)
+    return max(exact(len(b), int(lengths[list(b)].max())) for b in sampler)
+
+
+def test_fit_recovers_the_model_and_the_choice_is_the_optimum(tmp_path: Path) -> None:
+    lengths = _lengths()
+    grid = list(range(256, 65_537, 256))
+    result = find_max_tokens(exact, lengths, LIMIT, candidates=grid, margin=MARGIN)
+    np.testing.assert_allclose(result.coefficients, (A, B, C), rtol=1e-6)
+    allowed = LIMIT * (1 - MARGIN)
+    optimum = max(t for t in grid if t >= 199 and worst_exact(lengths, t) <= allowed)
+    assert result.max_tokens == optimum
+    assert result.measured_bytes == exact(result.worst_examples, result.worst_longest)
+    assert result.measured_bytes <= allowed
+    assert result.predicted_bytes == pytest.approx(result.measured_bytes, rel=1e-6)
+    assert len(result.probes) == 5  # 4 probes + the verification
+    assert result.overrides() == [f"data.max_tokens={optimum}"]
+    assert result.overrides("datamodule") == [f"datamodule.max_tokens={optimum}"]
+    result.save(tmp_path / "budget.json")
+    saved = json.loads((tmp_path / "budget.json").read_text())
+    assert saved["max_tokens"] == optimum and len(saved["probes"]) == 5
+
+
+def test_bisection_is_optimal_within_one_step_with_plan_settings() -> None:
+    lengths = _lengths()
+    step = 64
+    result = find_max_tokens(
+        exact, lengths, LIMIT, bounds=(256, 60_000), step=step, max_examples=256, seed=1
+    )
+    allowed = LIMIT * (1 - MARGIN)
+    assert (result.max_tokens - 256) % step == 0
+    assert worst_exact(lengths, result.max_tokens, max_examples=256, seed=1) <= allowed
+    assert worst_exact(lengths, result.max_tokens + step, max_examples=256, seed=1) > allowed
+
+
+def test_out_of_memory_probes_push_the_budget_down() -> None:
+    lengths = _lengths()
+
+    def run_batch(examples: int, length: int) -> float:
+        if examples * length > 6000:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+        return exact(examples, length)
+
+    result = find_max_tokens(
+        run_batch, lengths, 10 * LIMIT, candidates=range(256, 65_537, 256), rounds=8
+    )
+    assert result.worst_examples * result.worst_longest <= 6000
+    assert any(p.peak_bytes is None for p in result.probes)
+
+
+def test_errors() -> None:
+    lengths = _lengths()
+    with pytest.raises(ValueError, match="No budget fits memory_limit_bytes=1000"):
+        find_max_tokens(exact, lengths, 1000, candidates=[256, 512])
+    with pytest.raises(ValueError, match="margin"):
+        find_max_tokens(exact, lengths, LIMIT, margin=1.0)
+    with pytest.raises(ValueError, match="probes"):
+        find_max_tokens(exact, lengths, LIMIT, probes=2)
+    with pytest.raises(TypeError, match="peak memory in bytes"):
+        find_max_tokens(lambda b, n: "big", lengths, LIMIT)  # type: ignore[arg-type,return-value]
+    with pytest.raises(ValueError, match="at least 3 successful probes"):
+        fit_memory_model([Probe(1, 8, 10.0), Probe(2, 8, 12.0)])
+
+
+class Tiny(nn.Module):
+    """Embedding, one attention score matrix (B·L² memory), an output layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(100, 32)
+        self.out = nn.Linear(32, 100)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        scores = torch.softmax(h @ h.transpose(1, 2) / 32**0.5, dim=-1)
+        logits = self.out(scores @ h)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+
+
+def test_real_model_on_cpu_rss() -> None:
+    torch.manual_seed(0)
+    model = Tiny()
+
+    def run_batch(examples: int, length: int) -> int:
+        def step() -> None:
+            tokens = torch.randint(1, 100, (examples, length))
+            model(tokens).backward()
+            model.zero_grad(set_to_none=True)
+
+        return measure_peak(step)[1]
+
+    lengths = np.random.default_rng(1).integers(8, 128, 2000)
+    baseline = measure_peak(lambda: None)[1]
+    limit = baseline + 96 * 2**20  # generous: ~100 MB on top of what the process holds
+    result = find_max_tokens(run_batch, lengths, limit, candidates=range(128, 32_769, 128))
+    assert result.measured_bytes <= limit
+    assert run_batch(result.worst_examples, result.worst_longest) <= limit
+    assert result.max_tokens >= 128
