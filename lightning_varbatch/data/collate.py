@@ -28,9 +28,10 @@ import torch
 from torch.utils.data import IterableDataset
 
 from lightning_varbatch import keys
-from lightning_varbatch.data.columnar import ColumnarItems, is_arrow_table
+from lightning_varbatch.data.columnar import ColumnarItems
 from lightning_varbatch.data.ragged import Ragged, arrow_list_problem
 from lightning_varbatch.planner.settings import check_flag
+from lightning_varbatch.sources.arrow_lengths import is_arrow_table
 
 __all__ = [
     "PaddingCollate",

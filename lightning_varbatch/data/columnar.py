@@ -26,18 +26,7 @@ from typing import Any
 
 from torch.utils.data import ConcatDataset
 
-__all__ = ["ColumnarItems", "arrow_view", "fetch_rows", "is_arrow_table"]
-
-
-def is_arrow_table(value: object) -> bool:
-    """Whether ``value`` is a ``pyarrow.Table`` (checked without importing pyarrow).
-
-    Example:
-        >>> is_arrow_table([{"tokens": [1]}])
-        False
-    """
-    kind = type(value)
-    return kind.__name__ == "Table" and kind.__module__.startswith("pyarrow")
+__all__ = ["ColumnarItems", "arrow_view", "fetch_rows"]
 
 
 _VIEWS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()

@@ -31,8 +31,8 @@ __all__ = [
     "Columns",
     "arrow_table_of",
     "column_lengths",
+    "is_arrow_table",
     "is_column_spec",
-    "lengths_or_columns",
     "source_with_column_lengths",
 ]
 
@@ -73,7 +73,7 @@ def arrow_table_of(data: Any, name: str = "dataset") -> tuple[Any, np.ndarray | 
         >>> table.num_rows, rows
         (2, None)
     """
-    if _is_arrow_table(data):
+    if is_arrow_table(data):
         return data, None
     kind = type(data).__name__
     if kind in ("DatasetDict", "IterableDatasetDict"):
@@ -87,7 +87,7 @@ def arrow_table_of(data: Any, name: str = "dataset") -> tuple[Any, np.ndarray | 
     table = getattr(data, "data", None)
     if table is not None and hasattr(data, "_indices"):  # datasets.Dataset
         inner = getattr(table, "table", table)
-        if _is_arrow_table(inner):
+        if is_arrow_table(inner):
             mapping = data._indices
             rows = None
             if mapping is not None:
@@ -101,8 +101,15 @@ def arrow_table_of(data: Any, name: str = "dataset") -> tuple[Any, np.ndarray | 
     )
 
 
-def _is_arrow_table(data: object) -> bool:
-    return type(data).__name__ == "Table" and type(data).__module__.startswith("pyarrow")
+def is_arrow_table(value: object) -> bool:
+    """Whether ``value`` is a ``pyarrow.Table`` (checked without importing pyarrow).
+
+    Example:
+        >>> is_arrow_table([{"tokens": [1]}])
+        False
+    """
+    kind = type(value)
+    return kind.__name__ == "Table" and kind.__module__.startswith("pyarrow")
 
 
 def _column_names(columns: object, name: str) -> list[str]:
@@ -219,17 +226,6 @@ def column_lengths(data: Any, columns: Columns, name: str = "lengths") -> np.nda
         for column, values in zip(names, per_column, strict=True)
     ]
     return checked[0] if len(checked) == 1 else np.stack(checked, axis=1)
-
-
-def lengths_or_columns(data: Any, given: Any, name: str) -> Any:
-    """``given`` unchanged, or the lengths of the columns it names (see :func:`column_lengths`).
-
-    Example:
-        >>> import pyarrow as pa
-        >>> lengths_or_columns(pa.table({"n": [2, 3]}), "n", "lengths").tolist()
-        [2, 3]
-    """
-    return column_lengths(data, given, name) if is_column_spec(given) else given
 
 
 def source_with_column_lengths(source: DataSource, name: str) -> DataSource:
