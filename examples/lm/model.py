@@ -50,6 +50,7 @@ from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
+from examples.translation.model import FSDPNormClipping
 from lightning_varbatch.attention import BACKENDS, document_attention
 from lightning_varbatch.loss import step_token_mean
 
@@ -132,7 +133,7 @@ class Block(nn.Module):
         return x + self.dropout(self.fc2(F.gelu(self.fc1(self.norm2(x)))))
 
 
-class CausalLM(LightningModule):
+class CausalLM(FSDPNormClipping, LightningModule):
     """Decoder-only Transformer LM (pre-norm, RoPE, tied embeddings) on token budgets.
 
     Args:
@@ -285,25 +286,6 @@ class CausalLM(LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        # Lightning's FSDP precision plugin refuses norm clipping; FSDP's own clip_grad_norm_
-        # computes the norm over all shards (as in the translation example's model).
-        wrapped: Any = getattr(self.trainer.strategy, "model", None)
-        if gradient_clip_val and callable(getattr(wrapped, "clip_grad_norm_", None)):
-            if gradient_clip_algorithm not in (None, "norm"):
-                raise ValueError(
-                    f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported "
-                    "under FSDP; use 'norm'."
-                )
-            wrapped.clip_grad_norm_(gradient_clip_val)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- evaluation ------------------------------------------------------------------------
 

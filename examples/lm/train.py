@@ -80,6 +80,7 @@ from examples.translation.train import (  # noqa: E402
     build_callbacks,
     build_logger,
     build_strategy,
+    check_overrides,
     check_resume,
     write_summary,
 )
@@ -453,28 +454,6 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
 
 
-def _check_overrides(argv: list[str]) -> None:
-    """Exit 2 (not Hydra's 1) for overrides that do not compose: an unknown key or option.
-
-    Only for a plain run (no ``-m``/``--flags`` and no ``hydra.*`` overrides); Hydra reports
-    everything else itself.
-    """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    overrides = argv[1:]
-    if any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in overrides):
-        return
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            compose("config", overrides=overrides)
-    except Exception as error:  # Hydra's and OmegaConf's composition errors
-        print(f"Configuration error: {error} (overrides: {' '.join(overrides)})", file=sys.stderr)
-        sys.exit(2)
-    finally:
-        GlobalHydra.instance().clear()
-
-
 if __name__ == "__main__":
-    _check_overrides(sys.argv)
+    check_overrides(sys.argv, CONF_DIR)
     main()

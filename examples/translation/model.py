@@ -43,7 +43,7 @@ from torchmetrics.text import CHRFScore, SacreBLEUScore
 
 from lightning_varbatch.loss import step_token_mean
 
-__all__ = ["DecoderCache", "TranslationModel"]
+__all__ = ["DecoderCache", "FSDPNormClipping", "TranslationModel"]
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 
@@ -123,7 +123,36 @@ class DecoderCache:
     length: int = 0
 
 
-class TranslationModel(LightningModule):
+class FSDPNormClipping:
+    """Gradient-norm clipping that also works under FSDP (mix into a LightningModule).
+
+    Lightning's FSDP precision plugin refuses norm clipping; FSDP's own ``clip_grad_norm_``
+    computes the norm over all shards. Other strategies use Lightning's clipping.
+    """
+
+    trainer: Any
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        wrapped: Any = getattr(self.trainer.strategy, "model", None)
+        if gradient_clip_val and callable(getattr(wrapped, "clip_grad_norm_", None)):
+            if gradient_clip_algorithm not in (None, "norm"):
+                raise ValueError(
+                    f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported "
+                    "under FSDP; use 'norm'."
+                )
+            wrapped.clip_grad_norm_(gradient_clip_val)
+            return
+        super().configure_gradient_clipping(  # type: ignore[misc]
+            optimizer, gradient_clip_val, gradient_clip_algorithm
+        )
+
+
+class TranslationModel(FSDPNormClipping, LightningModule):
     """Encoder-decoder Transformer (pre-norm, tied embeddings) trained on token budgets.
 
     Args:
@@ -396,25 +425,6 @@ class TranslationModel(LightningModule):
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
-
-    def configure_gradient_clipping(
-        self,
-        optimizer: torch.optim.Optimizer,
-        gradient_clip_val: float | None = None,
-        gradient_clip_algorithm: str | None = None,
-    ) -> None:
-        # Lightning's FSDP precision plugin refuses norm clipping; FSDP's own clip_grad_norm_
-        # computes the norm over all shards.
-        wrapped: Any = getattr(self.trainer.strategy, "model", None)
-        if gradient_clip_val and callable(getattr(wrapped, "clip_grad_norm_", None)):
-            if gradient_clip_algorithm not in (None, "norm"):
-                raise ValueError(
-                    f"gradient_clip_algorithm={gradient_clip_algorithm!r} is not supported "
-                    "under FSDP; use 'norm'."
-                )
-            wrapped.clip_grad_norm_(gradient_clip_val)
-            return
-        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- evaluation ------------------------------------------------------------------------
 

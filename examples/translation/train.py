@@ -84,7 +84,7 @@ TOKEN_COLUMNS = ("source", "target")
 CONF_DIR = ROOT / "conf"
 STRATEGIES = sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
 
-__all__ = ["CONF_DIR", "ConfigError", "check_config", "main", "train"]
+__all__ = ["CONF_DIR", "ConfigError", "check_config", "check_overrides", "main", "train"]
 
 
 def _rank() -> int:
@@ -627,11 +627,11 @@ def main(cfg: DictConfig) -> None:
     write_summary(metrics)
 
 
-def _check_overrides(argv: list[str]) -> None:
+def check_overrides(argv: list[str], conf_dir: Path = CONF_DIR) -> None:
     """Exit 2 (not Hydra's 1) for overrides that do not compose: an unknown key or option.
 
     Only for a plain run (no ``-m``/``--flags`` and no ``hydra.*`` overrides); Hydra reports
-    everything else itself.
+    everything else itself. ``conf_dir`` is the entry config's folder (the LM example's too).
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -640,7 +640,7 @@ def _check_overrides(argv: list[str]) -> None:
     if any(a.startswith("-") or a.lstrip("+~").startswith("hydra") for a in overrides):
         return
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             compose("config", overrides=overrides)
     except Exception as error:  # Hydra's and OmegaConf's composition errors
         print(f"Configuration error: {error} (overrides: {' '.join(overrides)})", file=sys.stderr)
@@ -650,5 +650,5 @@ def _check_overrides(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    _check_overrides(sys.argv)
+    check_overrides(sys.argv)
     main()
