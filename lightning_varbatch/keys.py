@@ -79,6 +79,8 @@ PLAN_COUNTS: tuple[PlanCount, ...] = (
     PlanCount("truncate_to", None, "length oversize='truncate' cuts to (None: none)"),
     PlanCount("world_size", PLAN_WORLD_SIZE, "ranks the plan was made for"),
     PlanCount("accumulate_grad_batches", PLAN_ACCUMULATE, "accumulation of the plan"),
+    PlanCount("pad_rows", None, "rows of the static shape (max_shapes; None: free shapes)"),
+    PlanCount("pad_length", None, "padded length of the static shape (max_shapes)"),
 )
 """The single table of the plan's per-micro-batch counts: adding one is one line here (plus
 the :class:`~lightning_varbatch.data.micro_batch.MicroBatch` attribute the sampler fills)."""

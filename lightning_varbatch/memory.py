@@ -185,11 +185,11 @@ def _worst(
         if planner.config.layout == "packed":
             attention = tiles.squares[run]
         else:
-            attention = tiles.size[run] * longest * longest
+            attention = tiles.rows[run] * longest * longest  # a shape's masked rows run too
         predicted = a + b * slots + c * attention
         i = int(np.argmax(predicted))
         if best is None or predicted[i] > best[0]:
-            best = (float(predicted[i]), int(tiles.size[run][i]), int(tiles.longest[run][i]))
+            best = (float(predicted[i]), int(tiles.rows[run][i]), int(tiles.longest[run][i]))
     return best
 
 

@@ -27,7 +27,6 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_varbatch.callbacks.batch_counts import log_rank_zero
-from lightning_varbatch.data.micro_batch import MicroBatch
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.planner.diagnostics import tile_figures
 
@@ -180,15 +179,25 @@ def worst_tiles(sampler: TokenBudgetBatchSampler, kinds: Sequence[str] = KINDS) 
     if planner.config.layout == "packed":
         attention = np.rint(tiles.squares).astype(np.int64)
     else:
-        attention = tiles.size * tiles.longest * tiles.longest
+        attention = tiles.rows * tiles.longest * tiles.longest
     mine = plan.rank_tiles(sampler.rank).astype(np.int64)
     run = np.flatnonzero(tiles.size[mine] > 0)
     if run.size == 0:
         return []
     score = {"padded_tokens": slots, "examples": tiles.size, "attention": attention}
+    picks = [(kind, int(run[int(np.argmax(score[kind][mine[run]]))])) for kind in kinds]
+    shapes = getattr(planner, "shapes", None)
+    if plan.tile_shape is not None and shapes is not None:
+        # One per static shape of the plan (the same list on every rank, so every rank runs
+        # as many passes): this rank's fullest micro-batch of that shape, or its largest
+        # micro-batch when it has none of that shape.
+        for rows, length in shapes.tolist():
+            of_shape = run[(tiles.rows[mine[run]] == rows) & (tiles.longest[mine[run]] == length)]
+            pool = of_shape if of_shape.size else run
+            key = tiles.size if of_shape.size else slots
+            picks.append((f"shape {rows}x{length}", int(pool[int(np.argmax(key[mine[pool]]))])))
     out = []
-    for kind in kinds:
-        position = int(run[int(np.argmax(score[kind][mine[run]]))])
+    for kind, position in picks:
         t = int(mine[position])
         out.append(
             WorstBatch(
@@ -205,28 +214,20 @@ def worst_tiles(sampler: TokenBudgetBatchSampler, kinds: Sequence[str] = KINDS) 
     return out
 
 
-def _micro_batch(sampler: TokenBudgetBatchSampler, position: int) -> MicroBatch:
-    """The :class:`MicroBatch` the sampler yields at ``position`` of its epoch (not advanced)."""
-    plan = sampler.plan
-    tile = int(plan.rank_tiles(sampler.rank)[position])
-    step, micro = divmod(position, plan.accumulate_grad_batches)
-    ids = plan.tile_ids(tile)
-    dataset = int(plan.step_dataset[step, sampler.rank, micro])
-    return MicroBatch(
-        ids.tolist(),
-        epoch=plan.epoch,
-        step=step,
-        micro=micro,
-        rank=sampler.rank,
-        ntokens=int(plan.tile_tokens[tile]),
-        step_ntokens=int(plan.step_tokens[step]),
-        step_nexamples=int(plan.step_examples[step]),
-        dataset=dataset,
-        truncate_to=sampler.planner.dataset_truncate_to(dataset),
-        world_size=plan.world_size,
-        accumulate_grad_batches=plan.accumulate_grad_batches,
-        planned_lengths=sampler.planner.prepared.key[ids].tolist(),
-    )
+def check_names(sampler: TokenBudgetBatchSampler, kinds: Sequence[str] = KINDS) -> list[str]:
+    """The kinds :func:`worst_tiles` returns, in order: ``kinds``, then one per static shape.
+
+    The same on every rank (the shapes are the plan's), so gathered reports line up.
+
+    Example:
+        >>> s = TokenBudgetBatchSampler([2, 2, 8], 8, rank=0, world_size=1, max_shapes=2)
+        >>> check_names(s, ("examples",))
+        ['examples', 'shape 4x2', 'shape 1x8']
+    """
+    shapes = getattr(sampler.planner, "shapes", None)
+    if sampler.plan.tile_shape is None or shapes is None:
+        return list(kinds)
+    return [*kinds, *(f"shape {rows}x{length}" for rows, length in shapes.tolist())]
 
 
 def _is_oom(error: BaseException) -> bool:
@@ -385,6 +386,7 @@ class WorstBatchCheck(Callback):
         self.kinds: tuple[str, ...] = kinds
         self.memory_limit_bytes = None if memory_limit_bytes is None else int(memory_limit_bytes)
         self.verbose = verbose
+        self._names: list[str] = list(kinds)
         self.report: list[dict[str, Any]] = []
         self.all_reports: list[list[dict[str, Any]]] = []
 
@@ -422,6 +424,7 @@ class WorstBatchCheck(Callback):
         assert loader is not None
         dataset, collate = loader.dataset, loader.collate_fn
         worst = worst_tiles(sampler, self.kinds)
+        self._names = check_names(sampler, self.kinds)
         device = trainer.strategy.root_device
         optimizers = list(trainer.optimizers)
         report: list[WorstBatch] = []
@@ -451,12 +454,12 @@ class WorstBatchCheck(Callback):
                 f"max_examples (now {sampler.config.max_examples})."
             )
         metrics: dict[str, float] = {}
-        for i, kind in enumerate(self.kinds):
+        for i, kind in enumerate(self._names):
             rows = [rows[i] for rows in self.all_reports if len(rows) > i]
             if not rows:
                 continue
             top = max(rows, key=lambda x: x["peak_bytes"])
-            base = f"memory/worst/{kind}"
+            base = f"memory/worst/{kind.replace(' ', '_')}"
             metrics[f"{base}/peak_bytes"] = float(top["peak_bytes"])
             metrics[f"{base}/examples"] = float(top["examples"])
             metrics[f"{base}/longest"] = float(top["longest"])
@@ -481,9 +484,9 @@ class WorstBatchCheck(Callback):
         if int(trainer.world_size) < 2:
             gathered = [rows]
         else:
-            rows += [[0, 0, 0, 0.0]] * (len(self.kinds) - len(rows))  # a rank without batches
+            rows += [[0, 0, 0, 0.0]] * (len(self._names) - len(rows))  # a rank without batches
             local = torch.tensor(rows, dtype=torch.float64, device=trainer.strategy.root_device)
-            out = trainer.strategy.all_gather(local).reshape(-1, len(self.kinds), 4)
+            out = trainer.strategy.all_gather(local).reshape(-1, len(self._names), 4)
             gathered = out.cpu().tolist()
         return [
             [
@@ -494,7 +497,7 @@ class WorstBatchCheck(Callback):
                     "peak_bytes": int(r[2]),
                     "over": bool(r[3]),
                 }
-                for kind, r in zip(self.kinds, ranks, strict=False)
+                for kind, r in zip(self._names, ranks, strict=False)
                 if r[0] > 0
             ]
             for ranks in gathered
@@ -509,7 +512,7 @@ class WorstBatchCheck(Callback):
         w: WorstBatch,
         device: torch.device,
     ) -> tuple[int, str]:
-        mb = _micro_batch(sampler, w.position)
+        mb = sampler.micro_batch(w.position)
 
         def step() -> None:
             items = (
@@ -581,7 +584,8 @@ def _message(sampler: TokenBudgetBatchSampler, w: WorstBatch, what: str, detail:
         f"WorstBatchCheck: on rank {w.rank}, the micro-batch with the most {w.kind} "
         f"({w.shape()} = {w.padded_tokens} padded tokens, attention term {w.attention}; "
         f"micro-batch {w.position} of epoch {sampler.plan.epoch}) {what}{detail}. Training "
-        f"would fail when it reaches this batch. Lower {_SETTING[w.kind]} (now max_tokens="
+        f"would fail when it reaches this batch. Lower {_SETTING.get(w.kind, 'max_tokens')} "
+        f"(now max_tokens="
         f"{cfg.max_tokens}, max_examples={cfg.max_examples}) — find_max_tokens can pick "
         "max_tokens for a memory limit — or use less memory per token (activation "
         "checkpointing, a smaller model or precision, FSDP/DeepSpeed sharding)."

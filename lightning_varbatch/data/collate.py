@@ -172,6 +172,45 @@ def attach_plan(items: Any, indices: Sequence[int]) -> Sequence[Any]:
     )
 
 
+def static_shape(info: Mapping[str, int | None] | None, rows: int) -> tuple[int, int] | None:
+    """The static ``(rows, length)`` a micro-batch is padded to (``max_shapes``), else ``None``.
+
+    Raises:
+        ValueError: when the micro-batch has more items than its shape has rows.
+
+    Example:
+        >>> static_shape({"pad_rows": 4, "pad_length": 16}, 3), static_shape(None, 3)
+        ((4, 16), None)
+    """
+    if info is None or info.get("pad_rows") is None or info.get("pad_length") is None:
+        return None
+    shape = (int(info["pad_rows"] or 0), int(info["pad_length"] or 0))
+    if rows > shape[0]:
+        raise ValueError(
+            f"The micro-batch has {rows} items but its static shape only {shape[0]} rows: the "
+            "dataset returned more items than the plan's indices (a wrapper changed the items)."
+        )
+    return shape
+
+
+def check_static_width(
+    ragged: Ragged, field: str, shape: tuple[int, int], items: Sequence[Any]
+) -> None:
+    """Refuse a field longer than the static shape's length (``max_shapes``).
+
+    Raises:
+        ValueError: naming the item and the setting to change.
+    """
+    if len(ragged) and int(ragged.lengths.max()) > shape[1]:
+        position = int(torch.argmax(ragged.lengths))
+        raise ValueError(
+            f"Field {field!r} of {item_label(items, position)} has "
+            f"{int(ragged.lengths[position])} tokens but its micro-batch's static shape is "
+            f"{shape[0]} x {shape[1]}: the sampler's `lengths` understate this field. Pass "
+            "lengths that cover every padded field (the longest field of each example)."
+        )
+
+
 def check_map_style(dataset: Any, name: str = "dataset") -> None:
     """Refuse an iterable-style dataset where a map-style one (items by index) is needed.
 
@@ -547,13 +586,16 @@ class PaddingCollate:
             planned = None  # a user's dataset wrapper changed the items: nothing to compare
         limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0]
         truncate_to = min((x for x in limits if x), default=0)
+        shape = static_shape(info, len(items))
         batch: dict[str, Any] = {}
         padded_slots = loss_tokens = real_tokens = 0
         for field in fields:
             ragged = ragged_field(items, field).truncate(truncate_to)
             if planned is not None:
                 self._check_widths(items, field, ragged.lengths.tolist(), planned)
-            padded, mask = ragged.pad(self.pad_id, self.pad_to_multiple_of)
+            if shape is not None:
+                check_static_width(ragged, field, shape, items)
+            padded, mask = ragged.pad(self.pad_id, self.pad_to_multiple_of, shape)
             batch[field], batch[f"{field}_mask"] = padded, mask
             real_tokens += int(ragged.values.numel())
             if field == loss_field:

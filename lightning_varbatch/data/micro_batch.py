@@ -35,6 +35,9 @@ class MicroBatch(list[int]):
         planned_lengths: the length the plan budgeted for each example, in the order of the
             ids (its planning length after truncation: ``max(source, target)`` for pairs);
             no padded field of an example may be longer. ``None``: unknown (no check).
+        pad_rows: under a shape budget (``max_shapes``), the rows every field is padded to
+            (masked rows after the real ones); ``None``: free shapes.
+        pad_length: under a shape budget, the length every field is padded to.
 
     Example:
         >>> batch = MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9,
@@ -59,6 +62,8 @@ class MicroBatch(list[int]):
         world_size: int | None = None,
         accumulate_grad_batches: int | None = None,
         planned_lengths: list[int] | None = None,
+        pad_rows: int | None = None,
+        pad_length: int | None = None,
     ) -> None:
         super().__init__(ids)
         self.epoch = epoch
@@ -73,6 +78,8 @@ class MicroBatch(list[int]):
         self.world_size = world_size
         self.accumulate_grad_batches = accumulate_grad_batches
         self.planned_lengths = planned_lengths
+        self.pad_rows = pad_rows
+        self.pad_length = pad_length
 
     @property
     def nexamples(self) -> int:

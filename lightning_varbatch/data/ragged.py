@@ -87,22 +87,36 @@ class Ragged:
         _, position = self._positions()
         return Ragged(self.values[position < limit], self.lengths.clamp(max=limit))
 
-    def pad(self, pad_id: int, multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    def pad(
+        self, pad_id: int, multiple: int = 1, shape: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rows, width)`` padded tokens and the bool mask of real ones.
 
-        The width is the longest row rounded up to ``multiple``.
+        The width is the longest row rounded up to ``multiple``; with ``shape`` (a static
+        ``(rows, width)`` at least this large), the tensors have exactly that shape, the rows
+        after the real ones all padding (their mask all ``False``).
 
         Example:
-            >>> Ragged.from_rows([torch.tensor([4]), torch.tensor([5, 6])]).pad(9)[0].tolist()
+            >>> ragged = Ragged.from_rows([torch.tensor([4]), torch.tensor([5, 6])])
+            >>> ragged.pad(9)[0].tolist()
             [[4, 9], [5, 6]]
+            >>> ragged.pad(0, shape=(3, 3))[1].tolist()
+            [[True, False, False], [True, True, False], [False, False, False]]
         """
         longest = int(self.lengths.max()) if len(self) else 0
         width = -(-longest // multiple) * multiple
-        padded = torch.full((len(self), width), pad_id, dtype=torch.long)
+        nrows = len(self)
+        if shape is not None:
+            assert shape[0] >= nrows and shape[1] >= longest, "the static shape is too small"
+            nrows, width = shape
+        padded = torch.full((nrows, width), pad_id, dtype=torch.long)
         if self.values.numel():
             rows, position = self._positions()
             padded[rows, position] = self.values
-        mask = torch.arange(width).unsqueeze(0) < self.lengths.unsqueeze(1)
+        lengths = self.lengths
+        if nrows > len(self):
+            lengths = torch.cat([lengths, lengths.new_zeros(nrows - len(self))])
+        mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
         return padded, mask
 
 

@@ -179,6 +179,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             :class:`~lightning_varbatch.data.packed_collate.PackingCollate` with ``"packed"``).
         flop_attention: attention compute per (query, key) pair relative to one token's
             linear compute; packed micro-batches are dealt to ranks by it.
+        max_shapes: pad every micro-batch to one of at most this many static ``(rows,
+            length)`` shapes, for ``torch.compile`` (see :class:`PlanConfig`); each
+            :class:`MicroBatch` then carries ``pad_rows`` and ``pad_length``.
         loss_lengths: loss tokens per example when they are not the lengths / target column.
         epoch: the starting epoch.
 
@@ -213,6 +216,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         oversize: OversizePolicy = "error",
         layout: LayoutName = "padded",
         flop_attention: float = DEFAULT_FLOP_ATTENTION,
+        max_shapes: int | None = None,
         loss_lengths: npt.ArrayLike | None = None,
         epoch: int = 0,
         _planner: Planner | None = None,
@@ -506,35 +510,49 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if self._consumed >= total and not self._restored:
             self._consumed = 0  # a finished epoch iterated again starts over
         self._restored = False
-        tiles = plan.rank_tiles(self.rank)
-        starts = plan.tile_start[tiles].tolist()
-        ends = (plan.tile_start[tiles] + plan.tile_size[tiles]).tolist()
-        tokens = plan.tile_tokens[tiles].tolist()
-        datasets = plan.step_dataset[:, self.rank, :].reshape(-1).tolist()
-        truncate = self.planner.dataset_truncate_to
-        planned = self.planner.prepared.key  # the length each example is budgeted with
-        step_tokens = plan.step_tokens.tolist()
-        step_examples = plan.step_examples.tolist()
-        order, acc, epoch, rank = plan.order, plan.accumulate_grad_batches, self._epoch, self.rank
         for j in range(self._consumed, total):
-            step, micro = divmod(j, acc)
             self._consumed = j + 1
-            ids = order[starts[j] : ends[j]]
-            yield MicroBatch(
-                ids.tolist(),
-                epoch=epoch,
-                step=step,
-                micro=micro,
-                rank=rank,
-                ntokens=tokens[j],
-                step_ntokens=step_tokens[step],
-                step_nexamples=step_examples[step],
-                dataset=datasets[j],
-                truncate_to=truncate(datasets[j]),
-                world_size=plan.world_size,
-                accumulate_grad_batches=acc,
-                planned_lengths=planned[ids].tolist(),
-            )
+            yield self.micro_batch(j)
+
+    def micro_batch(self, position: int) -> MicroBatch:
+        """The :class:`MicroBatch` this rank runs at ``position`` of the epoch (no advance).
+
+        Raises:
+            IndexError: when ``position`` is not in ``[0, micro-batches per rank)``.
+
+        Example:
+            >>> sampler = TokenBudgetBatchSampler([3, 3, 5], 6, rank=0, world_size=1,
+            ...                                   shuffle=False)
+            >>> list(sampler.micro_batch(1)), sampler.micro_batch(1).step
+            ([0, 1], 1)
+        """
+        plan = self.plan
+        total = plan.num_micro_batches_per_rank
+        if not 0 <= position < total:
+            raise IndexError(f"position {position} is not in [0, {total}) for this epoch.")
+        tile = int(plan.rank_tiles(self.rank)[position])
+        acc = plan.accumulate_grad_batches
+        step, micro = divmod(position, acc)
+        ids = plan.tile_ids(tile)
+        dataset = int(plan.step_dataset[step, self.rank, micro])
+        shape = (None, None) if plan.tile_shape is None else plan.tile_shape[tile].tolist()
+        return MicroBatch(
+            ids.tolist(),
+            epoch=self._epoch,
+            step=step,
+            micro=micro,
+            rank=self.rank,
+            ntokens=int(plan.tile_tokens[tile]),
+            step_ntokens=int(plan.step_tokens[step]),
+            step_nexamples=int(plan.step_examples[step]),
+            dataset=dataset,
+            truncate_to=self.planner.dataset_truncate_to(dataset),
+            world_size=plan.world_size,
+            accumulate_grad_batches=acc,
+            planned_lengths=self.planner.prepared.key[ids].tolist(),
+            pad_rows=shape[0],
+            pad_length=shape[1],
+        )
 
     # -- checkpointing -------------------------------------------------------------------
 

@@ -85,6 +85,10 @@ class PlanDiagnostics:
         num_truncated: examples cut by ``oversize="truncate"``.
         coverage: distinct examples run / ``num_planned``.
         equal_counts: every rank runs the same number of non-empty micro-batches.
+        num_shapes: distinct ``(rows, padded length)`` shapes run (what ``torch.compile``
+            compiles, one graph each, unless told ``dynamic=True``).
+        shapes: under a shape budget (``max_shapes``), per shape ``[rows, length,
+            micro-batches, real tokens, padded slots]`` by length; empty for free shapes.
 
     Example:
         >>> import numpy as np
@@ -127,6 +131,8 @@ class PlanDiagnostics:
     num_truncated: int
     coverage: float
     equal_counts: bool
+    num_shapes: int = 0
+    shapes: tuple[tuple[int, int, int, int, int], ...] = ()
 
     def to_dict(self) -> dict[str, int | float | bool | str]:
         """All fields as plain Python values (ready for ``json.dumps`` or a logger).
@@ -162,6 +168,7 @@ class PlanDiagnostics:
               coverage            100.0 % of planned examples
               dropped/duplicated  0 dropped, 0 duplicated, 0 skipped, 0 truncated
               equal counts        yes: every rank runs 2 micro-batches
+              shapes              1 distinct (rows, length) (free shapes)
         """
         return "\n".join(
             [
@@ -191,6 +198,13 @@ class PlanDiagnostics:
                 f"{self.num_truncated:,} truncated",
                 f"  equal counts        {'yes' if self.equal_counts else 'NO'}: every rank runs "
                 f"{self.micro_batches_per_rank:,} micro-batches",
+                f"  shapes              {self.num_shapes:,} distinct (rows, length)"
+                + ("" if self.shapes else " (free shapes)"),
+                *(
+                    f"    {rows:>6,} x {length:<6,} {count:>8,} micro-batches  "
+                    f"{100 * real / slots if slots else 0:5.1f} % real tokens"
+                    for rows, length, count, real, slots in self.shapes
+                ),
             ]
         )
 
@@ -204,7 +218,9 @@ class TileFigures:
         longest: longest padded planning length, int64.
         real: summed planning lengths, int64.
         squares: summed squared planning lengths, float64.
-        slots: token slots: examples × longest, or a packed row's aligned tokens.
+        slots: token slots: rows × longest, or a packed row's aligned tokens.
+        rows: padded rows: the examples, or under a shape budget the shape's rows (the
+            masked rows run through the model too).
     """
 
     size: np.ndarray
@@ -212,6 +228,7 @@ class TileFigures:
     real: np.ndarray
     squares: np.ndarray
     slots: np.ndarray
+    rows: np.ndarray
 
 
 def check_plan_of(planner: Planner, plan: EpochPlan) -> None:
@@ -244,7 +261,7 @@ def tile_figures(planner: Planner, plan: EpochPlan) -> TileFigures:
     size = np.asarray(plan.tile_size, dtype=np.int64)
     if size.size == 0:
         zero = np.zeros(0, dtype=np.int64)
-        return TileFigures(zero, zero, zero, zero.astype(np.float64), zero)
+        return TileFigures(zero, zero, zero, zero.astype(np.float64), zero, zero)
     start = np.asarray(plan.tile_start, dtype=np.int64)
     # The lengths in tile order, plus a sentinel so that every tile's end is a valid index.
     # Always the true in-tile maximum: with bucket_width > 1 the first member of a tile is
@@ -259,8 +276,13 @@ def tile_figures(planner: Planner, plan: EpochPlan) -> TileFigures:
     longest = np.where(nonempty, np.maximum.reduceat(keys, bounds)[::2].astype(np.int64), 0)
     p = planner.config.pad_to_multiple_of
     longest = -(-longest // p) * p
-    slots = -(-real // p) * p if planner.config.layout == "packed" else size * longest
-    return TileFigures(size=size, longest=longest, real=real, squares=squares, slots=slots)
+    rows = size
+    if plan.tile_shape is not None:  # a shape budget: every tile runs at its static shape
+        rows, longest = (plan.tile_shape[:, i].astype(np.int64) for i in (0, 1))
+    slots = -(-real // p) * p if planner.config.layout == "packed" else rows * longest
+    return TileFigures(
+        size=size, longest=longest, real=real, squares=squares, slots=slots, rows=rows
+    )
 
 
 def _tile_load(planner: Planner, tiles: TileFigures, model: LoadModel) -> np.ndarray:
@@ -270,7 +292,7 @@ def _tile_load(planner: Planner, tiles: TileFigures, model: LoadModel) -> np.nda
         squares = tiles.squares
     else:
         length = tiles.longest.astype(np.float64)
-        squares = tiles.size * length * length
+        squares = tiles.rows * length * length
     if model == "linear":
         return slots
     if model == "quadratic":
@@ -409,4 +431,24 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
             else 0.0
         ),
         equal_counts=bool(per_rank.size == 0 or (per_rank == per_rank[0]).all()),
+        num_shapes=len(np.unique(np.stack([tiles.rows[run], tiles.longest[run]], 1), axis=0)),
+        shapes=_shape_table(plan, tiles, run),
+    )
+
+
+def _shape_table(
+    plan: EpochPlan, tiles: TileFigures, run: np.ndarray
+) -> tuple[tuple[int, int, int, int, int], ...]:
+    """Per static shape: rows, length, micro-batches run, real tokens, padded slots."""
+    if plan.tile_shape is None or run.size == 0:
+        return ()
+    shapes, which = np.unique(plan.tile_shape[run], axis=0, return_inverse=True)
+    which = which.reshape(-1)
+    count = np.bincount(which, minlength=len(shapes))
+    real = np.bincount(which, weights=tiles.real[run], minlength=len(shapes))
+    slots = np.bincount(which, weights=tiles.slots[run], minlength=len(shapes))
+    order = np.argsort(shapes[:, 1], kind="stable")
+    return tuple(
+        (int(shapes[k, 0]), int(shapes[k, 1]), int(count[k]), int(real[k]), int(slots[k]))
+        for k in order
     )

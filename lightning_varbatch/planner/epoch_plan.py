@@ -44,6 +44,8 @@ class EpochPlan:
             (:class:`~lightning_varbatch.planner.mixture.MixturePlanner`); ``None`` means dataset 0.
         tile_work: what ranks were balanced by when it is not the cost (``layout="packed"``:
             each tile's compute, :mod:`lightning_varbatch.planner.flops`); ``None``: the cost.
+        tile_shape: ``(m, 2)`` the static ``(rows, length)`` every tile is padded to under a
+            shape budget (``PlanConfig.max_shapes``); ``None``: free shapes.
     """
 
     epoch: int
@@ -60,6 +62,7 @@ class EpochPlan:
     num_truncated: int = 0
     tile_dataset: np.ndarray | None = None
     tile_work: np.ndarray | None = None
+    tile_shape: np.ndarray | None = None
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
 

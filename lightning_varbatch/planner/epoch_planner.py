@@ -37,6 +37,7 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.layout import Layout, SortedGroups
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_count
+from lightning_varbatch.planner.shapes import choose_shape_lengths, shape_rows
 from lightning_varbatch.planner.tail import effective_tail, select_tiles, tail_layout
 
 __all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
@@ -85,9 +86,13 @@ class EpochPlanner:
                 "layout='padded' for pairs."
             )
         self._exact_totals = (
-            not self.prepared.pairs and loss_lengths is None and config.bucket_width == 1
+            not self.prepared.pairs
+            and loss_lengths is None
+            and config.bucket_width == 1
+            and config.max_shapes is None
         )
         self._groups: SortedGroups | None = None
+        self._shape_lengths: np.ndarray | None = None
         self._layouts: dict[int, Layout] = {}
 
     @property
@@ -141,11 +146,61 @@ class EpochPlanner:
         return self.config.fingerprint()
 
     @property
+    def shape_lengths(self) -> np.ndarray | None:
+        """The shape budget's padded lengths, ascending (``None`` without ``max_shapes``).
+
+        Chosen once from the planned examples' lengths (:mod:`~lightning_varbatch.planner.shapes`),
+        so resumed and re-planned epochs keep the same shapes.
+        """
+        if self.config.max_shapes is None:
+            return None
+        if self._shape_lengths is None:
+            kept = self.prepared.kept
+            key = self.prepared.key if kept is None else self.prepared.key[kept]
+            self._shape_lengths = choose_shape_lengths(
+                key, self.config.max_shapes, self.config.pad_to_multiple_of
+            )
+        return self._shape_lengths
+
+    def use_shape_lengths(self, lengths: np.ndarray) -> None:
+        """Plan with these shape lengths (a mixture chooses them over all its datasets).
+
+        Raises:
+            ValueError: without ``max_shapes``, with more lengths than it allows, or when an
+                example is longer than the longest.
+        """
+        limit = self.config.max_shapes
+        lengths = np.unique(np.asarray(lengths, dtype=np.int64))
+        if limit is None or lengths.size > limit or lengths.size == 0:
+            raise ValueError(
+                f"use_shape_lengths needs PlanConfig(max_shapes=...) and 1 to max_shapes="
+                f"{limit} lengths, got {lengths.size}."
+            )
+        kept = self.prepared.kept
+        key = self.prepared.key if kept is None else self.prepared.key[kept]
+        if key.size and int(key.max()) > int(lengths[-1]):
+            raise ValueError(
+                f"An example of length {int(key.max())} does not fit the longest shape "
+                f"length {int(lengths[-1])}."
+            )
+        self._shape_lengths = lengths
+        self._groups = None
+        self._layouts = {}
+
+    @property
+    def shapes(self) -> np.ndarray | None:
+        """``(k, 2)`` ``(rows, length)`` of every shape, by length (``None``: free shapes)."""
+        lengths = self.shape_lengths
+        if lengths is None:
+            return None
+        return np.stack([shape_rows(lengths, self.config), lengths], axis=1)
+
+    @property
     def groups(self) -> SortedGroups:
         """The sorted order of all planned examples (computed once)."""
         if self._groups is None:
             self._groups = SortedGroups.build(
-                self.prepared.key, self.prepared.kept, self.config.bucket_width
+                self.prepared.key, self.prepared.kept, self.config.bucket_width, self.shape_lengths
             )
         return self._groups
 
@@ -206,7 +261,9 @@ class EpochPlanner:
                 )
             kept = self.prepared.kept
             keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
-            groups = SortedGroups.build(self.prepared.key, keep, cfg.bucket_width)
+            groups = SortedGroups.build(
+                self.prepared.key, keep, cfg.bucket_width, self.shape_lengths
+            )
             if groups.size == 0:
                 return self._empty_plan(epoch, world, acc)
         replanned = exclude is not None
@@ -240,6 +297,7 @@ class EpochPlanner:
             tile_size=layout.sizes,
             tile_cost=layout.cost,
             tile_work=layout.work if cfg.layout == "packed" else None,
+            tile_shape=self._tile_shapes(groups, layout),
             assign=assign,
             num_dropped=selected.num_dropped,
             num_duplicated=selected.num_duplicated,
@@ -248,6 +306,16 @@ class EpochPlanner:
             _loss=prep.loss,
             _exact_tokens=layout.total if self._exact_totals else None,
         )
+
+    def _tile_shapes(self, groups: SortedGroups, layout: Layout) -> np.ndarray | None:
+        """``(m, 2)`` the static ``(rows, length)`` of every tile (``None``: free shapes)."""
+        shapes = self.shapes
+        if shapes is None:
+            return None
+        longest = groups.longest[groups.group_of(layout.starts)]
+        out = shapes[np.searchsorted(shapes[:, 1], longest)]
+        assert (layout.sizes <= out[:, 0]).all(), "a tile has more examples than its shape"
+        return out
 
     def plan_resumed(
         self,
@@ -291,6 +359,7 @@ class EpochPlanner:
             tile_size=empty,
             tile_cost=empty.astype(np.float64),
             assign=np.zeros((0, world, acc), dtype=np.int64),
+            tile_shape=None if self.shapes is None else np.zeros((0, 2), dtype=np.int64),
             num_skipped=self.prepared.num_skipped,
             num_truncated=self.prepared.num_truncated,
         )

@@ -113,6 +113,7 @@ def compose_parts(
     cost = cat([p.tile_cost for p in plans]) if plans else np.zeros(0)
     load = cat([p.tile_load for p in plans]) if plans else np.zeros(0)
     packed = any(p.tile_work is not None for p in plans)
+    shaped = [p.tile_shape for p in plans if p.tile_shape is not None]
     all_units = cat(units) if units else np.zeros((0, world, acc), dtype=np.int64)
     picked = all_units[interleave(cat(unit_ds) if unit_ds else np.zeros(0, int), rng)]
     if mixing == "per_step":
@@ -135,5 +136,6 @@ def compose_parts(
         num_truncated=num_truncated,
         tile_dataset=cat(tile_ds) if tile_ds else np.zeros(0, dtype=np.int64),
         tile_work=load if packed else None,
+        tile_shape=cat(shaped) if shaped and len(shaped) == len(plans) else None,
         _exact_tokens=cat([p.tile_tokens for p in plans]) if plans else np.zeros(0, int),
     )

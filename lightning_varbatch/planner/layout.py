@@ -47,13 +47,23 @@ class SortedGroups:
         return int(self.ids.shape[0])
 
     @classmethod
-    def build(cls, key: np.ndarray, subset: np.ndarray | None, bucket_width: int) -> SortedGroups:
+    def build(
+        cls,
+        key: np.ndarray,
+        subset: np.ndarray | None,
+        bucket_width: int,
+        shape_lengths: np.ndarray | None = None,
+    ) -> SortedGroups:
         """Sort ``key`` (or its ``subset`` of ids) by decreasing bucket, stably.
 
         A stable counting sort done in cache-sized chunks (a radix argsort per chunk, then a
         scatter to each bucket's next free slot): the extra memory is the 4-byte ids plus one
         chunk, instead of the 8-byte index array (and numpy's 8-byte scratch) of a whole-array
         argsort.
+
+        With ``shape_lengths`` (ascending, the shape budget's lengths,
+        :mod:`lightning_varbatch.planner.shapes`), the buckets are those lengths instead: an
+        example goes to the shortest that holds it, and a group's ``longest`` is that length.
         """
         k = key if subset is None else key[subset]
         if k.size == 0:
@@ -61,6 +71,8 @@ class SortedGroups:
             return cls(
                 ids=empty.astype(np.int32), starts=np.zeros(1, dtype=np.int64), longest=empty
             )
+        if shape_lengths is not None:
+            return cls._build_shaped(k, subset, shape_lengths, key.shape[0])
         if int(k.max()) // bucket_width >= _DENSE_BUCKETS and k.max() > 8 * k.size:
             return cls._build_sparse(k, subset, bucket_width, key.shape[0])
         counts = np.bincount(k)
@@ -79,6 +91,26 @@ class SortedGroups:
         nonempty = np.flatnonzero(sizes)[::-1]  # longest bucket first
         starts = np.concatenate(([0], np.cumsum(sizes[nonempty]))).astype(np.int64)
         return cls(ids=ids, starts=starts, longest=longest[nonempty])
+
+    @classmethod
+    def _build_shaped(
+        cls, k: np.ndarray, subset: np.ndarray | None, lengths: np.ndarray, num_ids: int
+    ) -> SortedGroups:
+        """:meth:`build` with the shape budget's lengths as the buckets."""
+        shape = np.searchsorted(lengths, k, side="left")
+        if int(shape.max()) >= lengths.size:
+            raise ValueError(
+                f"An example of length {int(k.max())} is longer than the longest shape "
+                f"({int(lengths[-1])}): the shape lengths must be chosen from these lengths."
+            )
+        id_dtype = np.int32 if num_ids < 2**31 else np.int64
+        ids = _counting_sort_desc(shape, lengths.size - 1, 1, id_dtype)
+        if subset is not None:
+            ids = subset[ids].astype(id_dtype)
+        sizes = np.bincount(shape, minlength=lengths.size)
+        nonempty = np.flatnonzero(sizes)[::-1]  # longest shape first
+        starts = np.concatenate(([0], np.cumsum(sizes[nonempty]))).astype(np.int64)
+        return cls(ids=ids, starts=starts, longest=lengths[nonempty].astype(np.int64))
 
     @classmethod
     def _build_sparse(
@@ -218,7 +250,7 @@ class Layout:
             empty = np.zeros(0, dtype=np.int64)
             return cls.from_tiles(groups, empty, empty, config)
         cap = min(config.max_examples or n, n)
-        full = _full_batch_sizes(groups.longest, cap, config)
+        full = full_batch_sizes(groups.longest, cap, config)
         price_only_by_count = config.cost in ("padded", "quadratic")
         starts_parts: list[np.ndarray] = []
         sizes_parts: list[np.ndarray] = []
@@ -245,8 +277,8 @@ class Layout:
         )
 
 
-def _full_batch_sizes(longest: np.ndarray, cap: int, config: PlanConfig) -> np.ndarray:
-    """Largest count of examples of each group's length that fits, found by bisection."""
+def full_batch_sizes(longest: np.ndarray, cap: int, config: PlanConfig) -> np.ndarray:
+    """Largest count of examples of each length (at most ``cap``) that fits, by bisection."""
     p = config.pad_to_multiple_of
     padded = -(-longest // p) * p
     lo = np.ones_like(longest)

@@ -59,6 +59,7 @@ from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, ch
 from lightning_varbatch.planner.interleave import MIX_TAG, Part, compose_parts
 from lightning_varbatch.planner.lengths import PreparedLengths
 from lightning_varbatch.planner.settings import PlanConfig, check_count
+from lightning_varbatch.planner.shapes import choose_shape_lengths
 from lightning_varbatch.planner.sources import (
     MIXING_POLICIES,
     DataSource,
@@ -145,6 +146,17 @@ class MixturePlanner:
         self.steps_per_epoch = steps_per_epoch
         self.names = source_names(self.sources)
         self.planners = [self._source_planner(i, s) for i, s in enumerate(self.sources)]
+        if config.max_shapes is not None:
+            # One set of shape lengths for all datasets: at most max_shapes lengths in all.
+            keys = [
+                p.prepared.key if p.prepared.kept is None else p.prepared.key[p.prepared.kept]
+                for p in self.planners
+            ]
+            lengths = choose_shape_lengths(
+                np.concatenate(keys), config.max_shapes, config.pad_to_multiple_of
+            )
+            for planner in self.planners:
+                planner.use_shape_lengths(lengths)
         sizes = np.array([p.num_examples for p in self.planners], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(sizes)))
         self.probabilities = mixture_probabilities(
@@ -365,6 +377,9 @@ class MixturePlanner:
             if tail != cfg.tail:
                 cfg = replace(cfg, tail=tail)
             sub = EpochPlanner(prep.key[local], cfg, loss_lengths=prep.loss[local])
+            shape_lengths = self.planners[i].shape_lengths
+            if shape_lengths is not None:
+                sub.use_shape_lengths(shape_lengths)  # the epoch's shapes, not the rest's
             parts.append(self._part(i, sub.plan(epoch, world, acc, salt=salt), occ))
         return self._compose(parts, epoch, world, acc, salt=salt)
 

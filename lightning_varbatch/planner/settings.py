@@ -255,6 +255,17 @@ class PlanConfig:
             model with ``transformer_flops(d_model).flop_attention``; 0 balances tokens)"""
         ),
     )
+    max_shapes: int | None = field(
+        default=None,
+        metadata=_help(
+            """the shape budget for ``torch.compile`` and CUDA graphs: every micro-batch is
+            padded to one of at most this many static ``(rows, length)`` shapes, the lengths
+            chosen to pad least (:mod:`lightning_varbatch.planner.shapes`), short micro-batches
+            filled with masked rows that count in no total (``None``: free shapes); needs
+            ``layout="padded"``, ``cost`` ``"padded"`` or ``"quadratic"``, ``bucket_width=1``
+            and ``batch_size_multiple=1``"""
+        ),
+    )
     oversize: OversizePolicy = field(
         default="error",
         metadata=_help(
@@ -349,11 +360,38 @@ class PlanConfig:
                 "ranks by tokens only)."
             )
         object.__setattr__(self, "flop_attention", float(flops))
+        if self.max_shapes is not None:
+            object.__setattr__(self, "max_shapes", check_count("max_shapes", self.max_shapes))
+            self._check_shape_budget()
         if isinstance(self.cost, str) and self.cost not in COST_NAMES:
             resolve_cost(self.cost)  # raises with the list of valid names
         fn = self.cost_fn
         if not isinstance(self.cost, str):
             _probe_cost(fn)
+
+    def _check_shape_budget(self) -> None:
+        """Refuse the settings a shape budget cannot keep (``max_shapes`` is set)."""
+        clashes = {
+            "layout": (self.layout != "padded", "a packed row already has one shape"),
+            "cost": (
+                self.cost not in ("padded", "quadratic"),
+                "a shape's rows are priced by their count, so the cost must be 'padded' or "
+                "'quadratic'",
+            ),
+            "bucket_width": (self.bucket_width != 1, "the shapes are the buckets"),
+            "batch_size_multiple": (
+                self.batch_size_multiple != 1,
+                "each shape's rows are fixed at the most that fit; pick max_tokens so they "
+                "are the multiple you want",
+            ),
+        }
+        for name, (clash, why) in clashes.items():
+            if clash:
+                raise ValueError(
+                    f"max_shapes={self.max_shapes} cannot be combined with {name}="
+                    f"{getattr(self, name)!r}: {why}. Leave {name} at its default or unset "
+                    "max_shapes."
+                )
 
     @property
     def cost_fn(self) -> CostFn:
@@ -374,6 +412,8 @@ class PlanConfig:
         # checkpoints saved before they existed still resume.
         if self.layout == "padded":
             del values["layout"], values["flop_attention"]
+        if self.max_shapes is None:
+            del values["max_shapes"]
         if callable(self.cost):
             values["cost"] = getattr(self.cost, "__qualname__", repr(self.cost))
         blob = json.dumps(values, sort_keys=True, default=str).encode()

@@ -1,0 +1,119 @@
+"""The shape budget: every micro-batch padded to one of at most ``max_shapes`` static shapes.
+
+``torch.compile`` (and CUDA graphs) specialise on tensor shapes: free token-budget batches
+give a new ``(rows, length)`` nearly every step, hence a recompile (or a re-record) nearly
+every step. Under ``PlanConfig(max_shapes=K)`` the planner picks ``K`` padded lengths
+``L_1 < ... < L_K`` from the length distribution (:func:`choose_shape_lengths`), sends every
+example to the shortest one that holds it, and gives length ``L_k`` the most rows ``B_k``
+that fit the budget (:func:`shape_rows`): every micro-batch is then padded to exactly
+``(B_k, L_k)``, a short one with masked rows that count in no token total and no loss. The
+shapes are the buckets of :class:`~lightning_varbatch.planner.layout.SortedGroups`, so the
+cut, the tail policy, the dealing to ranks and resume work unchanged.
+
+Choosing the lengths is a 1-D optimal partition: minimise ``sum over examples of the padded
+length`` over the choice of ``K`` lengths, solved exactly by dynamic programming over the
+distinct (``pad_to_multiple_of``-rounded) lengths, in ``O(K V^2)`` vectorised steps for ``V``
+distinct lengths (above :data:`MAX_CANDIDATES` distinct lengths, over that many quantiles).
+No set of ``K`` lengths pads less: the report's real-token share is the best any ``K``
+padded shapes can do on those lengths (the masked rows of each shape's last micro-batch
+aside).
+
+Example:
+    >>> import numpy as np
+    >>> choose_shape_lengths(np.array([3, 3, 4, 9, 10, 10]), 2, 1).tolist()
+    [4, 10]
+    >>> from lightning_varbatch.planner.settings import PlanConfig
+    >>> shape_rows(np.array([4, 10]), PlanConfig(max_tokens=40, max_shapes=2)).tolist()
+    [10, 4]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lightning_varbatch.planner.layout import full_batch_sizes
+from lightning_varbatch.planner.settings import PlanConfig
+
+__all__ = ["MAX_CANDIDATES", "choose_shape_lengths", "shape_rows"]
+
+#: The partition runs over at most this many candidate lengths (quantiles above it).
+MAX_CANDIDATES = 1024
+
+
+def _candidates(padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct padded lengths (or quantiles of them) and how many examples each stands for.
+
+    Each example counts at the smallest candidate that holds it; the longest length is always
+    a candidate.
+    """
+    values, counts = np.unique(padded, return_counts=True)
+    if values.size <= MAX_CANDIDATES:
+        return values, counts
+    cum = np.cumsum(counts)
+    picks = np.searchsorted(cum, np.linspace(0, cum[-1], MAX_CANDIDATES + 1)[1:], side="left")
+    cand = np.unique(np.append(values[np.minimum(picks, values.size - 1)], values[-1]))
+    slot = np.searchsorted(cand, values, side="left")
+    return cand, np.bincount(slot, weights=counts, minlength=cand.size).astype(np.int64)
+
+
+def choose_shape_lengths(key: np.ndarray, max_shapes: int, pad_to_multiple_of: int) -> np.ndarray:
+    """The at most ``max_shapes`` padded lengths that pad ``key`` least, ascending.
+
+    Args:
+        key: planning length of every planned example (``max(source, target)`` for pairs).
+        max_shapes: the number of lengths to choose (fewer when ``key`` has fewer distinct
+            rounded lengths).
+        pad_to_multiple_of: every chosen length is a multiple of this.
+
+    Returns:
+        ``(k,)`` int64 lengths, ascending; the last is the longest rounded length, so every
+        example has a length that holds it.
+
+    Example:
+        >>> choose_shape_lengths(np.array([1, 2, 3, 7, 8]), 2, 4).tolist()
+        [4, 8]
+    """
+    p = int(pad_to_multiple_of)
+    padded = -(-np.asarray(key, dtype=np.int64) // p) * p
+    if padded.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    values, counts = _candidates(padded)
+    v = values.size
+    if v <= max_shapes:
+        return values.astype(np.int64)
+    cum = np.concatenate(([0], np.cumsum(counts))).astype(np.float64)
+    val = values.astype(np.float64)
+    # span[i, j]: the examples of candidates i..j padded to candidate j (inf when i > j).
+    i = np.arange(v)[:, None]
+    j = np.arange(v)[None, :]
+    span = np.where(i <= j, (cum[1:][None, :] - cum[:-1][:, None]) * val[None, :], np.inf)
+    # best[j]: least padded total of candidates 0..j with at most k + 1 lengths, the last at
+    # j; back[k, j]: where the last length's candidates start (-1: k lengths were enough).
+    best = span[0].copy()
+    back = np.full((max_shapes, v), -1, dtype=np.int64)
+    for k in range(1, max_shapes):
+        total = np.concatenate(([0.0], best[:-1]))[1:, None] + span[1:]  # cut before i >= 1
+        first = np.argmin(total, axis=0)
+        split = total[first, np.arange(v)]
+        better = split < best
+        back[k] = np.where(better, first + 1, -1)
+        best = np.where(better, split, best)
+    chosen = [v - 1]
+    last = v - 1
+    for k in range(max_shapes - 1, 0, -1):
+        if back[k, last] >= 0:
+            last = int(back[k, last]) - 1
+            chosen.append(last)
+    return values[np.array(sorted(chosen))].astype(np.int64)
+
+
+def shape_rows(lengths: np.ndarray, config: PlanConfig) -> np.ndarray:
+    """Rows of every shape: the most examples of each padded length within the budget.
+
+    Example:
+        >>> shape_rows(np.array([8, 16]), PlanConfig(max_tokens=64, max_shapes=2)).tolist()
+        [8, 4]
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    cap = config.max_examples or int(config.max_tokens)
+    return full_batch_sizes(lengths, cap, config)
