@@ -13,7 +13,10 @@ import os
 
 import numpy as np
 
-__all__ = ["MicroBatch", "resolve_rank_world"]
+from lightning_varbatch.planner.epoch_plan import EpochPlan
+from lightning_varbatch.planner.protocol import Planner
+
+__all__ = ["MicroBatch", "micro_batch_of", "resolve_rank_world"]
 
 
 class MicroBatch(list[int]):
@@ -103,6 +106,64 @@ def _env_int(name: str, default: int, minimum: int) -> int:
             "rank/world_size explicitly."
         )
     return value
+
+
+def micro_batch_of(
+    plan: EpochPlan,
+    planner: Planner,
+    rank: int,
+    position: int,
+    *,
+    epoch: int,
+    ids: np.ndarray | None = None,
+) -> MicroBatch:
+    """The :class:`MicroBatch` ``rank`` runs at ``position`` of ``plan`` (its run order).
+
+    Args:
+        plan: the plan (of the epoch, or of one window of a stream).
+        planner: the planner that made it (its lengths, truncation).
+        rank: the rank.
+        position: the micro-batch's index among the rank's micro-batches of ``plan``.
+        epoch: the epoch it belongs to.
+        ids: global ids of the plan's local ids (a window of a stream); ``None``: the plan's
+            ids are the dataset's.
+
+    Raises:
+        IndexError: when ``position`` is not in ``[0, micro-batches per rank)``.
+
+    Example:
+        >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
+        >>> planner = EpochPlanner([3, 3, 5], PlanConfig(max_tokens=6, shuffle=False))
+        >>> mb = micro_batch_of(planner.plan(0), planner, 0, 1, epoch=0)
+        >>> list(mb), mb.step, mb.ntokens
+        ([0, 1], 1, 6)
+    """
+    total = plan.num_micro_batches_per_rank
+    if not 0 <= position < total:
+        raise IndexError(f"position {position} is not in [0, {total}) for this epoch.")
+    tile = int(plan.rank_tiles(rank)[position])
+    acc = plan.accumulate_grad_batches
+    step, micro = divmod(position, acc)
+    local = plan.tile_ids(tile)
+    dataset = int(plan.step_dataset[step, rank, micro])
+    shape = (None, None) if plan.tile_shape is None else plan.tile_shape[tile].tolist()
+    return MicroBatch(
+        (local if ids is None else ids[local]).tolist(),
+        epoch=epoch,
+        step=step,
+        micro=micro,
+        rank=rank,
+        ntokens=int(plan.tile_tokens[tile]),
+        step_ntokens=int(plan.step_tokens[step]),
+        step_nexamples=int(plan.step_examples[step]),
+        dataset=dataset,
+        truncate_to=planner.dataset_truncate_to(dataset),
+        world_size=plan.world_size,
+        accumulate_grad_batches=acc,
+        planned_lengths=planner.prepared.key[local].tolist(),
+        pad_rows=shape[0],
+        pad_length=shape[1],
+    )
 
 
 def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
-from lightning_varbatch.data.micro_batch import MicroBatch, resolve_rank_world
+from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
 from lightning_varbatch.planner.costs import CostFn, CostName
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -526,33 +526,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             >>> list(sampler.micro_batch(1)), sampler.micro_batch(1).step
             ([0, 1], 1)
         """
-        plan = self.plan
-        total = plan.num_micro_batches_per_rank
-        if not 0 <= position < total:
-            raise IndexError(f"position {position} is not in [0, {total}) for this epoch.")
-        tile = int(plan.rank_tiles(self.rank)[position])
-        acc = plan.accumulate_grad_batches
-        step, micro = divmod(position, acc)
-        ids = plan.tile_ids(tile)
-        dataset = int(plan.step_dataset[step, self.rank, micro])
-        shape = (None, None) if plan.tile_shape is None else plan.tile_shape[tile].tolist()
-        return MicroBatch(
-            ids.tolist(),
-            epoch=self._epoch,
-            step=step,
-            micro=micro,
-            rank=self.rank,
-            ntokens=int(plan.tile_tokens[tile]),
-            step_ntokens=int(plan.step_tokens[step]),
-            step_nexamples=int(plan.step_examples[step]),
-            dataset=dataset,
-            truncate_to=self.planner.dataset_truncate_to(dataset),
-            world_size=plan.world_size,
-            accumulate_grad_batches=acc,
-            planned_lengths=self.planner.prepared.key[ids].tolist(),
-            pad_rows=shape[0],
-            pad_length=shape[1],
-        )
+        return micro_batch_of(self.plan, self.planner, self.rank, position, epoch=self._epoch)
 
     # -- checkpointing -------------------------------------------------------------------
 

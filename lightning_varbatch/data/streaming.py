@@ -1,0 +1,256 @@
+"""Token-budget micro-batches streamed from shards: every rank equal counts, exact resume.
+
+:class:`StreamingBatches` is the ``IterableDataset`` of one rank. It plans the epoch window by
+window (:class:`~lightning_varbatch.planner.windows.WindowedPlanner`: the one offline planner
+on consecutive windows of the shard stream), reads the rows its micro-batches need from the
+window's shards front to back (:class:`~lightning_varbatch.sources.shards.ShardedSource`) and
+yields them collated, with the plan's counts on each batch (the exact loss normaliser).
+
+* **Equal counts, no hang**: every window gives every rank the same number of micro-batches,
+  so the ranks end the epoch together whatever tokens their shards hold.
+* **Workers**: with ``num_workers=k`` worker ``i`` builds the rank's micro-batches ``j`` with
+  ``j % k == i``; the ``DataLoader`` takes them round robin, so the order is the plan's and
+  every example is read by exactly one worker of one rank.
+* **Resume**: :meth:`StreamingBatches.state_dict` saves the window and the micro-batches done
+  in it; :meth:`~StreamingBatches.load_state_dict` starts there without reading the stream
+  (another world size re-plans the rest of that window; nothing lost, nothing repeated).
+
+Example:
+    >>> import numpy as np
+    >>> class Shard:  # any object with name, num_rows, lengths() and read(rows)
+    ...     def __init__(self, name, rows): self.name, self.rows = name, rows
+    ...     num_rows = property(lambda self: len(self.rows))
+    ...     def lengths(self): return np.array([len(r) for r in self.rows])
+    ...     def read(self, rows): return ({"tokens": np.array(self.rows[i])} for i in rows)
+    >>> from lightning_varbatch.sources.shards import ShardedSource
+    >>> source = ShardedSource([Shard("a", [[1, 2], [3]]), Shard("b", [[4, 5, 6]])])
+    >>> batches = StreamingBatches(source, max_tokens=4, window=3, rank=0, world_size=1)
+    >>> sorted(int(b["nexamples"]) for b in batches)
+    [1, 2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from lightning_varbatch.data.collate import PaddingCollate, attach_plan
+from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
+from lightning_varbatch.planner.settings import PlanConfig, check_count
+from lightning_varbatch.planner.windows import WindowedPlanner, WindowPlan
+from lightning_varbatch.sources.shards import ShardedSource
+
+__all__ = ["StreamingBatches"]
+
+_STATE_KEYS = ("epoch", "window", "consumed", "history", "fingerprint", "num_examples")
+
+
+class StreamingBatches(IterableDataset[dict[str, Any]]):
+    """One rank's token-budget micro-batches of a sharded stream (see the module docstring).
+
+    Use it with ``DataLoader(batches, batch_size=None, num_workers=k)``: it yields collated
+    batches itself.
+
+    Args:
+        source: the shards (:func:`~lightning_varbatch.sources.shards.shards_from_files`, ...).
+        max_tokens: the budget of one micro-batch.
+        window: examples planned together (10 000 pads within about 1 % of a whole-epoch plan
+            on translation-like lengths, see docs/streaming.md).
+        collate: turns a micro-batch's items into a batch (default :class:`PaddingCollate`);
+            it receives the items with the plan's counts attached, as in the map-style loader.
+        rank: this process's rank (default: from the environment / process group).
+        world_size: number of ranks (same default).
+        accumulate_grad_batches: micro-batches per rank per optimizer step.
+        shuffle_shards: read the shards in a new random order each epoch.
+        **plan_settings: other :class:`~lightning_varbatch.PlanConfig` settings (``cost``,
+            ``seed``, ``tail``, ``layout``, ...).
+
+    Raises:
+        ValueError: for bad settings (the message names the setting).
+    """
+
+    def __init__(
+        self,
+        source: ShardedSource,
+        max_tokens: int,
+        *,
+        window: int = 10_000,
+        collate: Callable[[Any], Any] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        accumulate_grad_batches: int = 1,
+        shuffle_shards: bool = True,
+        **plan_settings: Any,
+    ) -> None:
+        if not isinstance(source, ShardedSource):
+            raise TypeError(
+                f"source must be a ShardedSource (shards_from_files, shards_from_hf_iterable, "
+                f"shards_from_litdata), got {type(source).__name__}."
+            )
+        self.source = source
+        self.planner = WindowedPlanner(
+            np.diff(source.offsets).tolist(),
+            source.shard_lengths,
+            PlanConfig(max_tokens=max_tokens, **plan_settings),
+            window=window,
+            shuffle_shards=shuffle_shards,
+        )
+        self.collate = PaddingCollate() if collate is None else collate
+        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        self.accumulate_grad_batches = check_count(
+            "accumulate_grad_batches", accumulate_grad_batches
+        )
+        self.epoch = 0
+        self._window = 0  # where the next iteration starts
+        self._consumed = 0  # micro-batches of that window already done
+        self._history: list[tuple[int, int, int]] = []  # earlier topologies of that window
+        self._seen: list[int] = []  # micro-batches per rank of windows 0, 1, ... this epoch
+
+    # -- the epoch -------------------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning (unless a restored position is for it)."""
+        epoch = check_count("epoch", epoch, minimum=0)
+        if epoch != self.epoch:
+            self.epoch, self._window, self._consumed, self._history = epoch, 0, 0, []
+            self._seen = []
+
+    def window_plan(self, window: int) -> WindowPlan:
+        """This topology's plan of ``window`` (its remainder when the position is inside it)."""
+        history = self._history if window == self._window else []
+        return self.planner.window_plan(
+            self.epoch, window, self.world_size, self.accumulate_grad_batches, history
+        )
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Yield this rank's (this worker's share of) collated micro-batches from the position."""
+        info = get_worker_info()
+        workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
+        count = 0  # micro-batches of this rank from the start position, all workers
+        for window in range(self._window, self.planner.num_windows):
+            wp = self.window_plan(window)
+            first = self._consumed if window == self._window else 0
+            total = wp.plan.num_micro_batches_per_rank
+            mine = [j for j in range(first, total) if (count + j - first) % workers == worker]
+            count += total - first
+            batches = [
+                micro_batch_of(wp.plan, wp.planner, self.rank, j, epoch=self.epoch, ids=wp.ids)
+                for j in mine
+            ]
+            items = self._read(batches)
+            for mb in batches:
+                yield self.collate(attach_plan([items[i] for i in mb], mb))
+
+    def _read(self, batches: list[MicroBatch]) -> dict[int, Any]:
+        """The items of ``batches``, read shard by shard, each shard's rows ascending."""
+        wanted = np.unique(np.fromiter((i for mb in batches for i in mb), dtype=np.int64))
+        shard_of = np.searchsorted(self.source.offsets, wanted, side="right") - 1
+        items: dict[int, Any] = {}
+        for shard in np.unique(shard_of).tolist():
+            ids = wanted[shard_of == shard]
+            rows = ids - int(self.source.offsets[shard])
+            for gid, item in zip(ids.tolist(), self.source.read(shard, rows), strict=True):
+                items[gid] = item
+        return items
+
+    # -- progress and checkpoints ----------------------------------------------------------
+
+    def fingerprint(self) -> str:
+        """The shards' and the plan settings' fingerprint (checked on resume)."""
+        return f"{self.source.fingerprint()}-{self.planner.fingerprint()}"
+
+    def _window_size(self, window: int) -> int:
+        """Micro-batches per rank of ``window`` under the current topology (from its start)."""
+        while len(self._seen) <= window:
+            w = len(self._seen)
+            plan = self.planner.window_plan(
+                self.epoch, w, self.world_size, self.accumulate_grad_batches
+            ).plan
+            self._seen.append(plan.num_micro_batches_per_rank)
+        return self._seen[window]
+
+    def position_after(self, trained: int) -> tuple[int, int]:
+        """``(window, micro-batches done in it)`` after ``trained`` micro-batches of this run.
+
+        ``trained`` counts from the position this iteration started at (the restored one).
+        """
+        window, consumed = self._window, self._consumed
+        left = check_count("trained micro-batches", trained, minimum=0)
+        while left:
+            if window >= self.planner.num_windows:
+                raise ValueError(
+                    f"{trained} micro-batches is more than this epoch holds from the position "
+                    f"(window {self._window}, micro-batch {self._consumed})."
+                )
+            size = (
+                self.window_plan(window).plan.num_micro_batches_per_rank
+                if window == self._window
+                else self._window_size(window)
+            )
+            step = min(left, size - consumed)
+            consumed += step
+            left -= step
+            if consumed == size:
+                window, consumed = window + 1, 0
+        return window, consumed
+
+    def state_dict(self, trained: int = 0) -> dict[str, Any]:
+        """The position after ``trained`` micro-batches of this iteration, to resume there.
+
+        Args:
+            trained: micro-batches this rank trained on since the iteration started (the
+                training loop's count; 0 saves the start position).
+        """
+        window, consumed = self.position_after(trained)
+        history = list(self._history) if window == self._window else []
+        return {
+            "epoch": self.epoch,
+            "window": window,
+            "consumed": consumed,
+            "history": [list(h) for h in history],
+            "world_size": self.world_size,
+            "accumulate_grad_batches": self.accumulate_grad_batches,
+            "fingerprint": self.fingerprint(),
+            "num_examples": self.planner.num_examples,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at a saved position (:meth:`state_dict`).
+
+        Another world size or accumulation re-plans the rest of the interrupted window:
+        nothing is lost and nothing repeated.
+
+        Raises:
+            ValueError: when the state is not this stream's (other data or plan settings).
+        """
+        missing = [k for k in _STATE_KEYS if k not in state]
+        if missing:
+            raise ValueError(f"not a StreamingBatches state: missing {missing}.")
+        if (
+            state["fingerprint"] != self.fingerprint()
+            or int(state["num_examples"]) != self.planner.num_examples
+        ):
+            raise ValueError(
+                "the checkpoint was saved for other data or plan settings (fingerprint "
+                f"{state['fingerprint']!r}, {state['num_examples']} examples; now "
+                f"{self.fingerprint()!r}, {self.planner.num_examples}): resume with "
+                "the same shards, max_tokens, window and plan settings."
+            )
+        self.epoch = check_count("epoch", state["epoch"], minimum=0)
+        self._window = check_count("window", state["window"], minimum=0)
+        consumed = check_count("consumed", state["consumed"], minimum=0)
+        history = [tuple(int(x) for x in h) for h in state["history"]]
+        old = (int(state["world_size"]), int(state["accumulate_grad_batches"]))
+        self._seen = []
+        if old == (self.world_size, self.accumulate_grad_batches) or consumed == 0:
+            self._history, self._consumed = [(*h,) for h in history], consumed  # type: ignore[misc]
+        else:  # another topology: its consumed micro-batches become history of the window
+            self._history = [*history, (old[0], old[1], consumed)]  # type: ignore[list-item]
+            self._consumed = 0
+        if self._window >= self.planner.num_windows:
+            raise ValueError(
+                f"window {self._window} is past this epoch's {self.planner.num_windows} windows."
+            )

@@ -1,0 +1,218 @@
+"""Windowed plans for streamed data: the offline planner on consecutive windows of the stream.
+
+Data too large to index in memory comes as *shards* read front to back (parquet, Arrow,
+JSON lines, a Hugging Face ``IterableDataset``, a ``litdata`` directory:
+:mod:`lightning_varbatch.sources.shards`). When the lengths are cheap to get (a length
+column, or a per-shard index built once and cached), the whole epoch can still be planned,
+window by window, without holding more than one window:
+
+1. Each epoch the shards are put in a random order (from ``seed`` and the epoch) and read one
+   after the other: the *stream*. The stream is cut into windows of about ``window``
+   examples (equal sizes, so none is a sliver).
+2. Each window is planned by the one offline planner
+   (:class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner`, with a seed of its own):
+   sorted by length, cut to the budget, its tail made whole steps, dealt to ranks by load,
+   steps shuffled. Every guarantee of the offline plan holds per window: no micro-batch over
+   budget, every rank the same number of micro-batches, balanced ranks, every example once,
+   deterministic per ``(seed, epoch)``.
+3. Ranks run the windows in stream order, so each reads the stream's shards front to back,
+   taking its own rows of each window.
+
+Resume is exact and cheap: a position is a window and a count of micro-batches in it (one
+window is re-planned, nothing is replayed); another world size re-plans the rest of the
+interrupted window with the plan's own resume rule (``plan_resumed``) and plans later windows
+for the new topology.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planner.settings import PlanConfig
+    >>> shards = [np.array([3, 5, 2, 7]), np.array([4, 6]), np.array([1, 1, 8])]
+    >>> wp = WindowedPlanner([s.size for s in shards], shards.__getitem__,
+    ...                      PlanConfig(max_tokens=10), window=4)
+    >>> wp.num_windows, np.diff(wp.window_bounds()).tolist()
+    (3, [3, 3, 3])
+    >>> ids = np.concatenate([wp.window_plan(0, w, 1).example_ids() for w in range(3)])
+    >>> sorted(ids.tolist()) == list(range(9))
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from lightning_varbatch.planner.epoch_plan import EpochPlan
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.settings import PlanConfig, check_count
+
+__all__ = ["WindowPlan", "WindowedPlanner"]
+
+#: Mixed into the shard order's random stream so it differs from any window's.
+_ORDER_TAG = 0x5EA4
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """One window's plan and the global example ids its local ids stand for.
+
+    Attributes:
+        window: the window's index in the epoch's stream.
+        plan: the offline plan of the window's examples (ids local to the window).
+        ids: ``ids[local]`` is the global id (shard offset + row) of local example ``local``.
+        planner: the planner that made ``plan`` (its lengths are the window's).
+    """
+
+    window: int
+    plan: EpochPlan
+    ids: np.ndarray
+    planner: EpochPlanner
+
+    def example_ids(self, rank: int | None = None) -> np.ndarray:
+        """Global ids of the window's micro-batches (of one rank, or all), in run order."""
+        return self.ids[self.plan.example_ids(rank)]
+
+    def tile_ids(self, tile: int) -> np.ndarray:
+        """Global ids of one tile."""
+        return self.ids[self.plan.tile_ids(tile)]
+
+
+class WindowedPlanner:
+    """Plans an epoch of a sharded stream window by window (see the module docstring).
+
+    Args:
+        shard_rows: examples in each shard, in the shards' own order (global ids count
+            shard after shard in this order).
+        shard_lengths: ``shard_lengths(s)`` gives shard ``s``'s per-example lengths, ``(rows,)``
+            or ``(rows, 2)`` (source, target); called for the shards of one window at a time.
+        config: the planner settings (``max_shapes`` is refused: a shape budget chooses its
+            lengths from the whole data).
+        window: examples planned together; larger windows pad less, smaller ones hold less.
+        shuffle_shards: read the shards in a new random order each epoch (else in order).
+
+    Raises:
+        ValueError: for no shards, a negative row count, a bad ``window`` or ``max_shapes``.
+
+    Example:
+        >>> wp = WindowedPlanner([4, 4], lambda s: np.full(4, 2 + s), PlanConfig(max_tokens=8),
+        ...                      window=8)
+        >>> wp.window_plan(epoch=0, window=0, world_size=2).plan.num_micro_batches_per_rank
+        2
+    """
+
+    def __init__(
+        self,
+        shard_rows: Sequence[int],
+        shard_lengths: Callable[[int], np.ndarray],
+        config: PlanConfig,
+        *,
+        window: int = 10_000,
+        shuffle_shards: bool = True,
+    ) -> None:
+        if not isinstance(config, PlanConfig):
+            raise TypeError(f"config must be a PlanConfig, got {type(config).__name__}.")
+        if config.max_shapes is not None:
+            raise ValueError(
+                "max_shapes cannot be used with streamed (windowed) data yet: a shape budget "
+                "chooses its lengths from the whole data set. Unset max_shapes."
+            )
+        rows = [check_count(f"shard_rows[{i}]", r, minimum=0) for i, r in enumerate(shard_rows)]
+        if not rows or sum(rows) == 0:
+            raise ValueError("a stream needs at least one shard with at least one example.")
+        self.window = check_count("window", window, what=" (examples planned together)")
+        self.config = config
+        self.shuffle_shards = bool(shuffle_shards)
+        self.shard_rows = np.array(rows, dtype=np.int64)
+        self.offsets = np.concatenate(([0], np.cumsum(self.shard_rows)))
+        self._shard_lengths = shard_lengths
+        self._cache: dict[int, np.ndarray] = {}
+
+    @property
+    def num_examples(self) -> int:
+        """Examples in all shards."""
+        return int(self.offsets[-1])
+
+    @property
+    def num_windows(self) -> int:
+        """Windows per epoch: ``ceil(num_examples / window)`` of (near) equal size."""
+        return max(1, -(-self.num_examples // self.window))
+
+    def fingerprint(self) -> str:
+        """The settings' fingerprint plus the window (for checkpoint checks)."""
+        return f"{self.config.fingerprint()}-w{self.window}-s{int(self.shuffle_shards)}"
+
+    def shard_order(self, epoch: int) -> np.ndarray:
+        """The order the shards are read in during ``epoch``."""
+        n = self.shard_rows.size
+        if not self.shuffle_shards:
+            return np.arange(n)
+        rng = np.random.default_rng([self.config.seed, epoch, _ORDER_TAG])
+        return rng.permutation(n)
+
+    def window_bounds(self) -> np.ndarray:
+        """``(num_windows + 1,)`` stream positions where the windows start (then the end)."""
+        w = self.num_windows
+        return (np.arange(w + 1, dtype=np.int64) * self.num_examples) // w
+
+    def window_spans(self, epoch: int, window: int) -> list[tuple[int, int, int]]:
+        """``(shard, first row, end row)`` of every shard piece in ``window``, in read order."""
+        window = check_count("window", window, minimum=0)
+        if window >= self.num_windows:
+            raise ValueError(f"window {window} is not in [0, {self.num_windows}).")
+        order = self.shard_order(epoch)
+        stream_ends = np.cumsum(self.shard_rows[order])
+        bounds = self.window_bounds()
+        lo, hi = int(bounds[window]), int(bounds[window + 1])
+        spans = []
+        first = int(np.searchsorted(stream_ends, lo, side="right"))
+        for k in range(first, order.size):
+            start = int(stream_ends[k] - self.shard_rows[order[k]])
+            if start >= hi:
+                break
+            a, b = max(lo, start) - start, min(hi, int(stream_ends[k])) - start
+            if b > a:
+                spans.append((int(order[k]), a, b))
+        return spans
+
+    def _lengths(self, shard: int) -> np.ndarray:
+        if shard not in self._cache:
+            lengths = np.asarray(self._shard_lengths(shard))
+            if lengths.shape[0] != self.shard_rows[shard]:
+                raise ValueError(
+                    f"shard {shard} has {int(self.shard_rows[shard])} rows but its lengths "
+                    f"have {lengths.shape[0]}: the lengths must describe the shard's rows."
+                )
+            if len(self._cache) >= 4:  # a window spans few shards: hold only those
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[shard] = lengths
+        return self._cache[shard]
+
+    def window_planner(self, epoch: int, window: int) -> tuple[EpochPlanner, np.ndarray]:
+        """The offline planner of ``window``'s examples and their global ids."""
+        spans = self.window_spans(epoch, window)
+        ids = np.concatenate(
+            [np.arange(a, b, dtype=np.int64) + self.offsets[s] for s, a, b in spans]
+        )
+        lengths = np.concatenate([self._lengths(s)[a:b] for s, a, b in spans])
+        seed = int(np.random.SeedSequence([self.config.seed, epoch, window]).generate_state(1)[0])
+        return EpochPlanner(lengths, replace(self.config, seed=seed)), ids
+
+    def window_plan(
+        self,
+        epoch: int,
+        window: int,
+        world_size: int = 1,
+        accumulate_grad_batches: int = 1,
+        history: Sequence[tuple[int, int, int]] = (),
+    ) -> WindowPlan:
+        """Plan ``window`` of ``epoch`` (its remainder after ``history``, see ``plan_resumed``).
+
+        Raises:
+            ValueError: for a window out of range or a window too small for the ranks (fewer
+                examples than ``world_size * accumulate_grad_batches`` under
+                ``tail="spread"``).
+        """
+        planner, ids = self.window_planner(epoch, window)
+        plan = planner.plan_resumed(epoch, world_size, accumulate_grad_batches, history)
+        return WindowPlan(window=window, plan=plan, ids=ids, planner=planner)

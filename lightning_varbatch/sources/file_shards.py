@@ -1,0 +1,404 @@
+r"""Shards over files: parquet, Arrow IPC and JSON lines, read front to back.
+
+Each class implements :class:`~lightning_varbatch.sources.shards.Shard`. Parquet and Arrow
+shards know their row counts (and their blocks: row groups, record batches) from metadata;
+``read(rows)`` reads only the blocks that hold the requested rows, only the ``fields``
+columns. A JSON-lines shard builds its index (the byte offset of every line and the lengths)
+in one pass and then seeks forward to the lines it needs, parsing only those. Lengths come from
+the ``columns`` spec (a length column, a token-id list column, or a (source, target) pair) and
+are cached on disk (see :mod:`~lightning_varbatch.sources.shard_index`), so a later run or
+another process gets them without reading the data.
+
+Example:
+    >>> import json, tempfile
+    >>> path = tempfile.mkdtemp() + "/a.jsonl"
+    >>> with open(path, "w") as f:
+    ...     f.writelines(json.dumps({"ids": [7] * k, "text": "x"}) + "\n" for k in (3, 1, 2))
+    >>> shard = JsonlShard(path, "ids", cache_dir=None)
+    >>> shard.lengths().tolist(), [it["ids"].tolist() for it in shard.read([0, 2])]
+    ([3, 1, 2], [[7, 7, 7], [7, 7]])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
+from lightning_varbatch.sources.shard_index import (
+    CacheDir,
+    check_rows,
+    column_names,
+    file_key,
+    lengths_array,
+    load_index,
+    numpy_fields,
+    resolve_cache_dir,
+    row_lengths,
+    save_index,
+    table_items,
+)
+from lightning_varbatch.sources.shards import ReadStats
+
+__all__ = ["ArrowShard", "JsonlShard", "ParquetShard"]
+
+
+def _spec(names: tuple[str, ...]) -> Columns:
+    return names[0] if len(names) == 1 else (names[0], names[1])
+
+
+class _FileShard:
+    """What the file shards share: name, columns, cache, stats, row checks."""
+
+    kind = "file"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        columns: Columns,
+        *,
+        fields: Sequence[str] | None = None,
+        cache_dir: CacheDir = True,
+    ) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ValueError(f"paths: {str(path)!r} does not exist or is not a file.")
+        self.columns = column_names(columns)
+        if fields is not None and (isinstance(fields, str) or not fields):
+            raise TypeError(f"fields must be a non-empty list of column names, got {fields!r}.")
+        self.fields = None if fields is None else list(fields)
+        self.cache_dir = resolve_cache_dir(cache_dir)
+        self.stats = ReadStats()
+        self._lengths: np.ndarray | None = None
+        self._end = 0
+
+    @property
+    def name(self) -> str:
+        """The file's absolute path."""
+        return os.path.abspath(self.path)
+
+    def _where(self) -> str:
+        return f"columns ({self.name})"
+
+    def _check_names(self, available: Sequence[str]) -> None:
+        for setting, names in (("columns", self.columns), ("fields", self.fields or ())):
+            missing = [c for c in names if c not in available]
+            if missing:
+                raise ValueError(
+                    f"{setting}: {self.name} has no column {missing[0]!r}; its columns are "
+                    f"{list(available)}: change {setting} to name one of them."
+                )
+
+    def _index(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        key = file_key(self.path, self.kind, self.columns)
+        cached = load_index(self.cache_dir, key, names)
+        if cached is None:
+            cached = self._build_index()
+            save_index(self.cache_dir, key, cached)
+        return cached
+
+    def _build_index(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def lengths(self) -> np.ndarray:
+        """Per-row lengths (cached in memory and on disk)."""
+        if self._lengths is None:
+            self._lengths = self._index(("lengths",))["lengths"]
+        return self._lengths
+
+    def _rows(self, rows: Any) -> np.ndarray:
+        checked = check_rows(rows, self.num_rows, f"read ({self.name})")
+        if checked.size:
+            self._end = self.stats.note_read(int(checked[0]), self._end)
+            self._end = int(checked[-1]) + 1
+        return checked
+
+    @property
+    def num_rows(self) -> int:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.path)!r}, columns={_spec(self.columns)!r})"
+
+
+class _BlockShard(_FileShard):
+    """A shard stored as blocks of rows (row groups, record batches)."""
+
+    _block_rows: np.ndarray  # rows per block
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the file (from its metadata)."""
+        return int(self._block_rows.sum())
+
+    def _blocks(self, needed: list[int]) -> Iterator[tuple[int, Any]]:
+        raise NotImplementedError
+
+    def _table(self) -> Any:
+        raise NotImplementedError
+
+    def _build_index(self) -> dict[str, np.ndarray]:
+        self.stats.opens += 1
+        self.stats.rows_decoded += self.num_rows
+        if self.num_rows == 0:
+            return {"lengths": np.zeros((0,) if len(self.columns) == 1 else (0, 2), np.int32)}
+        table = self._table()
+        return {"lengths": column_lengths(table, _spec(self.columns), self._where())}
+
+    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
+        """The items of ``rows`` (strictly ascending), reading only the blocks that hold them."""
+        checked = self._rows(rows)
+        return self._read(checked)
+
+    def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
+        if not rows.size:
+            return
+        starts = np.concatenate([[0], np.cumsum(self._block_rows)])
+        block_of = np.searchsorted(starts, rows, side="right") - 1
+        needed = np.unique(block_of).tolist()
+        self.stats.opens += 1
+        for block, data in self._blocks(needed):
+            local = rows[block_of == block] - starts[block]
+            self.stats.rows_decoded += len(data)
+            items = table_items(data.take(local))
+            self.stats.rows_read += len(items)
+            yield from items
+
+
+class ParquetShard(_BlockShard):
+    """One parquet file; its row groups are the blocks.
+
+    Args:
+        path: the file.
+        columns: a length column, a token-id list column, or a (source, target) pair.
+        fields: the columns read into items (``None``: all).
+        cache_dir: where the lengths are cached (``True``: the default folder; ``None``:
+            no cache). Only a token-id column needs reading to get them (once).
+
+    Raises:
+        ValueError: for a missing file, or ``columns``/``fields`` the file lacks.
+
+    Example:
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> path = tempfile.mkdtemp() + "/a.parquet"
+        >>> pq.write_table(pa.table({"n": [3, 1, 2], "s": ["a", "b", "c"]}), path, row_group_size=2)
+        >>> shard = ParquetShard(path, "n", fields=["s"], cache_dir=None)
+        >>> shard.num_rows, list(shard.read([2])), shard.stats.rows_decoded
+        (3, [{'s': 'c'}], 1)
+    """
+
+    kind = "parquet"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        columns: Columns,
+        *,
+        fields: Sequence[str] | None = None,
+        cache_dir: CacheDir = True,
+    ) -> None:
+        import pyarrow.parquet as pq
+
+        super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
+        meta = pq.ParquetFile(self.path).metadata  # footer only: no data is read
+        self._block_rows = np.array(
+            [meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64
+        )
+        self._check_names(meta.schema.to_arrow_schema().names)
+
+    def _table(self) -> Any:
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(self.path).read(columns=list(self.columns))
+
+    def _blocks(self, needed: list[int]) -> Iterator[tuple[int, Any]]:
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(self.path) as file:
+            for group in needed:
+                yield group, file.read_row_group(group, columns=self.fields)
+
+
+class ArrowShard(_BlockShard):
+    """One Arrow IPC file (``.arrow``/``.feather``), memory-mapped; record batches are blocks.
+
+    The IPC file format has random access to its batches; the IPC stream format (what
+    ``datasets.Dataset.save_to_disk`` writes) is read too, walking the batches forward.
+    Arguments as for :class:`ParquetShard`.
+
+    Example:
+        >>> import tempfile, pyarrow as pa
+        >>> path = tempfile.mkdtemp() + "/a.arrow"
+        >>> table = pa.table({"ids": [[1, 2], [3], [4, 5, 6]]})
+        >>> with pa.ipc.new_file(path, table.schema) as writer:
+        ...     writer.write_table(table, max_chunksize=2)
+        >>> shard = ArrowShard(path, "ids", cache_dir=None)
+        >>> shard.lengths().tolist(), [it["ids"].tolist() for it in shard.read([0, 2])]
+        ([2, 1, 3], [[1, 2], [4, 5, 6]])
+    """
+
+    kind = "arrow"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        columns: Columns,
+        *,
+        fields: Sequence[str] | None = None,
+        cache_dir: CacheDir = True,
+    ) -> None:
+        import pyarrow as pa
+
+        super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
+        source = pa.memory_map(str(self.path))
+        try:
+            reader = pa.ipc.open_file(source)
+            self._stream = False
+            sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+        except pa.ArrowInvalid:
+            try:
+                reader = pa.ipc.open_stream(pa.memory_map(str(self.path)))
+            except pa.ArrowInvalid as error:
+                raise ValueError(
+                    f"paths: {self.name} is not an Arrow IPC file or stream ({error}): write "
+                    "it with pyarrow.ipc.new_file or pyarrow.feather.write_feather."
+                ) from None
+            self._stream = True
+            sizes = [batch.num_rows for batch in reader]  # memory-mapped: no copy
+        self._block_rows = np.array(sizes, dtype=np.int64)
+        self._check_names(reader.schema.names)
+
+    def _reader(self) -> Any:
+        import pyarrow as pa
+
+        source = pa.memory_map(str(self.path))
+        return pa.ipc.open_stream(source) if self._stream else pa.ipc.open_file(source)
+
+    def _table(self) -> Any:
+        return self._reader().read_all().select(list(self.columns))
+
+    def _blocks(self, needed: list[int]) -> Iterator[tuple[int, Any]]:
+        reader = self._reader()
+        if self._stream:
+            wanted = set(needed)
+            for i, batch in enumerate(reader):
+                if i in wanted:
+                    yield i, batch if self.fields is None else batch.select(self.fields)
+                if i >= needed[-1]:
+                    return
+        else:
+            for i in needed:
+                batch = reader.get_batch(i)
+                yield i, batch if self.fields is None else batch.select(self.fields)
+
+
+class JsonlShard(_FileShard):
+    r"""One JSON-lines file (one object per line; token ids as lists of ints).
+
+    The index (each line's byte offset and the lengths) is built in one pass and cached;
+    ``read(rows)`` then seeks forward to each needed line and parses only those. Blank lines
+    are skipped. Arguments as for :class:`ParquetShard` (``columns`` and ``fields`` name keys).
+
+    Example:
+        >>> import tempfile
+        >>> path = tempfile.mkdtemp() + "/a.jsonl"
+        >>> with open(path, "w") as f:
+        ...     _ = f.write('{"src": [1, 2], "tgt": [3]}\n{"src": [4], "tgt": [5, 6, 7]}\n')
+        >>> JsonlShard(path, ("src", "tgt"), cache_dir=None).lengths().tolist()
+        [[2, 1], [1, 3]]
+    """
+
+    kind = "jsonl"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        columns: Columns,
+        *,
+        fields: Sequence[str] | None = None,
+        cache_dir: CacheDir = True,
+    ) -> None:
+        super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
+        self._offsets: np.ndarray | None = None
+
+    def _load(self) -> None:
+        if self._offsets is None:
+            index = self._index(("lengths", "offsets"))
+            self._lengths, self._offsets = index["lengths"], index["offsets"]
+
+    def lengths(self) -> np.ndarray:
+        """Per-row lengths (from the index: built in one pass, then cached)."""
+        self._load()
+        assert self._lengths is not None
+        return self._lengths
+
+    @property
+    def num_rows(self) -> int:
+        """Rows (non-blank lines) in the file, from the index."""
+        return int(self.lengths().shape[0])
+
+    def _parse(self, line: bytes, where: str) -> Any:
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"paths: {where} of {self.name} is not JSON ({error}); a .jsonl or "
+                ".json shard must hold one JSON object per line (JSON lines)."
+            ) from None
+        if not isinstance(item, dict):
+            raise ValueError(
+                f"paths: {where} of {self.name} is a {type(item).__name__}, not a "
+                "JSON object: each line must be one object of fields."
+            )
+        return item
+
+    def _build_index(self) -> dict[str, np.ndarray]:
+        offsets: list[int] = []
+        self.stats.opens += 1
+
+        def items() -> Iterator[Any]:
+            position = 0
+            with open(self.path, "rb") as file:
+                for line_no, line in enumerate(file):
+                    if line.strip():
+                        offsets.append(position)
+                        self.stats.rows_decoded += 1
+                        yield self._parse(line, f"line {line_no + 1}")
+                    position += len(line)
+
+        per_row = row_lengths(items(), self.columns, self._where())
+        return {
+            "lengths": lengths_array(per_row, self.columns, self._where()),
+            "offsets": np.asarray(offsets, dtype=np.int64),
+        }
+
+    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
+        """The items of ``rows`` (strictly ascending): forward seeks, only those lines parsed."""
+        checked = self._rows(rows)
+        return self._read(checked)
+
+    def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
+        if not rows.size:
+            return
+        assert self._offsets is not None  # loaded by num_rows in _rows
+        self.stats.opens += 1
+        with open(self.path, "rb") as file:
+            for row in rows.tolist():
+                file.seek(int(self._offsets[row]))
+                item = self._parse(file.readline(), f"row {row}")
+                self.stats.rows_decoded += 1
+                if self.fields is not None:
+                    missing = [f for f in self.fields if f not in item]
+                    if missing:
+                        raise ValueError(
+                            f"fields: row {row} of {self.name} has no field {missing[0]!r}; "
+                            f"its fields are {sorted(item)}: change fields."
+                        )
+                    item = {f: item[f] for f in self.fields}
+                self.stats.rows_read += 1
+                yield numpy_fields(item)

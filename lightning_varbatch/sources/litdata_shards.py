@@ -1,0 +1,201 @@
+"""Shards of a local ``litdata`` optimised folder (made by ``litdata.optimize``).
+
+The folder's ``index.json`` lists its chunks (file names and item counts); each chunk is a
+shard, its rows numbered after the previous chunks' (the global index of
+``litdata.StreamingDataset``). Items are read with ``StreamingDataset(input_dir)[index]`` in
+ascending order, so each chunk file is read front to back. The lengths take one pass over a
+chunk's items (a length field, a token-id field's size, or a (source, target) pair) and are
+cached on disk keyed by the chunk file's path, size and modification time and the columns.
+``litdata`` (which imports torch) is imported only when used.
+
+Example:
+    >>> import tempfile, numpy as np, litdata
+    >>> folder = tempfile.mkdtemp()
+    >>> def item(i):
+    ...     return {"ids": np.arange(i + 1)}
+    >>> litdata.optimize(item, list(range(5)), folder, chunk_size=3, num_workers=1,
+    ...                  verbose=False)  # doctest: +SKIP
+    >>> source = shards_from_litdata(folder, "ids", cache_dir=None)  # doctest: +SKIP
+    >>> source.num_shards, source.lengths().tolist()  # doctest: +SKIP
+    (2, [1, 2, 3, 4, 5])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_varbatch.sources.arrow_lengths import Columns
+from lightning_varbatch.sources.shard_index import (
+    CacheDir,
+    check_rows,
+    column_names,
+    file_key,
+    lengths_array,
+    load_index,
+    numpy_fields,
+    resolve_cache_dir,
+    row_lengths,
+    save_index,
+)
+from lightning_varbatch.sources.shards import ReadStats, ShardedSource
+
+__all__ = ["LitdataShard", "shards_from_litdata"]
+
+
+class _Opener:
+    """One ``StreamingDataset`` per folder, created on first use (and after unpickling)."""
+
+    def __init__(self, input_dir: str) -> None:
+        self.input_dir = input_dir
+        self._dataset: Any = None
+
+    def get(self) -> Any:
+        if self._dataset is None:
+            from litdata import StreamingDataset
+
+            self._dataset = StreamingDataset(self.input_dir)
+        return self._dataset
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"input_dir": self.input_dir, "_dataset": None}
+
+
+class LitdataShard:
+    """One chunk of a ``litdata`` optimised folder.
+
+    Args:
+        opener: gives the folder's ``StreamingDataset``.
+        chunk: the chunk file's path.
+        offset: the global index of the chunk's first item.
+        num_rows: items in the chunk (from ``index.json``).
+        columns: a length field, a token-id field, or a (source, target) pair of them.
+        cache_dir: where the lengths are cached (``True``: the default folder; ``None``: none).
+    """
+
+    def __init__(
+        self,
+        opener: _Opener,
+        chunk: Path,
+        offset: int,
+        num_rows: int,
+        columns: Columns,
+        *,
+        cache_dir: CacheDir = True,
+    ) -> None:
+        self._opener = opener
+        self.chunk = chunk
+        self.offset = offset
+        self._num_rows = num_rows
+        self.columns = column_names(columns)
+        self.cache_dir = resolve_cache_dir(cache_dir)
+        self.stats = ReadStats()
+        self._lengths: np.ndarray | None = None
+        self._end = 0
+
+    @property
+    def name(self) -> str:
+        """The chunk file's absolute path."""
+        return os.path.abspath(self.chunk)
+
+    @property
+    def num_rows(self) -> int:
+        """Items in the chunk (from ``index.json``)."""
+        return self._num_rows
+
+    def _items(self, rows: list[int]) -> Iterator[dict[str, Any]]:
+        dataset = self._opener.get()
+        self.stats.opens += 1
+        for row in rows:
+            item = dataset[self.offset + row]
+            self.stats.rows_decoded += 1
+            if not isinstance(item, dict):
+                raise TypeError(
+                    f"{self.name}: item {self.offset + row} is a {type(item).__name__}, not a "
+                    "dict of fields: make litdata.optimize's fn return a dict (e.g. "
+                    "{'input_ids': ids}) so columns can name a field."
+                )
+            yield item
+
+    def lengths(self) -> np.ndarray:
+        """Per-row lengths: one pass over the chunk's items, cached."""
+        if self._lengths is None:
+            key = file_key(self.chunk, "litdata", self.columns, self.offset)
+            cached = load_index(self.cache_dir, key, ("lengths",))
+            if cached is None:
+                where = f"columns ({self.name})"
+                items = self._items(list(range(self.num_rows)))
+                per_row = row_lengths(items, self.columns, where)
+                cached = {"lengths": lengths_array(per_row, self.columns, where)}
+                save_index(self.cache_dir, key, cached)
+            self._lengths = cached["lengths"]
+        return self._lengths
+
+    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
+        """The items of ``rows`` (strictly ascending), read in order from the chunk."""
+        checked = check_rows(rows, self.num_rows, f"read ({self.name})")
+        if checked.size:
+            self.stats.note_read(int(checked[0]), self._end)
+            self._end = int(checked[-1]) + 1
+        return self._read(checked.tolist())
+
+    def _read(self, rows: list[int]) -> Iterator[dict[str, Any]]:
+        if not rows:
+            return
+        for item in self._items(rows):
+            self.stats.rows_read += 1
+            yield numpy_fields(item)
+
+    def __repr__(self) -> str:
+        return f"LitdataShard({self.name!r}, offset={self.offset}, num_rows={self.num_rows})"
+
+
+def shards_from_litdata(
+    input_dir: str | os.PathLike[str], columns: Columns, *, cache_dir: CacheDir = True
+) -> ShardedSource:
+    """A :class:`~lightning_varbatch.sources.shards.ShardedSource` over a local litdata folder.
+
+    Args:
+        input_dir: a local folder written by ``litdata.optimize`` (with ``index.json``).
+        columns: a length field, a token-id field, or a (source, target) pair of them.
+        cache_dir: where the lengths are cached (``True``: the default folder; ``None``: none).
+
+    Raises:
+        ValueError: for a folder without ``index.json`` or one that lists no chunks.
+
+    Example:
+        >>> import tempfile
+        >>> shards_from_litdata(tempfile.mkdtemp(), "ids")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: input_dir=...: no index.json: ...
+    """
+    folder = Path(input_dir)
+    index_path = folder / "index.json"
+    if not index_path.is_file():
+        raise ValueError(
+            f"input_dir={str(input_dir)!r}: no index.json: point input_dir at a local folder "
+            "written by litdata.optimize(..., output_dir=...)."
+        )
+    column_names(columns)
+    with open(index_path) as file:
+        chunks = json.load(file).get("chunks") or []
+    if not chunks:
+        raise ValueError(f"input_dir={str(input_dir)!r}: index.json lists no chunks.")
+    opener = _Opener(str(folder))
+    shards = []
+    offset = 0
+    for chunk in chunks:
+        size = int(chunk["chunk_size"])
+        shards.append(
+            LitdataShard(
+                opener, folder / chunk["filename"], offset, size, columns, cache_dir=cache_dir
+            )
+        )
+        offset += size
+    return ShardedSource(shards, columns)

@@ -1,0 +1,293 @@
+"""Helpers shared by the shard classes: the on-disk index cache, row checks, item building.
+
+A shard's index (its per-row lengths, and for JSON lines the byte offset of every line) is
+built once and saved as ``.npy`` files in a cache folder, keyed by the file's absolute path,
+size and modification time and by the columns spec, so a fresh shard object over the same
+unchanged file loads it without reading the data. Files are written to a temporary name and
+moved into place (``os.replace``), so a reader never sees a half-written index.
+
+Example:
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> save_index(folder, "k", {"lengths": np.array([3, 1])})
+    >>> load_index(folder, "k", ("lengths",))["lengths"].tolist()
+    [3, 1]
+    >>> load_index(folder, "other", ("lengths",)) is None
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lightning_varbatch.planner.lengths import as_int_lengths
+from lightning_varbatch.sources.arrow_lengths import Columns, is_column_spec
+from lightning_varbatch.sources.tokenized_lengths import default_cache_dir
+
+__all__ = [
+    "CacheDir",
+    "check_rows",
+    "column_names",
+    "file_key",
+    "load_index",
+    "numpy_fields",
+    "resolve_cache_dir",
+    "row_lengths",
+    "save_index",
+    "table_items",
+]
+
+_INDEX_VERSION = "1"
+
+#: Where shard indexes are cached: a folder, ``True`` for the default folder, or
+#: ``None``/``False`` for no cache.
+CacheDir = str | os.PathLike[str] | bool | None
+
+
+def resolve_cache_dir(cache_dir: CacheDir) -> Path | None:
+    """The cache folder for ``cache_dir`` (``True``: the default one; ``None``/``False``: none).
+
+    The default is ``default_cache_dir() / "shards"``, i.e. under ``$LIGHTNING_VARBATCH_CACHE``
+    or ``~/.cache/lightning_varbatch``.
+
+    Example:
+        >>> resolve_cache_dir(True).name, resolve_cache_dir(None), resolve_cache_dir("/tmp/x")
+        ('shards', None, PosixPath('/tmp/x'))
+    """
+    if cache_dir is True:
+        return default_cache_dir() / "shards"
+    if cache_dir is None or cache_dir is False:
+        return None
+    if not isinstance(cache_dir, (str, os.PathLike)):
+        raise TypeError(
+            f"cache_dir must be a folder, True (the default folder) or None (no cache), "
+            f"got {type(cache_dir).__name__}."
+        )
+    return Path(cache_dir)
+
+
+def column_names(columns: Columns, name: str = "columns") -> tuple[str, ...]:
+    """The one or two column names of a columns spec, checked.
+
+    Example:
+        >>> column_names("input_ids"), column_names(["src", "tgt"])
+        (('input_ids',), ('src', 'tgt'))
+    """
+    if not is_column_spec(columns):
+        raise TypeError(
+            f"{name} must name one column (lengths or token ids) or a (source, target) pair "
+            f"of columns, got {columns!r}."
+        )
+    names = (columns,) if isinstance(columns, str) else tuple(columns)
+    if len(names) > 2 or len(set(names)) != len(names) or not all(names):
+        raise ValueError(
+            f"{name}={columns!r}: give one column (lengths or token ids) or two distinct "
+            "ones, (source, target)."
+        )
+    return names
+
+
+def file_key(path: str | os.PathLike[str], kind: str, columns: Sequence[str], *extra: Any) -> str:
+    """Cache key of a file's index: absolute path, size, ``mtime_ns``, kind, columns and extra.
+
+    Example:
+        >>> import tempfile
+        >>> f = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False).name
+        >>> file_key(f, "jsonl", ["n"]) == file_key(f, "jsonl", ["m"])
+        False
+    """
+    stat = os.stat(path)
+    parts = [_INDEX_VERSION, os.path.abspath(path), stat.st_size, stat.st_mtime_ns, kind]
+    return text_key([*parts, list(columns), *extra])
+
+
+def text_key(parts: Sequence[Any]) -> str:
+    """A sha1 of ``parts`` (JSON-encoded; anything not JSON is written with ``str``).
+
+    Example:
+        >>> len(text_key(["a", 1]))
+        40
+    """
+    text = json.dumps(list(parts), sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()
+
+
+def load_index(
+    folder: str | os.PathLike[str] | None, key: str, names: Sequence[str]
+) -> dict[str, np.ndarray] | None:
+    """The cached arrays ``names`` under ``key``, or ``None`` when any is missing or unreadable.
+
+    Example:
+        >>> load_index(None, "k", ("lengths",)) is None
+        True
+    """
+    if folder is None:
+        return None
+    out = {}
+    for name in names:
+        path = Path(folder) / f"{key}.{name}.npy"
+        try:
+            out[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+    return out
+
+
+def save_index(
+    folder: str | os.PathLike[str] | None, key: str, arrays: Mapping[str, np.ndarray]
+) -> None:
+    """Save ``arrays`` under ``key`` atomically (temporary file, then ``os.replace``).
+
+    Example:
+        >>> save_index(None, "k", {"lengths": np.array([1])})  # no folder: nothing is saved
+    """
+    if folder is None:
+        return
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    for name, values in arrays.items():
+        path = Path(folder) / f"{key}.{name}.npy"
+        tmp = Path(folder) / f"{key}.{name}.{os.getpid()}.tmp.npy"
+        np.save(tmp, np.asarray(values))
+        os.replace(tmp, path)
+
+
+def check_rows(rows: Any, num_rows: int, where: str) -> np.ndarray:
+    """``rows`` as a strictly ascending ``int64`` array within ``[0, num_rows)``.
+
+    Raises:
+        TypeError: for non-integer rows.
+        ValueError: for a 2-D array, rows out of range, or rows not strictly ascending.
+
+    Example:
+        >>> check_rows([0, 2, 5], 6, "shard").tolist()
+        [0, 2, 5]
+        >>> check_rows([2, 1], 6, "shard")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: shard: rows must be strictly ascending ...
+    """
+    array = np.asarray(rows)
+    if array.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
+        raise TypeError(
+            f"{where}: rows must be a 1-D array of integer row numbers, got dtype {array.dtype} "
+            f"and shape {array.shape}."
+        )
+    array = array.astype(np.int64, copy=False)
+    if array[0] < 0 or array[-1] >= num_rows or array.min() < 0 or array.max() >= num_rows:
+        raise ValueError(
+            f"{where}: rows must lie in [0, {num_rows}) (the shard's rows), got values from "
+            f"{int(array.min())} to {int(array.max())}."
+        )
+    bad = np.flatnonzero(np.diff(array) <= 0)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{where}: rows must be strictly ascending (shards are read front to back), got "
+            f"rows[{i}]={int(array[i])} then rows[{i + 1}]={int(array[i + 1])}; sort them "
+            "(np.unique) and read a shard again from the start for an earlier row."
+        )
+    return array
+
+
+def _length_of(value: Any, column: str, where: str) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return len(value)
+    raise TypeError(
+        f"{where}: field {column!r} is {type(value).__name__}, not a length (int) or a list "
+        "of token ids: name a length or token-id field in columns."
+    )
+
+
+def row_lengths(
+    items: Sequence[Mapping[str, Any]] | Any, names: Sequence[str], where: str
+) -> list[tuple[int, ...]]:
+    """Per-item lengths of python items (dicts): an int field as it is, a list field's len.
+
+    Raises:
+        ValueError: when an item lacks a named field (its fields are listed).
+        TypeError: when a named field is neither an int nor a list/array.
+
+    Example:
+        >>> row_lengths([{"ids": [1, 2], "n": 5}], ("ids", "n"), "shard")
+        [(2, 5)]
+    """
+    out = []
+    for item in items:
+        try:
+            out.append(tuple(_length_of(item[c], c, where) for c in names))
+        except KeyError as error:
+            raise ValueError(
+                f"{where}: row {len(out)} has no field {error.args[0]!r}; its fields are "
+                f"{sorted(item)}: change columns to name one of them."
+            ) from None
+    return out
+
+
+def lengths_array(rows: list[tuple[int, ...]], names: Sequence[str], where: str) -> np.ndarray:
+    """``(n,)`` or ``(n, 2)`` lengths from per-row tuples, checked with the planner's rules.
+
+    Example:
+        >>> lengths_array([(2, 5), (1, 1)], ("a", "b"), "shard").tolist()
+        [[2, 5], [1, 1]]
+    """
+    table = np.asarray(rows, dtype=np.int64).reshape(len(rows), len(names))
+    checked = [
+        as_int_lengths(table[:, i], f"{where} (column {c!r})") if len(rows) else table[:, i]
+        for i, c in enumerate(names)
+    ]
+    return checked[0] if len(names) == 1 else np.stack(checked, axis=1)
+
+
+def numpy_fields(item: Mapping[str, Any]) -> dict[str, Any]:
+    """``item`` with its lists of integers (token ids) as 1-D ``int64`` numpy arrays.
+
+    Example:
+        >>> numpy_fields({"ids": [1, 2], "text": "hi", "n": 2})["ids"]
+        array([1, 2])
+    """
+    out = dict(item)
+    for key, value in out.items():
+        if isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            out[key] = np.asarray(value, dtype=np.int64)
+    return out
+
+
+def table_items(table: Any) -> list[dict[str, Any]]:
+    """The rows of a pyarrow table (or record batch) as dicts; numeric lists as numpy arrays.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> table_items(pa.table({"ids": [[1, 2], [3]], "s": ["a", "b"]}))[1]
+        {'ids': array([3]), 's': 'b'}
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns: dict[str, list[Any]] = {}
+    for name in table.column_names:
+        col = table.column(name)
+        arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        kind = arr.type
+        listy = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        listy = listy or pa.types.is_fixed_size_list(kind)
+        if listy and arr.null_count == 0 and pa.types.is_primitive(kind.value_type):
+            values = arr.flatten().to_numpy(zero_copy_only=False)
+            sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+            columns[name] = np.split(values, np.cumsum(sizes)[:-1]) if len(arr) else []
+        else:
+            columns[name] = arr.to_pylist()
+    names = list(columns)
+    return [dict(zip(names, row, strict=True)) for row in zip(*columns.values(), strict=True)]
