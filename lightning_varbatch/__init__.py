@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from lightning_varbatch.data.micro_batch import MicroBatch
     from lightning_varbatch.data.packed_collate import PackingCollate
     from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+    from lightning_varbatch.data.streaming import StreamingBatches
     from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
     from lightning_varbatch.memory import BudgetResult, find_max_tokens
     from lightning_varbatch.planner import (
@@ -45,7 +46,11 @@ if TYPE_CHECKING:
         plan_epoch,
     )
     from lightning_varbatch.planner.flops import transformer_flops
+    from lightning_varbatch.planner.windows import WindowedPlanner
     from lightning_varbatch.sources import column_lengths, tokenized_lengths
+    from lightning_varbatch.sources.hf_iterable import shards_from_hf_iterable
+    from lightning_varbatch.sources.litdata_shards import shards_from_litdata
+    from lightning_varbatch.sources.shards import ShardedSource, shards_from_files
     from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
 
 _WHERE = {
@@ -60,6 +65,12 @@ _WHERE = {
     "document_attention": "lightning_varbatch.attention",
     "transformer_flops": "lightning_varbatch.planner.flops",
     "TokenBudgetBatchSampler": "lightning_varbatch.data.sampler",
+    "StreamingBatches": "lightning_varbatch.data.streaming",
+    "WindowedPlanner": "lightning_varbatch.planner.windows",
+    "ShardedSource": "lightning_varbatch.sources.shards",
+    "shards_from_files": "lightning_varbatch.sources.shards",
+    "shards_from_hf_iterable": "lightning_varbatch.sources.hf_iterable",
+    "shards_from_litdata": "lightning_varbatch.sources.litdata_shards",
     "TokenBudgetDataLoader": "lightning_varbatch.data.loader",
     "TokenBudgetDataModule": "lightning_varbatch.data.datamodule",
     "token_budget_dataloader": "lightning_varbatch.data.loader",
@@ -89,18 +100,24 @@ __all__ = [
     "PackingCollate",
     "PaddingCollate",
     "PlanConfig",
+    "ShardedSource",
+    "StreamingBatches",
     "TokenBudgetBatchSampler",
     "TokenBudgetDataLoader",
     "TokenBudgetDataModule",
     "TokenThroughputMonitor",
     "VarBatchDeepSpeedStrategy",
     "VarBatchFSDPStrategy",
+    "WindowedPlanner",
     "WorstBatchCheck",
     "column_lengths",
     "document_attention",
     "example_mean_loss",
     "find_max_tokens",
     "plan_epoch",
+    "shards_from_files",
+    "shards_from_hf_iterable",
+    "shards_from_litdata",
     "step_token_mean",
     "token_budget_dataloader",
     "token_mean_loss",

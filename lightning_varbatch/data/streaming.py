@@ -65,6 +65,8 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         world_size: number of ranks (same default).
         accumulate_grad_batches: micro-batches per rank per optimizer step.
         shuffle_shards: read the shards in a new random order each epoch.
+        loss_offset: loss tokens per example are its (target) length minus this (1 for
+            teacher forcing); the default collate gets the same ``loss_offset``.
         **plan_settings: other :class:`~lightning_varbatch.PlanConfig` settings (``cost``,
             ``seed``, ``tail``, ``layout``, ...).
 
@@ -83,6 +85,7 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         world_size: int | None = None,
         accumulate_grad_batches: int = 1,
         shuffle_shards: bool = True,
+        loss_offset: int = 0,
         **plan_settings: Any,
     ) -> None:
         if not isinstance(source, ShardedSource):
@@ -97,8 +100,9 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
             PlanConfig(max_tokens=max_tokens, **plan_settings),
             window=window,
             shuffle_shards=shuffle_shards,
+            loss_offset=loss_offset,
         )
-        self.collate = PaddingCollate() if collate is None else collate
+        self.collate = PaddingCollate(loss_offset=loss_offset) if collate is None else collate
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.accumulate_grad_batches = check_count(
             "accumulate_grad_batches", accumulate_grad_batches

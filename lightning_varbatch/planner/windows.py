@@ -90,6 +90,8 @@ class WindowedPlanner:
             lengths from the whole data).
         window: examples planned together; larger windows pad less, smaller ones hold less.
         shuffle_shards: read the shards in a new random order each epoch (else in order).
+        loss_offset: loss tokens per example are its length (the target's for pairs) minus
+            this, at least 0 (1 for teacher forcing, as ``PaddingCollate(loss_offset=1)``).
 
     Raises:
         ValueError: for no shards, a negative row count, a bad ``window`` or ``max_shapes``.
@@ -109,6 +111,7 @@ class WindowedPlanner:
         *,
         window: int = 10_000,
         shuffle_shards: bool = True,
+        loss_offset: int = 0,
     ) -> None:
         if not isinstance(config, PlanConfig):
             raise TypeError(f"config must be a PlanConfig, got {type(config).__name__}.")
@@ -123,6 +126,7 @@ class WindowedPlanner:
         self.window = check_count("window", window, what=" (examples planned together)")
         self.config = config
         self.shuffle_shards = bool(shuffle_shards)
+        self.loss_offset = check_count("loss_offset", loss_offset, minimum=0)
         self.shard_rows = np.array(rows, dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(self.shard_rows)))
         self._shard_lengths = shard_lengths
@@ -140,7 +144,10 @@ class WindowedPlanner:
 
     def fingerprint(self) -> str:
         """The settings' fingerprint plus the window (for checkpoint checks)."""
-        return f"{self.config.fingerprint()}-w{self.window}-s{int(self.shuffle_shards)}"
+        return (
+            f"{self.config.fingerprint()}-w{self.window}-s{int(self.shuffle_shards)}"
+            f"-o{self.loss_offset}"
+        )
 
     def shard_order(self, epoch: int) -> np.ndarray:
         """The order the shards are read in during ``epoch``."""
@@ -196,7 +203,11 @@ class WindowedPlanner:
         )
         lengths = np.concatenate([self._lengths(s)[a:b] for s, a, b in spans])
         seed = int(np.random.SeedSequence([self.config.seed, epoch, window]).generate_state(1)[0])
-        return EpochPlanner(lengths, replace(self.config, seed=seed)), ids
+        loss = None
+        if self.loss_offset:
+            counted = lengths[:, 1] if lengths.ndim == 2 else lengths
+            loss = np.maximum(counted.astype(np.int64) - self.loss_offset, 0)
+        return EpochPlanner(lengths, replace(self.config, seed=seed), loss), ids
 
     def window_plan(
         self,
