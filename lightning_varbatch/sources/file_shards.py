@@ -106,10 +106,17 @@ class _FileShard:
         raise NotImplementedError
 
     def lengths(self) -> np.ndarray:
-        """Per-row lengths (cached in memory and on disk)."""
-        if self._lengths is None:
-            self._lengths = self._index(("lengths",))["lengths"]
-        return self._lengths
+        """Per-row lengths (cached on disk; in memory only without a disk cache).
+
+        With a disk cache they are re-read on each call, so a stream over many shards holds
+        only the lengths of the shards it is planning (memory flat in the data's size).
+        """
+        if self._lengths is not None:
+            return self._lengths
+        lengths = self._index(("lengths",))["lengths"]
+        if self.cache_dir is None:
+            self._lengths = lengths
+        return lengths
 
     def _rows(self, rows: Any) -> np.ndarray:
         checked = check_rows(rows, self.num_rows, f"read ({self.name})")
@@ -325,22 +332,28 @@ class JsonlShard(_FileShard):
     ) -> None:
         super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
         self._offsets: np.ndarray | None = None
+        self._num_rows: int | None = None
 
-    def _load(self) -> None:
-        if self._offsets is None:
-            index = self._index(("lengths", "offsets"))
+    def _load(self, name: str) -> np.ndarray:
+        """One array of the index (kept in memory only without a disk cache)."""
+        kept = {"lengths": self._lengths, "offsets": self._offsets}[name]
+        if kept is not None:
+            return kept
+        index = self._index(("lengths", "offsets"))
+        if self.cache_dir is None:
             self._lengths, self._offsets = index["lengths"], index["offsets"]
+        return index[name]
 
     def lengths(self) -> np.ndarray:
-        """Per-row lengths (from the index: built in one pass, then cached)."""
-        self._load()
-        assert self._lengths is not None
-        return self._lengths
+        """Per-row lengths (from the index: built in one pass, then cached on disk)."""
+        return self._load("lengths")
 
     @property
     def num_rows(self) -> int:
         """Rows (non-blank lines) in the file, from the index."""
-        return int(self.lengths().shape[0])
+        if self._num_rows is None:
+            self._num_rows = int(self.lengths().shape[0])
+        return self._num_rows
 
     def _parse(self, line: bytes, where: str) -> Any:
         try:
@@ -385,11 +398,11 @@ class JsonlShard(_FileShard):
     def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
         if not rows.size:
             return
-        assert self._offsets is not None  # loaded by num_rows in _rows
+        offsets = self._load("offsets")
         self.stats.opens += 1
         with open(self.path, "rb") as file:
             for row in rows.tolist():
-                file.seek(int(self._offsets[row]))
+                file.seek(int(offsets[row]))
                 item = self._parse(file.readline(), f"row {row}")
                 self.stats.rows_decoded += 1
                 if self.fields is not None:

@@ -94,6 +94,7 @@ class HFIterableShard:
         self.cache_dir = resolve_cache_dir(cache_dir) if cache_key else None
         self.stats = ReadStats()
         self._lengths: np.ndarray | None = None
+        self._num_rows: int | None = None
         self._end = 0
 
     @property
@@ -104,18 +105,26 @@ class HFIterableShard:
     @property
     def num_rows(self) -> int:
         """Rows in the shard (known after the lengths pass)."""
-        return int(self.lengths().shape[0])
+        if self._num_rows is None:
+            self._num_rows = int(self.lengths().shape[0])
+        return self._num_rows
 
     def lengths(self) -> np.ndarray:
-        """Per-row lengths: one pass over the shard's ``columns``, cached."""
-        if self._lengths is None:
-            cached = load_index(self.cache_dir, self._key or "", ("lengths",))
-            if cached is None:
-                cached = {"lengths": self._build()}
-                if self._key:
-                    save_index(self.cache_dir, self._key, cached)
+        """Per-row lengths: one pass over the shard's ``columns``, cached.
+
+        Kept in memory only when they cannot be cached on disk (else re-read per call, so a
+        stream holds only the lengths of the shards it is planning).
+        """
+        if self._lengths is not None:
+            return self._lengths
+        cached = load_index(self.cache_dir, self._key or "", ("lengths",))
+        if cached is None:
+            cached = {"lengths": self._build()}
+            if self._key:
+                save_index(self.cache_dir, self._key, cached)
+        if not (self._key and self.cache_dir is not None):
             self._lengths = cached["lengths"]
-        return self._lengths
+        return cached["lengths"]
 
     def _build(self) -> np.ndarray:
         where = f"columns ({self.name})"

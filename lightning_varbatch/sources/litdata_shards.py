@@ -123,18 +123,24 @@ class LitdataShard:
             yield item
 
     def lengths(self) -> np.ndarray:
-        """Per-row lengths: one pass over the chunk's items, cached."""
-        if self._lengths is None:
-            key = file_key(self.chunk, "litdata", self.columns, self.offset)
-            cached = load_index(self.cache_dir, key, ("lengths",))
-            if cached is None:
-                where = f"columns ({self.name})"
-                items = self._items(list(range(self.num_rows)))
-                per_row = row_lengths(items, self.columns, where)
-                cached = {"lengths": lengths_array(per_row, self.columns, where)}
-                save_index(self.cache_dir, key, cached)
+        """Per-row lengths: one pass over the chunk's items, cached on disk.
+
+        Kept in memory only without a disk cache (else re-read per call, so a stream holds
+        only the lengths of the chunks it is planning).
+        """
+        if self._lengths is not None:
+            return self._lengths
+        key = file_key(self.chunk, "litdata", self.columns, self.offset)
+        cached = load_index(self.cache_dir, key, ("lengths",))
+        if cached is None:
+            where = f"columns ({self.name})"
+            items = self._items(list(range(self.num_rows)))
+            per_row = row_lengths(items, self.columns, where)
+            cached = {"lengths": lengths_array(per_row, self.columns, where)}
+            save_index(self.cache_dir, key, cached)
+        if self.cache_dir is None:
             self._lengths = cached["lengths"]
-        return self._lengths
+        return cached["lengths"]
 
     def read(self, rows: Any) -> Iterator[dict[str, Any]]:
         """The items of ``rows`` (strictly ascending), read in order from the chunk."""
