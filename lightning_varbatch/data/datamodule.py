@@ -78,10 +78,11 @@ _FIXED = {
     "_planner",
 }
 STAGES = ("train", "val", "test")
-_SAMPLER_KWARGS = frozenset(inspect.signature(TokenBudgetBatchSampler.__init__).parameters) - {
-    "self",
-    *_FIXED,
-}
+_SAMPLER_KWARGS = frozenset(
+    name
+    for name, p in inspect.signature(TokenBudgetBatchSampler.__init__).parameters.items()
+    if p.kind is not inspect.Parameter.VAR_KEYWORD and not name.startswith("_")
+) - {"self", *_FIXED}
 
 
 def _as_sources(stage: str, data: Any, lengths: Any) -> list[DataSource] | None:

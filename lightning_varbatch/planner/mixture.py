@@ -147,6 +147,18 @@ class MixturePlanner:
         self.names = source_names(self.sources)
         self.planners = [self._source_planner(i, s) for i, s in enumerate(self.sources)]
         if config.max_shapes is not None:
+            own = [
+                n
+                for n, src in zip(self.names, self.sources, strict=True)
+                if src.max_tokens is not None or src.max_examples is not None
+            ]
+            if own:
+                raise ValueError(
+                    f"max_shapes={config.max_shapes} with a budget of its own for dataset(s) "
+                    f"{own}: a shape's rows follow from the budget, so per-dataset max_tokens "
+                    "or max_examples would multiply the shapes. Give every dataset the common "
+                    "budget (drop the DataSource max_tokens/max_examples) or unset max_shapes."
+                )
             # One set of shape lengths for all datasets: at most max_shapes lengths in all.
             keys = [
                 p.prepared.key if p.prepared.kept is None else p.prepared.key[p.prepared.kept]
@@ -187,6 +199,14 @@ class MixturePlanner:
             raise TypeError(f"{self._which(index)}: {error}") from error
 
     # -- the planner interface the sampler uses -------------------------------------------
+
+    @property
+    def shapes(self) -> np.ndarray | None:
+        """``(k, 2)`` ``(rows, length)`` of every static shape (``None``: free shapes).
+
+        The datasets share one set of lengths and one budget, hence these shapes.
+        """
+        return self.planners[0].shapes if self.planners else None
 
     @property
     def num_examples(self) -> int:
