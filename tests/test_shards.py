@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import pickle
 from pathlib import Path
 
@@ -84,14 +85,19 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def litdata_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     litdata = pytest.importorskip("litdata")
     out = tmp_path_factory.mktemp("litdata") / "optimized"
-    litdata.optimize(
-        fn=litdata_item,
-        inputs=list(range(len(ALL_ITEMS))),
-        output_dir=str(out),
-        chunk_size=16,
-        num_workers=1,
-        verbose=False,
-    )
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        litdata.optimize(
+            fn=litdata_item,
+            inputs=list(range(len(ALL_ITEMS))),
+            output_dir=str(out),
+            chunk_size=16,
+            num_workers=1,
+            verbose=False,
+            start_method="fork",  # its default, spawn, re-imports torch in a fresh process
+        )
+    finally:  # optimize sets the process-wide start method: later DataLoader workers slow
+        multiprocessing.set_start_method(method, force=True)
     return out
 
 

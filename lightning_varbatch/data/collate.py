@@ -281,6 +281,8 @@ def _as_tokens(value: Any, field: str, where: str) -> torch.Tensor:
             "expected a 1-D sequence of integer token ids: tokenize the text in the dataset."
         )
     else:
+        if isinstance(value, np.ndarray) and not value.flags.writeable:
+            value = value.copy()  # zero-copy Arrow reads are read-only; torch warns on those
         try:
             tensor = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:

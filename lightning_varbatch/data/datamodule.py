@@ -184,7 +184,7 @@ def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) 
         )
 
 
-def _check_evaluation(stage: str, sampler: TokenBudgetBatchSampler) -> None:
+def check_evaluation(stage: str, sampler: TokenBudgetBatchSampler) -> None:
     """An evaluation plan must see every example exactly once across the ranks."""
     n = sampler.planner.num_examples
     if n < sampler.world_size:
@@ -537,7 +537,7 @@ class TokenBudgetDataModule(LightningDataModule):
         elif rank is not None and world is not None:
             sampler.set_distributed(rank, world, accumulate)
         if stage != "train":
-            _check_evaluation(stage, sampler)
+            check_evaluation(stage, sampler)
         return sampler
 
     def _loader(self, stage: str) -> TokenBudgetDataLoader:
@@ -622,7 +622,7 @@ class TokenBudgetDataModule(LightningDataModule):
                 epoch=epoch if stage == "train" else 0,
             )
             if stage != "train":
-                _check_evaluation(stage, sampler)
+                check_evaluation(stage, sampler)
             plans[stage] = sampler.plan
         return plans
 

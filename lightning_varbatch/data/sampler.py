@@ -127,16 +127,6 @@ def _check_accumulate(value: Any) -> None:
     )
 
 
-def _settings(config: PlanConfig) -> dict[str, Any]:
-    """The plan settings as plain values, to say which one changed between runs."""
-    out: dict[str, Any] = {}
-    for name, value in vars(config).items():
-        if callable(value):
-            value = getattr(value, "__qualname__", repr(value))
-        out[name] = value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
-    return out
-
-
 def _state_int(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
     value = state[key]
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
@@ -559,7 +549,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             "num_examples": self.planner.num_examples,
             "fingerprint": self.planner.fingerprint(),
             "lengths_digest": self.lengths_digest,
-            "settings": _settings(self.config),
+            "settings": self.config.plain(),
             "world_size": self.world_size,
             "accumulate_grad_batches": self.accumulate_grad_batches,
             "consumed": int(consumed),
@@ -667,7 +657,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         ]
         saved_settings = state.get("settings")
         if isinstance(saved_settings, Mapping) and state["fingerprint"] != expected["fingerprint"]:
-            now = _settings(self.config)
+            now = self.config.plain()
             changed = [
                 f"{k}: saved {saved_settings.get(k)!r}, now {v!r}"
                 for k, v in now.items()

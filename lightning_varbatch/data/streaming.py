@@ -45,7 +45,7 @@ from lightning_varbatch.sources.shards import ShardedSource
 
 __all__ = ["StreamingBatches"]
 
-_STATE_KEYS = ("epoch", "window", "consumed", "history", "fingerprint", "num_examples")
+_STATE_KEYS = ("epoch", "window", "consumed", "history", "settings", "shards", "num_examples")
 
 
 class StreamingBatches(IterableDataset[dict[str, Any]]):
@@ -57,8 +57,10 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
     Args:
         source: the shards (:func:`~lightning_varbatch.sources.shards.shards_from_files`, ...).
         max_tokens: the budget of one micro-batch.
-        window: examples planned together (10 000 pads within about 1 % of a whole-epoch plan
-            on translation-like lengths, see docs/streaming.md).
+        window: examples planned together; ``None`` (default): about 200 micro-batches' worth
+            (:func:`~lightning_varbatch.planner.windows.auto_window`), which pads within about
+            1 % of a whole-epoch plan; the padding depends on the micro-batches per window
+            (see docs/streaming.md).
         collate: turns a micro-batch's items into a batch (default :class:`PaddingCollate`);
             it receives the items with the plan's counts attached, as in the map-style loader.
         rank: this process's rank (default: from the environment / process group).
@@ -79,7 +81,7 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         source: ShardedSource,
         max_tokens: int,
         *,
-        window: int = 10_000,
+        window: int | None = None,
         collate: Callable[[Any], Any] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
@@ -163,8 +165,18 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
     # -- progress and checkpoints ----------------------------------------------------------
 
     def fingerprint(self) -> str:
-        """The shards' and the plan settings' fingerprint (checked on resume)."""
+        """The shards' and the plan settings' fingerprint (the same on every rank)."""
         return f"{self.source.fingerprint()}-{self.planner.fingerprint()}"
+
+    def settings(self) -> dict[str, Any]:
+        """The plan settings and the window settings as plain values (checked on resume)."""
+        planner = self.planner
+        return {
+            **planner.config.plain(),
+            "window": planner.window,
+            "shuffle_shards": planner.shuffle_shards,
+            "loss_offset": planner.loss_offset,
+        }
 
     def _window_size(self, window: int) -> int:
         """Micro-batches per rank of ``window`` under the current topology (from its start)."""
@@ -204,6 +216,10 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
     def state_dict(self, trained: int = 0) -> dict[str, Any]:
         """The position after ``trained`` micro-batches of this iteration, to resume there.
 
+        A position at the end of the epoch is saved as window ``num_windows``: a stream
+        restored there yields nothing until :meth:`set_epoch` starts the next epoch (as a
+        restored :class:`~lightning_varbatch.TokenBudgetBatchSampler` does).
+
         Args:
             trained: micro-batches this rank trained on since the iteration started (the
                 training loop's count; 0 saves the start position).
@@ -217,7 +233,8 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
             "history": [list(h) for h in history],
             "world_size": self.world_size,
             "accumulate_grad_batches": self.accumulate_grad_batches,
-            "fingerprint": self.fingerprint(),
+            "settings": self.settings(),
+            "shards": self.source.fingerprint(),
             "num_examples": self.planner.num_examples,
         }
 
@@ -233,15 +250,24 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
             raise ValueError(f"not a StreamingBatches state: missing {missing}.")
-        if (
-            state["fingerprint"] != self.fingerprint()
-            or int(state["num_examples"]) != self.planner.num_examples
-        ):
+        now = self.settings()
+        saved = dict(state["settings"])
+        changed = [
+            f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}"
+            for k in sorted(set(now) | set(saved))
+            if saved.get(k) != now.get(k)
+        ]
+        if state["shards"] != self.source.fingerprint():
+            changed.append(
+                f"the shards: saved {state['num_examples']} examples (fingerprint "
+                f"{state['shards']!r}), now {self.planner.num_examples} (fingerprint "
+                f"{self.source.fingerprint()!r}): other files, rows or columns"
+            )
+        if changed:
             raise ValueError(
-                "the checkpoint was saved for other data or plan settings (fingerprint "
-                f"{state['fingerprint']!r}, {state['num_examples']} examples; now "
-                f"{self.fingerprint()!r}, {self.planner.num_examples}): resume with "
-                "the same shards, max_tokens, window and plan settings."
+                "The stream position was saved for other data or settings; "
+                + "; ".join(changed)
+                + ". Resume with the same shards and settings (or start the epoch afresh)."
             )
         self.epoch = check_count("epoch", state["epoch"], minimum=0)
         self._window = check_count("window", state["window"], minimum=0)
@@ -254,7 +280,8 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         else:  # another topology: its consumed micro-batches become history of the window
             self._history = [*history, (old[0], old[1], consumed)]  # type: ignore[list-item]
             self._consumed = 0
-        if self._window >= self.planner.num_windows:
+        if self._window > self.planner.num_windows:
             raise ValueError(
-                f"window {self._window} is past this epoch's {self.planner.num_windows} windows."
+                f"window {self._window} is past this epoch's {self.planner.num_windows} windows "
+                "(the state is damaged or from other data)."
             )

@@ -52,6 +52,9 @@ class EpochPlanner:
         config: the planner settings.
         loss_lengths: loss tokens per example, when they are not the lengths (1-D) or the
             target column (pairs).
+        rotate_ranks: give the ranks each step's micro-batches in a random order (a plan of
+            few steps, such as a window of a stream, would otherwise give rank 0 the largest
+            micro-batch of every step). Off by default: it changes the plan.
 
     Raises:
         ValueError: for bad lengths or an example over the budget (see :class:`PlanConfig`).
@@ -69,6 +72,8 @@ class EpochPlanner:
         lengths: npt.ArrayLike,
         config: PlanConfig,
         loss_lengths: npt.ArrayLike | None = None,
+        *,
+        rotate_ranks: bool = False,
     ) -> None:
         if not isinstance(config, PlanConfig):
             raise TypeError(
@@ -77,6 +82,7 @@ class EpochPlanner:
                 "dict)."
             )
         self.config = config
+        self.rotate_ranks = bool(rotate_ranks)
         self.prepared: PreparedLengths = prepare_lengths(lengths, config, loss_lengths)
         if config.layout == "packed" and self.prepared.pairs:
             raise ValueError(
@@ -287,6 +293,14 @@ class EpochPlanner:
         assign = deal_steps(tiles.reshape(-1, wa), layout.work, world, acc)
         if cfg.shuffle:
             assign = assign[rng.permutation(assign.shape[0])]
+        if self.rotate_ranks and world > 1:
+            # Dealing gives rank 0 each step's largest micro-batch: over a few steps (a window
+            # of a stream) that skews the ranks' real tokens; a random rank order per step
+            # evens them out (loads per step are unchanged).
+            ranks = rng.permuted(np.tile(np.arange(world), (assign.shape[0], 1)), axis=1)
+            assign = np.take_along_axis(
+                assign, np.broadcast_to(ranks[:, :, None], assign.shape), axis=1
+            )
         prep = self.prepared
         return EpochPlan(
             epoch=epoch,

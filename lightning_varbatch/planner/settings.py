@@ -14,7 +14,7 @@ import math
 import textwrap
 import warnings
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal, TypeAlias, overload
+from typing import Any, Literal, TypeAlias, overload
 
 import numpy as np
 
@@ -399,6 +399,23 @@ class PlanConfig:
         return resolve_cost(
             self.cost, quadratic_coef=self.quadratic_coef, multiple=self.pad_to_multiple_of
         )
+
+    def plain(self) -> dict[str, Any]:
+        """Every setting as a plain value (a custom cost by its name), to say what changed.
+
+        Example:
+            >>> def slots(n, longest, total):
+            ...     return n * longest
+            >>> PlanConfig(8).plain()["max_tokens"], PlanConfig(8, cost=slots).plain()["cost"]
+            (8, 'slots')
+        """
+        out: dict[str, Any] = {}
+        for name, value in vars(self).items():
+            if callable(value):
+                value = getattr(value, "__qualname__", repr(value))
+            keep = isinstance(value, (bool, int, float, str, type(None)))
+            out[name] = value if keep else str(value)
+        return out
 
     def fingerprint(self) -> str:
         """A short hash of every setting that changes the plan (for checkpoint checks).

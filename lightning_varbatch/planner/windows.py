@@ -47,7 +47,7 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.settings import PlanConfig, check_count
 
-__all__ = ["WindowPlan", "WindowedPlanner"]
+__all__ = ["MIN_WINDOW", "WINDOW_BATCHES", "WindowPlan", "WindowedPlanner", "auto_window"]
 
 #: Mixed into the shard order's random stream so it differs from any window's.
 _ORDER_TAG = 0x5EA4
@@ -78,6 +78,33 @@ class WindowPlan:
         return self.ids[self.plan.tile_ids(tile)]
 
 
+#: The default window holds about this many micro-batches' worth of examples: the padding of a
+#: window plan then stays within about 1 % of a whole-epoch plan (benchmarks/RESULTS.md).
+WINDOW_BATCHES = 200
+#: The smallest default window, in examples.
+MIN_WINDOW = 10_000
+
+
+def auto_window(lengths: np.ndarray, config: PlanConfig) -> int:
+    """The default window: :data:`WINDOW_BATCHES` micro-batches of examples of these lengths.
+
+    A micro-batch holds about ``max_tokens / mean length`` examples; the window is that times
+    :data:`WINDOW_BATCHES`, at least :data:`MIN_WINDOW`. The padding of a window plan depends
+    on how many micro-batches a window holds, not on how many examples (a 10k window of
+    WMT-like lengths at ``max_tokens=16384`` is only ~23 micro-batches and pads 7 % more than
+    the whole-epoch plan).
+
+    Example:
+        >>> auto_window(np.full(100, 50), PlanConfig(max_tokens=16384))
+        65400
+    """
+    key = np.asarray(lengths)
+    key = key.max(axis=1) if key.ndim == 2 else key
+    mean = max(float(key.mean()) if key.size else 1.0, 1.0)
+    per_batch = max(1, int(config.max_tokens / mean))
+    return max(MIN_WINDOW, WINDOW_BATCHES * per_batch)
+
+
 class WindowedPlanner:
     """Plans an epoch of a sharded stream window by window (see the module docstring).
 
@@ -89,6 +116,9 @@ class WindowedPlanner:
         config: the planner settings (``max_shapes`` is refused: a shape budget chooses its
             lengths from the whole data).
         window: examples planned together; larger windows pad less, smaller ones hold less.
+            ``None`` (default): :data:`WINDOW_BATCHES` micro-batches' worth of examples,
+            estimated from the first shard's mean length, at least :data:`MIN_WINDOW`
+            (see :func:`auto_window`).
         shuffle_shards: read the shards in a new random order each epoch (else in order).
         loss_offset: loss tokens per example are its length (the target's for pairs) minus
             this, at least 0 (1 for teacher forcing, as ``PaddingCollate(loss_offset=1)``).
@@ -109,7 +139,7 @@ class WindowedPlanner:
         shard_lengths: Callable[[int], np.ndarray],
         config: PlanConfig,
         *,
-        window: int = 10_000,
+        window: int | None = None,
         shuffle_shards: bool = True,
         loss_offset: int = 0,
     ) -> None:
@@ -123,7 +153,6 @@ class WindowedPlanner:
         rows = [check_count(f"shard_rows[{i}]", r, minimum=0) for i, r in enumerate(shard_rows)]
         if not rows or sum(rows) == 0:
             raise ValueError("a stream needs at least one shard with at least one example.")
-        self.window = check_count("window", window, what=" (examples planned together)")
         self.config = config
         self.shuffle_shards = bool(shuffle_shards)
         self.loss_offset = check_count("loss_offset", loss_offset, minimum=0)
@@ -131,6 +160,10 @@ class WindowedPlanner:
         self.offsets = np.concatenate(([0], np.cumsum(self.shard_rows)))
         self._shard_lengths = shard_lengths
         self._cache: dict[int, np.ndarray] = {}
+        if window is None:
+            first = int(np.flatnonzero(self.shard_rows)[0])
+            window = auto_window(self._lengths(first), config)
+        self.window = check_count("window", window, what=" (examples planned together)")
 
     @property
     def num_examples(self) -> int:
@@ -207,7 +240,8 @@ class WindowedPlanner:
         if self.loss_offset:
             counted = lengths[:, 1] if lengths.ndim == 2 else lengths
             loss = np.maximum(counted.astype(np.int64) - self.loss_offset, 0)
-        return EpochPlanner(lengths, replace(self.config, seed=seed), loss), ids
+        planner = EpochPlanner(lengths, replace(self.config, seed=seed), loss, rotate_ranks=True)
+        return planner, ids
 
     def window_plan(
         self,

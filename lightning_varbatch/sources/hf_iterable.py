@@ -164,17 +164,28 @@ class HFIterableShard:
         self.stats.opens += 1
         wanted = iter(rows.tolist())
         target = next(wanted)
-        for i, item in enumerate(self.dataset):
-            self.stats.rows_decoded += 1
-            if i == target:
-                self.stats.rows_read += 1
-                yield numpy_fields(item)
-                target = next(wanted, -1)
-                if target < 0:
-                    return
+        i = 0
+        # .iter() rather than iter(): inside a DataLoader worker, IterableDataset.__iter__
+        # splits the shard's files between the workers (datasets' _iter_pytorch), so each
+        # worker would see only part of the shard; our workers already split the micro-batches.
+        for batch in self.dataset.iter(batch_size=_READ_BATCH):
+            names = list(batch)
+            for values in zip(*batch.values(), strict=True):
+                self.stats.rows_decoded += 1
+                if i == target:
+                    self.stats.rows_read += 1
+                    yield numpy_fields(dict(zip(names, values, strict=True)))
+                    target = next(wanted, -1)
+                    if target < 0:
+                        return
+                i += 1
 
     def __repr__(self) -> str:
         return f"HFIterableShard({self.name!r})"
+
+
+#: Rows per batch when a shard is read (the dataset is iterated in batches of this size).
+_READ_BATCH = 256
 
 
 def shards_from_hf_iterable(
