@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from examples.translation.compiling import check_compile
 from examples.translation.corpora import ConfigError, mixture_settings, read_corpora
 
 __all__ = [
@@ -42,6 +43,8 @@ TOP_LEVEL = frozenset(
         "on_resume_mismatch",
         "test",
         "cpu_threads",
+        "compile",
+        "compile_backend",
     }
 )  # the tokenizer's 4 specials + 256 bytes
 
@@ -269,6 +272,7 @@ def check_config(cfg: DictConfig) -> None:
     _path("output_dir", cfg.get("output_dir"), nullable=False)
     _path("ckpt_path", cfg.get("ckpt_path"))
     _choice("on_resume_mismatch", cfg.get("on_resume_mismatch", "error"), MISMATCH_POLICIES)
+    check_compile(cfg)
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
     _check_trainer(cfg.trainer)

@@ -264,6 +264,22 @@ class TranslationModel(FSDPNormClipping, LightningModule):
         self.chrf = CHRFScore()
         self.samples: list[tuple[str, str, str]] = []
         self.flops_per_token = 6.0 * sum(p.numel() for p in self.parameters())
+        self._compiled_forward: Callable[[dict[str, Any]], Tensor] | None = None
+        self.compiled_shapes: set[tuple[int, ...]] = set()
+
+    def compile_forward(self, backend: str = "inductor") -> None:
+        """Run the teacher-forced forward of the training steps through ``torch.compile``.
+
+        Compiled with ``dynamic=False``: one graph per distinct ``(rows, length)`` of the
+        batches, so use it with a shape budget (``data.max_shapes``, see
+        :mod:`examples.translation.compiling`). Validation, test and greedy decoding stay eager.
+        The shapes the compiled forward ran are collected in :attr:`compiled_shapes`.
+
+        Args:
+            backend: the ``torch.compile`` backend (``"inductor"``; ``"aot_eager"`` compiles
+                the graphs without generating code, for quick checks).
+        """
+        self._compiled_forward = torch.compile(self.forward, dynamic=False, backend=backend)
 
     # -- network ---------------------------------------------------------------------------
 
@@ -304,6 +320,9 @@ class TranslationModel(FSDPNormClipping, LightningModule):
             tgt_mask=causal,
             tgt_key_padding_mask=~prefix_mask,
             memory_key_padding_mask=~source_mask,
+            # What torch would detect from the mask, said up front: its check compares the
+            # mask's values, a data-dependent branch and so a graph break under torch.compile.
+            tgt_is_causal=True,
         )
         return hidden @ self.embed.weight.t()  # tied output projection
 
@@ -373,9 +392,18 @@ class TranslationModel(FSDPNormClipping, LightningModule):
             memory, batch["source_mask"], batch["target"][:, :-1], batch["target_mask"][:, :-1]
         )
 
-    def _losses(self, batch: dict[str, Any], smoothing: float) -> tuple[Tensor, Tensor, Tensor]:
-        """(smoothed loss sum, plain NLL sum, loss-token count) over real target tokens."""
-        logits = self(batch).float()
+    def _losses(
+        self, batch: dict[str, Any], smoothing: float, compiled: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(smoothed loss sum, plain NLL sum, loss-token count) over real target tokens.
+
+        ``compiled``: through the compiled forward when :meth:`compile_forward` was called.
+        """
+        if compiled and self._compiled_forward is not None:
+            self.compiled_shapes.add(tuple(batch["source"].shape))
+            logits = self._compiled_forward(batch).float()
+        else:
+            logits = self(batch).float()
         labels = batch["target"][:, 1:]
         real = batch["target_mask"][:, 1:]
         flat_logits, flat_labels = logits[real], labels[real]
@@ -399,7 +427,7 @@ class TranslationModel(FSDPNormClipping, LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         self.seed_dropout(batch_idx)
-        loss_sum, _, ntokens = self._losses(batch, self.hparams["label_smoothing"])
+        loss_sum, _, ntokens = self._losses(batch, self.hparams["label_smoothing"], compiled=True)
         loss = loss_sum.detach() / ntokens.clamp(min=1)
         self.log("train/loss", loss, prog_bar=True, batch_size=int(ntokens))
         if self.dataset_names:
@@ -488,12 +516,14 @@ class TranslationModel(FSDPNormClipping, LightningModule):
             metric.update(loss_sum / count, weight=count)
         if self.decode_fn is None or batch_idx >= self.hparams["decode_batches"]:
             return
-        hyps = self.greedy_decode(
-            batch["source"], batch["source_mask"], self.hparams["max_decode_extra"]
-        )
+        # Under a shape budget (data.max_shapes) the rows after the real ones are all padding:
+        # decode and score the real rows only.
+        rows = int(batch.get("nexamples", batch["source"].shape[0]))
+        source, source_mask = batch["source"][:rows], batch["source_mask"][:rows]
+        hyps = self.greedy_decode(source, source_mask, self.hparams["max_decode_extra"])
         refs = [
             self._strip(row, mask)
-            for row, mask in zip(batch["target"], batch["target_mask"], strict=True)
+            for row, mask in zip(batch["target"][:rows], batch["target_mask"][:rows], strict=True)
         ]
         hyp_text = [self.decode_fn(h) for h in hyps]
         ref_text = [self.decode_fn(r) for r in refs]
@@ -502,7 +532,7 @@ class TranslationModel(FSDPNormClipping, LightningModule):
         if batch_idx == 0:
             sources = [
                 self.decode_fn(self._strip(row, mask))
-                for row, mask in zip(batch["source"], batch["source_mask"], strict=True)
+                for row, mask in zip(source, source_mask, strict=True)
             ]
             self.samples = list(zip(sources, hyp_text, ref_text, strict=True))[
                 : self.hparams["num_samples"]

@@ -62,6 +62,7 @@ from examples.translation.checks import (  # noqa: E402
     check_config,
     sampler_state,
 )
+from examples.translation.compiling import CompileStats  # noqa: E402
 from examples.translation.corpora import (  # noqa: E402
     ConfigError,
     Corpus,
@@ -263,6 +264,7 @@ def _datamodule(
         num_workers=data.num_workers,
         on_resume_mismatch=cfg.get("on_resume_mismatch", "error"),
         bucket_width=data.bucket_width,
+        max_shapes=data.get("max_shapes"),  # the shape budget (compile=true)
         tail=data.tail,
         oversize=data.oversize,
         pad_to_multiple_of=data.pad_to_multiple_of,
@@ -487,6 +489,36 @@ def _stopped(trainer: Trainer, metrics: dict[str, Any], signum: int, ckpt: str |
     raise SystemExit(128 + signum)
 
 
+def _compile(cfg: DictConfig, model: Any, dm: TokenBudgetDataModule) -> CompileStats | None:
+    """With ``compile=true``: compile the model's training forward; say what was set.
+
+    The shape budget itself (``data.max_shapes``, ``data.bucket_width``) is set by the config
+    (``conf/data/default.yaml``) and checked by :func:`check_config`; see
+    :mod:`examples.translation.compiling`.
+    """
+    if not cfg.get("compile"):
+        return None
+    backend = str(cfg.get("compile_backend", "inductor"))
+    # A fresh dynamo cache: the jobs of a multirun (-m) share one process and one
+    # TranslationModel.forward code object, whose compiled versions would pile up past
+    # the recompile limit.
+    torch._dynamo.reset()
+    model.compile_forward(backend)
+    shapes = getattr(dm.planner("train"), "shapes", None)
+    stats = CompileStats(cfg.data.max_shapes, backend, None if shapes is None else shapes.tolist())
+    if _rank() == 0:
+        listed = "" if shapes is None else ": " + ", ".join(f"{r}x{n}" for r, n in shapes.tolist())
+        count = "" if shapes is None else f"{len(shapes)} "
+        print(
+            f"compile=true: the training forward runs under torch.compile(dynamic=False, "
+            f"backend={backend!r}); data.max_shapes={cfg.data.max_shapes}, "
+            f"data.bucket_width={cfg.data.bucket_width}; the training split has "
+            f"{count}shapes (rows x length){listed}; dynamo recompile limit "
+            f"{stats.recompile_limit}. Validation and decoding run eager."
+        )
+    return stats
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Build data, tokenizer, model, strategy, callbacks and logger; fit; return the metrics.
 
@@ -494,7 +526,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         The final logged metrics as floats (``val/bleu``, ``val/chrf``, ``val/loss``, ...; with
         ``test=true`` also ``test/bleu``, ``test/chrf``, ``test/loss``, ``test/nll``) plus
         ``bleu`` (None without a validation), ``global_step``, ``log_dir``, ``ckpt_dir``,
-        ``output_dir``, ``seconds`` and the split sizes.
+        ``output_dir``, ``seconds`` and the split sizes; with ``compile=true`` also
+        ``compile`` (:meth:`~examples.translation.compiling.CompileStats.summary`: ``graphs``
+        compiled during training, distinct training ``shapes``, ``max_shapes``, ...).
 
     Raises:
         ConfigError: for a setting that cannot work (nothing has been written then).
@@ -529,6 +563,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         dataset_names=list(sizes.get("corpora", [])) or None,  # per-corpus loss keys
         _convert_="all",
     )
+    stats = _compile(cfg, model, dm)
     trainer: Trainer = _instantiate(
         "trainer",
         cfg.trainer,
@@ -559,6 +594,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             f"ckpt_path={cfg.ckpt_path} cannot resume on this data: {error} -- add "
             "on_resume_mismatch=restart_epoch to start the checkpoint's epoch afresh."
         ) from error
+    if stats is not None:
+        metrics["compile"] = stats.summary(model.compiled_shapes)
     checkpoint = trainer.checkpoint_callback
     metrics.update(
         bleu=metrics.get("val/bleu"),
@@ -581,6 +618,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             f"{trainer.world_size} process(es); final BLEU {bleu}\n"
             f"  logs:        {metrics['log_dir']}\n  checkpoints: {metrics['ckpt_dir']}\n"
             f"  tokenizer:   {output_dir / 'tokenizer.json'}"
+            + (f"\n  compile:     {stats.describe(metrics['compile'])}" if stats else "")
         )
     return metrics
 
