@@ -9,6 +9,8 @@ Run from the repository root (venv active)::
     python -m benchmarks --only planning training_throughput straggler   # issue 6's (~12 min)
     python -m benchmarks --only hf_datasets     # issue 14's (~15 min busy; quick ~1 min)
     python -m benchmarks --only packing         # issue 16 (~4-5 min; quick ~25 s)
+    python -m benchmarks --only streaming       # issue 15 (~6 min busy; quick ~50 s)
+    python -m benchmarks --only compile_shapes  # issue 17 (~8 min, inductor; quick ~20 s)
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
 own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
@@ -38,8 +40,18 @@ BENCHMARKS = (
     "callback_overhead",
     "hf_datasets",
     "packing",
+    "streaming",
+    "compile_shapes",
 )
-WITH_JSON = ("planning", "training_throughput", "straggler", "hf_datasets", "packing")
+WITH_JSON = (
+    "planning",
+    "training_throughput",
+    "straggler",
+    "hf_datasets",
+    "packing",
+    "streaming",
+    "compile_shapes",
+)
 
 
 def run_one(name: str, quick: bool, out_dir: str, root: str) -> int:

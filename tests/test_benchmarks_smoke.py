@@ -27,8 +27,10 @@ QUICK = {
     "hf_datasets": ["--quick"],
     "packing": ["--quick"],
     "gpu_packing": ["--device", "cpu", "--tiny"],
+    "streaming": ["--quick"],
+    "compile_shapes": ["--quick"],
 }
-NO_PLOT = {"hf_datasets", "packing", "gpu_packing"}  # print tables only
+NO_PLOT = {"hf_datasets", "packing", "gpu_packing", "streaming", "compile_shapes"}
 HF_CONFIGS = {
     *(f"lengths/{case}/{m}" for case in "abc" for m in ("ours", "loop", "map")),
     "lengths/a/numpy",
@@ -77,6 +79,24 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
         assert data["lengths"]["p99_over_median"] >= 8
     elif name == "gpu_packing":
         assert set(data["configs"]) == {"packed", "padded", "random"}
+    elif name == "compile_shapes":
+        assert set(data["training"]) == {
+            "eager_free",
+            "eager_k",
+            "compiled_k",
+            "dynamic_free",
+            "static_free",
+        }
+        assert len(data["padding"]["rows"]) == 7 and data["masked_rows"]["ok"] is True
+    elif name == "streaming":
+        rows = {r["name"]: r for r in data["plans"]["rows"]}
+        ours = [r for n, r in rows.items() if not n.startswith("lhotse")]
+        assert any(n.startswith("lhotse") for n in rows) and len(ours) >= 2
+        assert all(r["over"] == 0 and r["coverage"] == 1.0 for r in ours)
+        for workers in ("w0", "w2"):
+            assert data["reads"][workers]["exact"]
+            assert data["reads"][workers]["stats"]["backward_seeks"] == 0
+        assert data["resume"]["round0"]["exact"]
     else:
         assert set(data["configs"]) == {"a", "b", "c"} and data["predicted"] > 1.0
     if name in NO_PLOT:
