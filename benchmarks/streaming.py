@@ -316,7 +316,9 @@ def child_memory(mode: str, folder: str, max_tokens: int, window: int) -> dict[s
         for w in range(wp.num_windows):
             examples += wp.window_plan(0, w, WORLD).example_ids(0).size
     elif mode == "stream":
-        source = shards_from_files(paths, "num_tokens", cache_dir=None)
+        # The default path: each shard's lengths cached on disk once (here in a folder of its
+        # own, written by this first open), re-read per window, never all held at once.
+        source = shards_from_files(paths, "num_tokens", cache_dir=folder.rstrip("/") + "-cache")
         batches = StreamingBatches(
             source,
             max_tokens,

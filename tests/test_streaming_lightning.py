@@ -180,6 +180,27 @@ def test_validation_is_map_style_and_complete(data: Path) -> None:
     assert StreamingDataModule(source(data), MAX_TOKENS).val_dataloader() == []
 
 
+def test_teacher_forcing_counts_loss_tokens_alike_in_training_and_validation(
+    data: Path,
+) -> None:
+    """loss_offset=1 (predict tokens[1:]): both loaders count every example's length minus 1."""
+    lengths = [3, 9, 4, 1, 6]
+    items = [{"tokens": list(range(1, n + 1))} for n in lengths]
+    dm = StreamingDataModule(
+        source(data),
+        MAX_TOKENS,
+        window=WINDOW,
+        loss_offset=1,
+        val_dataset=items,
+        val_lengths=lengths,
+    )
+    val = [b for b in dm.val_dataloader()]
+    assert sum(int(b["ntokens"]) for b in val) == sum(n - 1 for n in lengths)
+    train = list(dm.train_dataloader())
+    real = sum(int(b["tokens_mask"].sum()) for b in train)
+    assert sum(int(b["ntokens"]) for b in train) == real - sum(int(b["nexamples"]) for b in train)
+
+
 def test_bad_arguments_get_clear_errors(data: Path) -> None:
     src = source(data)
     with pytest.raises(TypeError, match=r"train_source must be a ShardedSource.*got list"):
@@ -214,5 +235,5 @@ def test_bad_arguments_get_clear_errors(data: Path) -> None:
     other = StreamingDataModule(src, MAX_TOKENS + 1)
     other.train_dataloader()
     dm.load_state_dict(other.state_dict())
-    with pytest.raises(ValueError, match="other data or plan settings"):
+    with pytest.raises(ValueError, match="max_tokens: saved 65, now 64"):
         dm.train_dataloader()

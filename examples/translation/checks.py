@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from examples.translation.compiling import check_compile
 from examples.translation.corpora import ConfigError, mixture_settings, read_corpora
+from examples.translation.streaming import check_stream
 
 __all__ = [
     "MISMATCH_POLICIES",
@@ -276,6 +277,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
     _check_trainer(cfg.trainer)
+    check_stream(cfg)
     corpora = read_corpora(cfg.data)
     mixture_settings(cfg.data, corpora)
     for c in corpora:

@@ -9,6 +9,7 @@ From the repository root (or from this folder as ``python train.py ...``)::
     python examples/translation/train.py -m data.max_tokens=2048,4096   # output_dir/0, output_dir/1
     python examples/translation/train.py data=mixture data.corpora.sentences.weight=3
     python examples/translation/train.py data.hf_path=ds data.source_column=en data.target_column=de
+    python examples/translation/train.py data.stream=true      # train split streamed from shards
 
 :func:`train` does the work (tests call it with a composed config); :func:`main` is the
 command-line entry. A bad setting (any ``data.*``/``model.*``/``trainer.*`` value that cannot
@@ -50,6 +51,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException  # noqa: E40
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from examples.translation import data as corpus  # noqa: E402
+from examples.translation import streaming  # noqa: E402
 from examples.translation import tokenizer as tok  # noqa: E402
 from examples.translation.batching import (  # noqa: E402
     describe_oversize,
@@ -71,6 +73,7 @@ from examples.translation.corpora import (  # noqa: E402
 )
 from examples.translation.preemption import Interrupted  # noqa: E402
 from lightning_varbatch import (  # noqa: E402
+    BatchSizeLRScaler,
     DataSource,
     PaddingCollate,
     TokenBudgetBatchSampler,
@@ -276,7 +279,7 @@ def _datamodule(
 
 def build_datamodule(
     cfg: DictConfig, output_dir: Path
-) -> tuple[TokenBudgetDataModule, Any, dict[str, Any]]:
+) -> tuple[TokenBudgetDataModule | streaming.TranslationStreamingDataModule, Any, dict[str, Any]]:
     """The tokenizer and the token-budgeted DataModule over train/valid/test splits.
 
     Each corpus is split on its own and one BPE tokenizer is trained on every training split.
@@ -291,6 +294,10 @@ def build_datamodule(
     its own ``max_tokens``/``max_examples`` and ``loss_lengths``), mixed by ``data.mixing``,
     ``data.corpora.<name>.weight``, ``data.temperature`` and ``data.steps_per_epoch``;
     validation and test cover every example of every corpus once.
+
+    With ``data.stream=true`` the training split is streamed from parquet shards instead
+    (:mod:`examples.translation.streaming`: written once to ``data.shard_dir``, then reused)
+    and validation/test stay map-style.
 
     Every split is planned and checked here with :meth:`TokenBudgetDataModule.check` (as rank
     0 of 1, without a Trainer), so that a budget or setting that cannot work fails before the
@@ -319,6 +326,8 @@ def build_datamodule(
         cache = Path(data.cache_dir) / f"tokenizer-{data.vocab_size}.json"
     # Several ranks train the same (deterministic) tokenizer in memory: no shared-file race.
     tokenizer = tok.train_or_load_tokenizer(texts, vocab_size=data.vocab_size, cache_path=cache)
+    if data.get("stream"):
+        return _streaming_datamodule(cfg, output_dir, corpora, splits[0], tokenizer, train_texts[0])
     encoded: list[dict[str, Any]] = []
     for c, sp in zip(corpora, splits, strict=True):
         encoded.append({split: _encode(sp[split], c, tokenizer, data) for split in sp})
@@ -366,12 +375,93 @@ def build_datamodule(
     return dm, tokenizer, sizes
 
 
-def check_resume(cfg: DictConfig, dm: TokenBudgetDataModule, ckpt: dict[str, Any]) -> None:
+def _streaming_datamodule(
+    cfg: DictConfig,
+    output_dir: Path,
+    corpora: list[Corpus],
+    split: dict[str, Any],
+    tokenizer: Any,
+    texts: tuple[list[str], list[str]],
+) -> tuple[streaming.TranslationStreamingDataModule, Any, dict[str, Any]]:
+    """``data.stream=true``: the training split from shards, validation/test map-style.
+
+    See :mod:`examples.translation.streaming`; returns what :func:`build_datamodule` does, the
+    DataModule's ``shards`` attribute describing the shard folder.
+    """
+    data, (c,) = cfg.data, corpora
+    shard_dir = data.get("shard_dir")
+    folder = Path(shard_dir).expanduser().resolve() if shard_dir else output_dir / "shards"
+    shards = streaming.prepare_shards(
+        data,
+        folder,
+        tokenizer,
+        texts,
+        partial(_encode, split["train"], c, tokenizer, data),
+        _world(),
+    )
+    source = streaming.open_shards(shards, data.cache_dir)
+    val = _encode(split["valid"], c, tokenizer, data)
+    test = _encode(split["test"], c, tokenizer, data) if cfg.get("test") else None
+    try:
+        dm = streaming.build(data, source, shards, val, test)
+        sampler = dm._val_sampler(0, 1)  # planned as the Trainer will, here as rank 0 of 1
+    except ConfigError:
+        raise
+    except ValueError as error:
+        raise ConfigError(_plan_error(cfg, "valid", corpora, error)) from error
+    cut = fitting_length(data.max_tokens, data.pad_to_multiple_of)
+    rows = source.num_rows
+    oversize = {
+        "train": {
+            "examples": rows,
+            "skipped": 0,
+            "truncated": int(shards["truncated"]),
+            "truncate_to": cut if data.oversize == "truncate" else 0,
+        },
+        "valid": oversize_counts(sampler.planner, sampler.plan),
+    }
+    counts = oversize["valid"]
+    if counts["skipped"] + counts["truncated"] > MAX_OVERSIZE_SHARE * counts["examples"]:
+        raise ConfigError(
+            f"data.oversize={data.oversize} with data.val_max_tokens={data.val_max_tokens} "
+            f"would leave out or cut most of the data: {describe_oversize('valid split', counts)}"
+            ". Raise data.val_max_tokens, lower data.max_length, or set data.oversize=error."
+        )
+    for name, lost in oversize.items():
+        if lost["skipped"] + lost["truncated"] and _rank() == 0:
+            print(
+                f"WARNING: data.oversize={data.oversize}: {describe_oversize(name, lost)}.",
+                file=sys.stderr,
+            )
+    dm.oversize = oversize  # type: ignore[attr-defined]  # for train()'s metrics
+    dm.shards = shards  # type: ignore[attr-defined]
+    if _rank() == 0:
+        what = "your own shards" if shards["own"] else "shards"
+        print(
+            f"data.stream=true: training on {rows:,} pairs streamed from {shards['files']} "
+            f"{what} in {folder}"
+            + ("" if shards["written"] or shards["own"] else " (reused: same manifest hash)"),
+            file=sys.stderr,
+        )
+    sizes = {"train": rows, "valid": len(val[0]), "test": len(split["test"])}
+    return dm, tokenizer, sizes
+
+
+def check_resume(cfg: DictConfig, dm: Any, ckpt: dict[str, Any]) -> None:
     """Refuse a checkpoint whose sampler position was saved for other data or settings.
 
     Raises:
         ConfigError: naming ``ckpt_path`` and ``on_resume_mismatch=restart_epoch``.
     """
+    if isinstance(dm, streaming.TranslationStreamingDataModule):
+        streaming.check_resume(str(cfg.ckpt_path), dm, ckpt)
+        return
+    if streaming.TranslationStreamingDataModule.__qualname__ in ckpt:
+        raise ConfigError(
+            f"ckpt_path={cfg.ckpt_path} was saved by a streamed run (data.stream=true): its "
+            "position is in the shard stream, not in this map-style epoch. Resume it with "
+            "data.stream=true and the same data.shard_dir."
+        )
     state = sampler_state(ckpt)
     if state is None or cfg.get("on_resume_mismatch", "error") != "error":
         return
@@ -489,7 +579,7 @@ def _stopped(trainer: Trainer, metrics: dict[str, Any], signum: int, ckpt: str |
     raise SystemExit(128 + signum)
 
 
-def _compile(cfg: DictConfig, model: Any, dm: TokenBudgetDataModule) -> CompileStats | None:
+def _compile(cfg: DictConfig, model: Any, dm: Any) -> CompileStats | None:
     """With ``compile=true``: compile the model's training forward; say what was set.
 
     The shape budget itself (``data.max_shapes``, ``data.bucket_width``) is set by the config
@@ -552,6 +642,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     callbacks = build_callbacks(cfg)
     logger = build_logger(cfg)
     dm, tokenizer, sizes = build_datamodule(cfg, output_dir)
+    if cfg.data.get("stream"):  # no batch sampler to read the budget from: give it
+        for callback in callbacks:
+            if isinstance(callback, BatchSizeLRScaler) and callback.reference is None:
+                callback.max_tokens = callback.max_tokens or int(cfg.data.max_tokens)
     if ckpt is not None:
         check_resume(cfg, dm, ckpt)
         del ckpt
@@ -577,6 +671,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         tokenizer.save(str(output_dir / "tokenizer.json"))
     oversize = getattr(dm, "oversize", {})
     metrics: dict[str, Any] = {"output_dir": str(output_dir), "sizes": sizes, "oversize": oversize}
+    if hasattr(dm, "shards"):
+        metrics["shards"] = dm.shards
     try:
         trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
         metrics.update(_scalar_metrics(trainer))

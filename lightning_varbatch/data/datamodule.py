@@ -160,28 +160,41 @@ def _budget(name: str, value: object) -> int:
     )
 
 
-def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) -> None:
-    """Every rank must plan from the same data and settings, else the ranks would hang.
+def check_ranks_agree(trainer: Any, digest: int, problem: str) -> None:
+    """Raise on every rank when the ranks' ``digest`` differ (they planned different data).
 
     One all-gather of an 8-byte digest, on every rank (Lightning builds the training loader on
     all of them), so every rank raises together instead of some waiting forever.
+
+    Args:
+        trainer: the Trainer (its strategy gathers).
+        digest: this rank's 63-bit digest of what it planned.
+        problem: the message's start; the ranks grouped by digest follow, then nothing else.
+
+    Raises:
+        RuntimeError: ``problem``, naming the groups of ranks that agree.
     """
     if int(trainer.world_size) < 2:
         return
-    mine = torch.tensor(
-        [plan_digest(sampler)], dtype=torch.int64, device=trainer.strategy.root_device
-    )
+    mine = torch.tensor([digest], dtype=torch.int64, device=trainer.strategy.root_device)
     digests = trainer.strategy.all_gather(mine).reshape(-1).tolist()
     if len(set(digests)) > 1:
         groups: dict[int, list[int]] = {}
-        for rank, digest in enumerate(digests):
-            groups.setdefault(digest, []).append(rank)
-        raise RuntimeError(
-            "The ranks planned from different training data or settings (ranks grouped by "
-            f"what they planned: {sorted(groups.values())}): every rank must see the same "
-            "lengths, max_tokens, seed and planner settings, or they get different batches "
-            "and hang. Check that the data is loaded and tokenized identically on every rank."
-        )
+        for rank, value in enumerate(digests):
+            groups.setdefault(value, []).append(rank)
+        raise RuntimeError(problem.format(groups=sorted(groups.values())))
+
+
+def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) -> None:
+    """Every rank must plan from the same data and settings, else the ranks would hang."""
+    check_ranks_agree(
+        trainer,
+        plan_digest(sampler),
+        "The ranks planned from different training data or settings (ranks grouped by what "
+        "they planned: {groups}): every rank must see the same lengths, max_tokens, seed and "
+        "planner settings, or they get different batches and hang. Check that the data is "
+        "loaded and tokenized identically on every rank.",
+    )
 
 
 def check_evaluation(stage: str, sampler: TokenBudgetBatchSampler) -> None:

@@ -41,12 +41,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from lightning_varbatch.data.datamodule import check_evaluation
+from lightning_varbatch.data.collate import PaddingCollate
+from lightning_varbatch.data.datamodule import check_evaluation, check_ranks_agree
 from lightning_varbatch.data.loader import TokenBudgetDataLoader
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.data.streaming import StreamingBatches
@@ -152,21 +152,13 @@ def _stream_digest(stream: StreamingBatches) -> int:
 
 def _check_same_stream_everywhere(trainer: Any, stream: StreamingBatches) -> None:
     """Every rank must plan the same stream, else ranks get different counts and hang."""
-    if int(trainer.world_size) < 2:
-        return
-    mine = torch.tensor(
-        [_stream_digest(stream)], dtype=torch.int64, device=trainer.strategy.root_device
+    check_ranks_agree(
+        trainer,
+        _stream_digest(stream),
+        "The ranks stream different shards or plan settings (ranks grouped by what they "
+        "planned: {groups}): every rank must be given the same shard files in the same order "
+        "and the same max_tokens, window and planner settings.",
     )
-    digests = trainer.strategy.all_gather(mine).reshape(-1).tolist()
-    if len(set(digests)) > 1:
-        groups: dict[int, list[int]] = {}
-        for rank, digest in enumerate(digests):
-            groups.setdefault(digest, []).append(rank)
-        raise RuntimeError(
-            "The ranks stream different shards or plan settings (ranks grouped by what they "
-            f"planned: {sorted(groups.values())}): every rank must be given the same shard "
-            "files in the same order and the same max_tokens, window and planner settings."
-        )
 
 
 class StreamingDataModule(LightningDataModule):
@@ -268,6 +260,9 @@ class StreamingDataModule(LightningDataModule):
         )
         self.window = window
         self.shuffle_shards = shuffle_shards
+        if collate is None:  # training and validation count loss tokens the same way
+            offset = int(plan_settings.get("loss_offset", 0) or 0)
+            collate = PaddingCollate(loss_offset=offset)
         self.collate = collate
         self.num_workers = num_workers
         self.pin_memory = pin_memory
@@ -426,10 +421,19 @@ class StreamingDataModule(LightningDataModule):
         self._val_sampler(0, 1)  # checks the settings now
 
     def _val_sampler(self, rank: int | None, world: int | None) -> TokenBudgetBatchSampler:
-        settings = {k: v for k, v in self.plan_settings.items() if k not in ("shuffle", "tail")}
+        skip = ("shuffle", "tail", "loss_offset")
+        settings = {k: v for k, v in self.plan_settings.items() if k not in skip}
         assert self.val_lengths is not None
+        lengths: Any = self.val_lengths
+        offset = int(self.plan_settings.get("loss_offset", 0) or 0)
+        if offset:  # the stream's loss_offset, as the sampler's loss lengths
+            if is_column_spec(lengths):
+                lengths = column_lengths(self.val_dataset, lengths)
+            lengths = np.asarray(lengths)
+            counted = lengths[:, 1] if lengths.ndim == 2 else lengths
+            settings["loss_lengths"] = np.maximum(counted.astype(np.int64) - offset, 0)
         sampler = TokenBudgetBatchSampler(
-            self.val_lengths,
+            lengths,
             self.val_max_tokens,
             rank=rank,
             world_size=world,
