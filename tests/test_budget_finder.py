@@ -135,3 +135,32 @@ def test_real_model_on_cpu_rss() -> None:
     # that much noise; far above it would mean the budget was not checked at all.
     assert run_batch(result.worst_examples, result.worst_longest) <= limit + 48 * 2**20
     assert result.max_tokens >= 128
+
+
+def test_with_a_shape_budget_every_shape_fits_and_has_the_most_rows_that_fit() -> None:
+    """max_shapes + the cost model fitted to memory: per-shape rows follow the memory model.
+
+    With ``cost="quadratic"`` and ``quadratic_coef = c / b``, the planner's cost of ``B`` rows of
+    length ``L`` is the memory model's variable part over ``b``: each shape gets the most rows
+    that fit the found budget, and every shape (masked rows included) fits the limit.
+    """
+    lengths = _lengths()
+    settings = {"max_shapes": 4, "cost": "quadratic", "quadratic_coef": C / B}
+    grid = list(range(1024, 262_145, 1024))
+    result = find_max_tokens(exact, lengths, LIMIT, candidates=grid, margin=MARGIN, **settings)
+    sampler = TokenBudgetBatchSampler(lengths, result.max_tokens, rank=0, world_size=1, **settings)
+    shapes = sampler.planner.shapes
+    assert shapes is not None and len(shapes) == 4
+    allowed = LIMIT * (1 - MARGIN)
+    for rows, length in shapes.tolist():  # the memory of the shape itself: rows x length
+        assert exact(rows, length) <= allowed
+        assert (rows + 1) * (length + C / B * length**2) > result.max_tokens  # no row to spare
+    # The batches the sampler yields have exactly these shapes, and the next budget up would
+    # put a shape over the limit (the finder chose the largest that fits).
+    seen = {(b.pad_rows, b.pad_length) for b in sampler}
+    assert seen <= {tuple(s) for s in shapes.tolist()}
+    bigger = TokenBudgetBatchSampler(
+        lengths, result.max_tokens + 1024, rank=0, world_size=1, **settings
+    ).planner.shapes
+    assert bigger is not None
+    assert max(exact(r, n) for r, n in bigger.tolist()) > allowed
