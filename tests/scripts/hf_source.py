@@ -21,6 +21,24 @@ from lightning_varbatch import PaddingCollate
 SOURCES = ("list", "hf")
 
 
+def is_stream(source: str) -> bool:
+    """``stream:DIR``: the items as parquet shards in DIR, streamed by ``StreamingDataModule``."""
+    return source.startswith("stream:")
+
+
+def save_shards(columns: dict[str, list[Any]], directory: Path, shards: int = 3) -> None:
+    """Write ``columns`` as ``shards`` parquet files in ``directory`` (rows in order)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = len(next(iter(columns.values())))
+    bounds = [rows * k // shards for k in range(shards + 1)]
+    for k in range(shards):
+        part = {name: values[bounds[k] : bounds[k + 1]] for name, values in columns.items()}
+        pq.write_table(pa.table(part), directory / f"part-{k}.parquet", row_group_size=8)
+
+
 def pop_source(argv: list[str]) -> str:
     """Remove ``--source VALUE`` from ``argv`` (in place) and return VALUE (default ``list``)."""
     if "--source" not in argv:
@@ -30,13 +48,13 @@ def pop_source(argv: list[str]) -> str:
         raise SystemExit("--source needs a value: list, hf or hf:DIR")
     source = argv[at + 1]
     del argv[at : at + 2]
-    if source not in SOURCES and not source.startswith("hf:"):
-        raise SystemExit(f"--source must be list, hf or hf:DIR, got {source!r}")
+    if source not in SOURCES and not source.startswith(("hf:", "stream:")):
+        raise SystemExit(f"--source must be list, hf, hf:DIR or stream:DIR, got {source!r}")
     return source
 
 
 def is_hf(source: str) -> bool:
-    return source != "list"
+    return source != "list" and not is_stream(source)
 
 
 def as_dataset(columns: dict[str, list[Any]], source: str, split: str = "train") -> Any:

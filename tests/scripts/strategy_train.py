@@ -3,6 +3,8 @@
 ``--source hf`` (anywhere, see ``hf_source.py``): the same sequences as a Hugging Face
 dataset, through ``TokenBudgetDataModule(ds, "tokens", ...)`` and the library's collate (each
 micro-batch one Arrow read); the record then also says what the loader read.
+``--source stream:DIR``: the same sequences as parquet shards in DIR (the test writes them),
+streamed by ``StreamingDataModule`` (one window: the same guarantees, another loader).
 
 ``--layout packed`` (anywhere, see ``packed_model.py``): the epoch planned with
 ``layout="packed"`` and ``loss_lengths = lengths - 1``, every micro-batch one padding-free row
@@ -25,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hf_source import RecordingCollate, as_dataset, is_hf, loader_evidence, pop_source
+from hf_source import (
+    RecordingCollate,
+    as_dataset,
+    is_hf,
+    is_stream,
+    loader_evidence,
+    pop_source,
+)
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.strategies import StrategyRegistry
 from packed_model import (
@@ -53,8 +62,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightning_varbatch import (
     MicroBatch,
+    StreamingDataModule,
     TokenBudgetBatchSampler,
     TokenBudgetDataModule,
+    shards_from_files,
     token_budget_dataloader,
 )
 from lightning_varbatch.loss import step_token_mean, token_mean_loss
@@ -209,6 +220,14 @@ def hf_datamodule(source: str, layout: str = "padded") -> TokenBudgetDataModule:
     )
 
 
+def stream_datamodule(source: str) -> StreamingDataModule:
+    """The same sequences as parquet shards (written by the test), streamed in one window."""
+    shards = shards_from_files(source.split(":", 1)[1], "tokens", cache_dir=None)
+    return StreamingDataModule(
+        shards, MAX_TOKENS, window=shards.num_rows, collate=RecordingCollate(), seed=0
+    )
+
+
 class Snapshots(Callback):
     """The full parameters after every optimizer step (the step counter moved)."""
 
@@ -242,8 +261,14 @@ def main() -> None:
     config = json.loads(argv[2]) if len(argv) > 2 else None
     rank = int(os.environ["RANK"])
     seed_everything(0, verbose=False)
-    model = Model(layout) if is_hf(source) else ListModel(make_sequences(), layout)
-    datamodule = hf_datamodule(source, layout) if is_hf(source) else None
+    model: Model
+    datamodule: TokenBudgetDataModule | StreamingDataModule | None = None
+    if is_stream(source):
+        model, datamodule = Model(layout), stream_datamodule(source)
+    elif is_hf(source):
+        model, datamodule = Model(layout), hf_datamodule(source, layout)
+    else:
+        model = ListModel(make_sequences(), layout)
     init = {n: p.detach().double().tolist() for n, p in model.net.named_parameters()}
     snapshots = Snapshots()
     trainer = Trainer(
@@ -281,7 +306,7 @@ def main() -> None:
         "source": source,
         "layout": layout,
     }
-    if datamodule is not None:
+    if is_hf(source):
         record["loader"] = loader_evidence(trainer.train_dataloader)
     (out / f"rank{rank}.json").write_text(json.dumps(record))
 

@@ -23,7 +23,14 @@ import pytest
 import torch
 
 from tests.launch import launch
-from tests.scripts.strategy_common import ACCUMULATE, MAX_TOKENS, NUM_EXAMPLES, make_sequences
+from tests.scripts.hf_source import save_shards
+from tests.scripts.strategy_common import (
+    ACCUMULATE,
+    MAX_TOKENS,
+    NUM_EXAMPLES,
+    make_sequences,
+    sequence_columns,
+)
 from tests.strategies._reference import (
     packed_reference_update,
     params_of,
@@ -50,10 +57,15 @@ EXTRA = [
 HF = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
 # One run per strategy with packed rows (``--layout packed``, the cheapest ZeRO stage).
 PACKED = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
-# (strategy, source): the list runs keep their test ids, the HF runs are "<strategy>-hf".
-CORE_AND_HF = [pytest.param(s, "list", id=s) for s in CORE] + [
-    pytest.param(s, "hf", id=f"{s}-hf") for s in HF
-]
+# One run per strategy streaming the same sequences from parquet shards (StreamingDataModule).
+STREAM = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
+# (strategy, source): the list runs keep their test ids, the HF runs are "<strategy>-hf", the
+# streamed runs "<strategy>-stream".
+CORE_AND_HF = (
+    [pytest.param(s, "list", id=s) for s in CORE]
+    + [pytest.param(s, "hf", id=f"{s}-hf") for s in HF]
+    + [pytest.param(s, "stream", id=f"{s}-stream") for s in STREAM]
+)
 # (strategy, source, layout): the padded runs above, then the packed runs "<strategy>-packed".
 ALL_LAYOUTS = [pytest.param(*p.values, "padded", id=p.id) for p in CORE_AND_HF] + [
     pytest.param(s, "list", "packed", id=f"{s}-packed") for s in PACKED
@@ -84,7 +96,11 @@ def run(
     """Every rank's record of one run of ``strategy`` (run once per test session)."""
     if (strategy, source, layout) not in _runs:
         extra: tuple[str, ...] = ()
-        if source != "list":
+        if source == "stream":
+            shards = tmp_path_factory.mktemp(f"{strategy}-shards")
+            save_shards(sequence_columns(), shards)
+            extra = ("--source", f"stream:{shards}")
+        elif source != "list":
             import datasets  # noqa: F401  (the hf extra is part of the test install)
 
             extra = ("--source", source)
