@@ -35,10 +35,8 @@ if TYPE_CHECKING:
     from lightning_varbatch.data.packed_collate import PackingCollate
     from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
     from lightning_varbatch.data.streaming import StreamingBatches
-    from lightning_varbatch.data.streaming_datamodule import (
-        StreamingDataLoader,
-        StreamingDataModule,
-    )
+    from lightning_varbatch.data.streaming_datamodule import StreamingDataModule
+    from lightning_varbatch.data.streaming_loader import StreamingDataLoader
     from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
     from lightning_varbatch.memory import BudgetResult, find_max_tokens
     from lightning_varbatch.planner import (
@@ -70,7 +68,7 @@ _WHERE = {
     "transformer_flops": "lightning_varbatch.planner.flops",
     "TokenBudgetBatchSampler": "lightning_varbatch.data.sampler",
     "StreamingBatches": "lightning_varbatch.data.streaming",
-    "StreamingDataLoader": "lightning_varbatch.data.streaming_datamodule",
+    "StreamingDataLoader": "lightning_varbatch.data.streaming_loader",
     "StreamingDataModule": "lightning_varbatch.data.streaming_datamodule",
     "WindowedPlanner": "lightning_varbatch.planner.windows",
     "ShardedSource": "lightning_varbatch.sources.shards",

@@ -19,7 +19,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lightning_varbatch.data.datamodule import TokenBudgetDataModule
 from lightning_varbatch.data.streaming import StreamingBatches
-from lightning_varbatch.data.streaming_datamodule import StreamingDataLoader, StreamingDataModule
+from lightning_varbatch.data.streaming_datamodule import StreamingDataModule
+from lightning_varbatch.data.streaming_loader import StreamingDataLoader
 from tests.launch import launch
 from tests.scripts.streaming_common import (
     EVERY,

@@ -42,106 +42,20 @@ from typing import Any
 
 import numpy as np
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader
-from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from lightning_varbatch.data.collate import PaddingCollate
 from lightning_varbatch.data.datamodule import check_evaluation, check_ranks_agree
 from lightning_varbatch.data.loader import TokenBudgetDataLoader
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.data.streaming import StreamingBatches
+from lightning_varbatch.data.streaming_loader import StreamingDataLoader
 from lightning_varbatch.planner.settings import check_count
 from lightning_varbatch.sources.arrow_lengths import column_lengths, is_column_spec
 from lightning_varbatch.sources.shards import ShardedSource
 
-__all__ = ["StreamingDataLoader", "StreamingDataModule"]
+__all__ = ["StreamingDataModule"]
 
 _STATE_KEYS = frozenset({"stream", "trained"})
-
-
-class StreamingDataLoader(DataLoader[Any]):
-    """A DataLoader over a :class:`StreamingBatches` that sets the stream's epoch on ``iter()``.
-
-    Lightning relays ``set_epoch`` to samplers only; an ``IterableDataset`` never hears of
-    the epoch. This loader asks ``epoch()`` at every ``iter()`` and calls the dataset's
-    ``set_epoch`` before the DataLoader copies the dataset into its worker processes, so every
-    worker of every rank streams the same epoch's plan.
-
-    Args:
-        dataset: the rank's stream of collated micro-batches.
-        epoch: returns the epoch to stream at each ``iter()`` (``None``: leave the dataset's
-            epoch as it is; call ``dataset.set_epoch`` yourself).
-        num_workers: DataLoader worker processes; worker ``i`` of ``k`` builds micro-batches
-            ``j`` with ``j % k == i`` and the loader returns them in plan order.
-        pin_memory: pin batches in memory.
-        **kwargs: other DataLoader arguments (``prefetch_factor``, ``multiprocessing_context``,
-            ...). ``batch_size``, ``sampler``, ``batch_sampler`` and ``collate_fn`` are the
-            stream's own; ``persistent_workers=True`` is refused (workers would keep the epoch
-            they were started in).
-
-    Raises:
-        TypeError: for a dataset that is not a :class:`StreamingBatches`, or a non-callable
-            ``epoch``.
-        ValueError: for a bad ``num_workers`` or an argument the stream owns.
-
-    Example:
-        >>> import numpy as np
-        >>> from lightning_varbatch.sources.shards import ShardedSource
-        >>> class Shard:
-        ...     def __init__(self, name, rows): self.name, self.rows = name, rows
-        ...     num_rows = property(lambda self: len(self.rows))
-        ...     def lengths(self): return np.array([len(r) for r in self.rows])
-        ...     def read(self, rows): return ({"tokens": np.array(self.rows[i])} for i in rows)
-        >>> source = ShardedSource([Shard("a", [[1, 2], [3]]), Shard("b", [[4, 5, 6]])])
-        >>> stream = StreamingBatches(source, max_tokens=4, window=3, rank=0, world_size=1)
-        >>> loader = StreamingDataLoader(stream, epoch=lambda: 3)
-        >>> _ = iter(loader); stream.epoch
-        3
-    """
-
-    def __init__(
-        self,
-        dataset: StreamingBatches,
-        epoch: Callable[[], int] | None = None,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        if not isinstance(dataset, StreamingBatches):
-            raise TypeError(
-                f"dataset must be a StreamingBatches (the stream of one rank), got "
-                f"{type(dataset).__name__}; for a map-style dataset use TokenBudgetDataLoader."
-            )
-        if epoch is not None and not callable(epoch):
-            raise TypeError(f"epoch must be a callable returning an int or None, got {epoch!r}.")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(
-                f"num_workers must be an integer >= 0 (0: load in the main process), got "
-                f"{num_workers!r}."
-            )
-        owned = sorted(
-            k for k in ("batch_size", "sampler", "batch_sampler", "collate_fn") if k in kwargs
-        )
-        if owned:
-            raise ValueError(
-                f"{', '.join(owned)} cannot be set: the stream yields collated micro-batches "
-                "itself (pass collate= to StreamingBatches / StreamingDataModule instead)."
-            )
-        if kwargs.get("persistent_workers"):
-            raise ValueError(
-                "persistent_workers=True would keep each worker's copy of the stream in the "
-                "epoch it started in (and ignore a restored position): leave it False."
-            )
-        super().__init__(
-            dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
-        )
-        self.epoch = epoch
-
-    def __iter__(self) -> _BaseDataLoaderIter:
-        """Set the stream's epoch (if ``epoch`` was given), then iterate as a DataLoader."""
-        if self.epoch is not None:
-            self.dataset.set_epoch(int(self.epoch()))  # type: ignore[attr-defined]
-        return super().__iter__()
 
 
 def _stream_digest(stream: StreamingBatches) -> int:
