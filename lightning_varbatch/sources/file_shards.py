@@ -32,6 +32,7 @@ import numpy as np
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
 from lightning_varbatch.sources.shard_index import (
     CacheDir,
+    ReadStats,
     check_rows,
     column_names,
     file_key,
@@ -43,7 +44,6 @@ from lightning_varbatch.sources.shard_index import (
     save_index,
     table_items,
 )
-from lightning_varbatch.sources.shards import ReadStats
 
 __all__ = ["ArrowShard", "JsonlShard", "ParquetShard"]
 

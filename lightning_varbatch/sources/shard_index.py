@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from lightning_varbatch.sources.tokenized_lengths import default_cache_dir
 
 __all__ = [
     "CacheDir",
+    "ReadStats",
     "check_rows",
     "column_names",
     "file_key",
@@ -49,6 +51,42 @@ _INDEX_VERSION = "1"
 #: Where shard indexes are cached: a folder, ``True`` for the default folder, or
 #: ``None``/``False`` for no cache.
 CacheDir = str | os.PathLike[str] | bool | None
+
+
+@dataclass
+class ReadStats:
+    """What reading shards cost, to check that reads are sequential and not wasteful.
+
+    Attributes:
+        opens: times a file (or stream) was opened, for reading data or for building an index.
+        rows_read: rows yielded to the caller.
+        rows_decoded: rows materialised, including the ones skipped in the same block (row
+            group, record batch) and the ones decoded to build an index.
+        backward_seeks: reads that started before the end of the previous read of the same
+            shard object (re-reading from the start counts one).
+
+    Example:
+        >>> a, b = ReadStats(opens=1, rows_read=4), ReadStats(opens=2, backward_seeks=1)
+        >>> a.merge(b)
+        ReadStats(opens=3, rows_read=4, rows_decoded=0, backward_seeks=1)
+    """
+
+    opens: int = 0
+    rows_read: int = 0
+    rows_decoded: int = 0
+    backward_seeks: int = 0
+
+    def merge(self, other: ReadStats) -> ReadStats:
+        """The sum of these and ``other``'s counts (e.g. across shards, workers or ranks)."""
+        return ReadStats(
+            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        )
+
+    def note_read(self, first_row: int, end: int) -> int:
+        """Count a backward seek if ``first_row`` is before ``end`` (the previous read's end)."""
+        if first_row < end:
+            self.backward_seeks += 1
+        return end
 
 
 def resolve_cache_dir(cache_dir: CacheDir) -> Path | None:

@@ -31,14 +31,13 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from lightning_varbatch.sources.arrow_lengths import Columns
-from lightning_varbatch.sources.shard_index import CacheDir, column_names
+from lightning_varbatch.sources.shard_index import CacheDir, ReadStats, column_names
 
 __all__ = ["SHARD_SUFFIXES", "ReadStats", "Shard", "ShardedSource", "shards_from_files"]
 
@@ -88,42 +87,6 @@ class Shard(Protocol):
         numpy integer arrays. The shard is read front to back.
         """
         ...
-
-
-@dataclass
-class ReadStats:
-    """What reading shards cost, to check that reads are sequential and not wasteful.
-
-    Attributes:
-        opens: times a file (or stream) was opened, for reading data or for building an index.
-        rows_read: rows yielded to the caller.
-        rows_decoded: rows materialised, including the ones skipped in the same block (row
-            group, record batch) and the ones decoded to build an index.
-        backward_seeks: reads that started before the end of the previous read of the same
-            shard object (re-reading from the start counts one).
-
-    Example:
-        >>> a, b = ReadStats(opens=1, rows_read=4), ReadStats(opens=2, backward_seeks=1)
-        >>> a.merge(b)
-        ReadStats(opens=3, rows_read=4, rows_decoded=0, backward_seeks=1)
-    """
-
-    opens: int = 0
-    rows_read: int = 0
-    rows_decoded: int = 0
-    backward_seeks: int = 0
-
-    def merge(self, other: ReadStats) -> ReadStats:
-        """The sum of these and ``other``'s counts (e.g. across shards, workers or ranks)."""
-        return ReadStats(
-            **{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        )
-
-    def note_read(self, first_row: int, end: int) -> int:
-        """Count a backward seek if ``first_row`` is before ``end`` (the previous read's end)."""
-        if first_row < end:
-            self.backward_seeks += 1
-        return end
 
 
 class ShardedSource:
