@@ -85,14 +85,23 @@ RESULT = "RESULT "
 WORLD = 8
 
 
+def _lhotse_version() -> str | None:
+    """lhotse's version, or ``None`` when the baseline is not installed (the bench extra)."""
+    try:
+        import lhotse
+    except ImportError:
+        return None
+    return str(lhotse.__version__)
+
+
 def _versions() -> str:
-    import lhotse
     import pyarrow
     import torch
 
+    lhotse = _lhotse_version()
     return (
         f"numpy {np.__version__}, torch {torch.__version__}, pyarrow {pyarrow.__version__}, "
-        f"lhotse {lhotse.__version__}"
+        + (f"lhotse {lhotse}" if lhotse else "lhotse not installed (pip install -e '.[bench]')")
     )
 
 
@@ -224,7 +233,9 @@ def run_plans(args: argparse.Namespace) -> dict[str, Any]:
     lengths = wmt_like_lengths(args.pairs, seed=0)
     rows = [_offline(lengths, args.max_tokens)]
     rows += [_windowed(lengths, args.max_tokens, args.shard_rows, w) for w in args.windows]
-    if not args.no_lhotse:
+    if not args.no_lhotse and _lhotse_version() is None:
+        print("(a) lhotse: not run (not installed: pip install -e '.[bench]')")
+    elif not args.no_lhotse:
         rows.append(_lhotse(lengths[: args.lhotse_pairs], args.max_tokens, 10_000))
         if args.lhotse_pairs != args.pairs:
             rows[-1]["name"] += f", first {args.lhotse_pairs:,}"

@@ -91,7 +91,7 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
     elif name == "streaming":
         rows = {r["name"]: r for r in data["plans"]["rows"]}
         ours = [r for n, r in rows.items() if not n.startswith("lhotse")]
-        assert any(n.startswith("lhotse") for n in rows) and len(ours) >= 2
+        assert len(ours) >= 2  # the lhotse row only with the bench extra installed
         assert all(r["over"] == 0 and r["coverage"] == 1.0 for r in ours)
         for workers in ("w0", "w2"):
             assert data["reads"][workers]["exact"]

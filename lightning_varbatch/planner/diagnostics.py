@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -134,7 +134,7 @@ class PlanDiagnostics:
     num_shapes: int = 0
     shapes: tuple[tuple[int, int, int, int, int], ...] = ()
 
-    def to_dict(self) -> dict[str, int | float | bool | str]:
+    def to_dict(self) -> dict[str, Any]:
         """All fields as plain Python values (ready for ``json.dumps`` or a logger).
 
         Example:
@@ -146,7 +146,9 @@ class PlanDiagnostics:
             >>> json.loads(json.dumps(d))["num_planned"]
             3
         """
-        return asdict(self)
+        out = asdict(self)
+        out["shapes"] = [list(row) for row in self.shapes]  # as JSON gives it back
+        return out
 
     def format(self) -> str:
         """A human-readable, multi-line report.

@@ -92,6 +92,7 @@ PASSED_TO_PLAN_CONFIG = {
         "pad_to_multiple_of",
         "bucket_width",
         "seed",
+        "max_shapes",
     },
 }
 
