@@ -99,9 +99,8 @@ def _versions() -> str:
     import torch
 
     lhotse = _lhotse_version()
-    return (
-        f"numpy {np.__version__}, torch {torch.__version__}, pyarrow {pyarrow.__version__}, "
-        + (f"lhotse {lhotse}" if lhotse else "lhotse not installed (pip install -e '.[bench]')")
+    return f"numpy {np.__version__}, torch {torch.__version__}, pyarrow {pyarrow.__version__}, " + (
+        f"lhotse {lhotse}" if lhotse else "lhotse not installed (pip install -e '.[bench]')"
     )
 
 
