@@ -54,7 +54,8 @@ def scenarios(draw: st.DrawFn) -> dict:
     }
 
 
-def _planner_or_skip(lengths: np.ndarray, config: PlanConfig) -> EpochPlanner:
+def planner_or_skip(lengths: np.ndarray, config: PlanConfig) -> EpochPlanner:
+    """The planner, or hypothesis rejects the case (a budget too small even to truncate to)."""
     try:
         return EpochPlanner(lengths, config)
     except ValueError as err:  # budget too small even to truncate to length 1
@@ -82,7 +83,7 @@ def _cost(ids: np.ndarray, key: np.ndarray, config: PlanConfig) -> float:
 def test_plan_invariants(case: dict) -> None:
     lengths, config = case["lengths"], case["config"]
     world, acc = case["world"], case["acc"]
-    planner = _planner_or_skip(lengths, config)
+    planner = planner_or_skip(lengths, config)
     prep = planner.prepared
     try:
         plan = planner.plan(case["epoch"], world, acc)
@@ -154,7 +155,7 @@ def test_resume_consumes_exactly_the_rest(
     lengths = case["lengths"]
     config = PlanConfig(**{**case["config"].__dict__, "tail": "spread"})
     world, acc, epoch = case["world"], case["acc"], case["epoch"]
-    planner = _planner_or_skip(lengths, config)
+    planner = planner_or_skip(lengths, config)
     assume(planner.num_planned >= max(world * acc, new_world * new_acc))
     assume(planner.plan(epoch, world, acc).num_duplicated == 0)
     assume(planner.plan(epoch, new_world, new_acc).num_duplicated == 0)

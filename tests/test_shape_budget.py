@@ -32,6 +32,7 @@ from lightning_varbatch.data.collate import attach_plan
 from lightning_varbatch.data.columnar import ColumnarItems, fetch_rows
 from lightning_varbatch.planner.diagnostics import diagnose
 from lightning_varbatch.planner.shapes import MAX_CANDIDATES, choose_shape_lengths
+from tests.test_planning_properties import planner_or_skip
 
 # oversize="skip"/"truncate" scenarios warn about the examples they cut or leave out (by design)
 pytestmark = pytest.mark.filterwarnings("ignore:oversize=:UserWarning")
@@ -159,15 +160,6 @@ def scenarios(draw: st.DrawFn) -> dict:
     }
 
 
-def _planner_or_skip(lengths: np.ndarray, config: PlanConfig) -> EpochPlanner:
-    try:
-        return EpochPlanner(lengths, config)
-    except ValueError as err:  # budget too small even to truncate to length 1
-        assert "max_tokens" in str(err)
-        assume(False)
-        raise
-
-
 def _plan_or_none(planner: EpochPlanner, epoch: int, world: int, acc: int) -> Any:
     try:
         return planner.plan(epoch, world, acc)
@@ -234,7 +226,7 @@ def _check_plan(planner: EpochPlanner, plan: Any) -> None:
 def test_plan_invariants_under_a_shape_budget(case: dict) -> None:
     lengths, config = case["lengths"], case["config"]
     world, acc, epoch = case["world"], case["acc"], case["epoch"]
-    planner = _planner_or_skip(lengths, config)
+    planner = planner_or_skip(lengths, config)
     _check_shapes_of_planner(planner)
     first_shapes = planner.shapes.copy()
     planned = set(_planned_ids(planner).tolist())
@@ -283,7 +275,7 @@ def test_resume_with_another_topology_keeps_the_shapes(
     lengths = case["lengths"]
     config = PlanConfig(**{**case["config"].__dict__, "tail": "spread"})
     world, acc, epoch = case["world"], case["acc"], case["epoch"]
-    planner = _planner_or_skip(lengths, config)
+    planner = planner_or_skip(lengths, config)
     assume(planner.num_planned >= max(world * acc, new_world * new_acc))
     shapes = planner.shapes.copy()
     plan = planner.plan(epoch, world, acc)
@@ -629,7 +621,7 @@ def test_datamodule_takes_max_shapes() -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_diagnostics_count_the_static_shapes(case: dict) -> None:
-    planner = _planner_or_skip(case["lengths"], case["config"])
+    planner = planner_or_skip(case["lengths"], case["config"])
     plan = _plan_or_none(planner, case["epoch"], case["world"], case["acc"])
     assume(plan is not None)
     diag = diagnose(planner, plan)
