@@ -249,7 +249,11 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
-            raise ValueError(f"not a StreamingBatches state: missing {missing}.")
+            raise ValueError(
+                f"Not a StreamingBatches state: it has no {missing}. Pass the dict that "
+                "StreamingBatches.state_dict() returned (a checkpoint of another loader, or "
+                "a damaged one, cannot resume the stream)."
+            )
         now = self.settings()
         saved = dict(state["settings"])
         changed = [

@@ -29,6 +29,7 @@ AREAS = (
     "collate",
     "loader",
     "HF datasets",
+    "streaming",
     "DataModule",
     "mixing/DataSource",
     "plan CLI",

@@ -17,6 +17,7 @@ from tests.bad_inputs import (
     cases_mixing,
     cases_planner,
     cases_sampler,
+    cases_streaming,
 )
 from tests.bad_inputs.case import AREAS, Case
 
@@ -26,6 +27,7 @@ CASES: list[Case] = sorted(
         *cases_sampler.CASES,
         *cases_collate.CASES,
         *cases_hf.CASES,
+        *cases_streaming.CASES,
         *cases_datamodule.CASES,
         *cases_mixing.CASES,
         *cases_cli.CASES,
