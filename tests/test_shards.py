@@ -83,7 +83,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def litdata_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    litdata = pytest.importorskip("litdata")
+    import litdata  # the streaming extra: installed by the test command, never skipped
+
     out = tmp_path_factory.mktemp("litdata") / "optimized"
     method = multiprocessing.get_start_method(allow_none=True)
     try:
@@ -105,7 +106,8 @@ def build(kind: str, data_root: Path, litdata_dir_fn, columns, cache_dir=None) -
     if kind in ("parquet", "arrow", "arrow_stream", "jsonl"):
         return shards_from_files(data_root / kind, columns, cache_dir=cache_dir)
     if kind.startswith("hf_"):
-        datasets = pytest.importorskip("datasets")
+        import datasets  # the hf extra: installed by the test command, never skipped
+
         from lightning_varbatch.sources.hf_iterable import shards_from_hf_iterable
 
         fmt = kind[3:]
@@ -324,7 +326,8 @@ def test_arrow_not_ipc(tmp_path: Path) -> None:
 
 
 def test_hf_refuses_map_style_and_others() -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the hf extra: installed by the test command, never skipped
+
     from lightning_varbatch.sources.hf_iterable import shards_from_hf_iterable
 
     ds = datasets.Dataset.from_dict({"src": [[1, 2]]})
@@ -335,7 +338,8 @@ def test_hf_refuses_map_style_and_others() -> None:
 
 
 def test_hf_transformed_not_cached(data_root: Path, tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the hf extra: installed by the test command, never skipped
+
     from lightning_varbatch.sources.hf_iterable import shards_from_hf_iterable
 
     files = sorted(str(p) for p in (data_root / "parquet").iterdir())

@@ -245,7 +245,8 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def litdata_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    litdata = pytest.importorskip("litdata")
+    import litdata  # the streaming extra: installed by the test command, never skipped
+
     out = tmp_path_factory.mktemp("litdata") / "optimized"
     method = multiprocessing.get_start_method(allow_none=True)
     try:
@@ -272,7 +273,8 @@ def make(data_root: Path, request: pytest.FixtureRequest):
         if kind in ("jsonl", "parquet", "arrow"):
             return shards_from_files(data_root / kind, columns)
         if kind == "hf_parquet":
-            datasets = pytest.importorskip("datasets")
+            import datasets  # the hf extra: installed by the test command, never skipped
+
             from lightning_varbatch.sources.hf_iterable import shards_from_hf_iterable
 
             files = sorted(str(p) for p in (data_root / kind).iterdir())
