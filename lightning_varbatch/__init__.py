@@ -23,6 +23,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from lightning_varbatch._registration import register_when_lightning_loads
+from lightning_varbatch.errors import (
+    ResumeMismatchError,
+    SettingError,
+    SettingTypeError,
+    SettingValueError,
+)
 
 if TYPE_CHECKING:
     from lightning_varbatch.attention import document_attention
@@ -104,6 +110,10 @@ __all__ = [
     "PackingCollate",
     "PaddingCollate",
     "PlanConfig",
+    "ResumeMismatchError",
+    "SettingError",
+    "SettingTypeError",
+    "SettingValueError",
     "ShardedSource",
     "StreamingBatches",
     "StreamingDataLoader",

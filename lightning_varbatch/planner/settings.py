@@ -14,10 +14,11 @@ import math
 import textwrap
 import warnings
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, TypeAlias, overload
+from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
+from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
@@ -30,96 +31,6 @@ DEFAULT_FLOP_ATTENTION = 1 / (12 * 1024)
 OversizePolicy: TypeAlias = Literal["error", "skip", "truncate"]
 TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
-
-
-@overload
-def check_count(
-    name: str,
-    value: object,
-    *,
-    minimum: int = 1,
-    allow_none: Literal[False] = False,
-    what: str = "",
-) -> int: ...
-
-
-@overload
-def check_count(
-    name: str,
-    value: object,
-    *,
-    minimum: int = 1,
-    allow_none: bool,
-    what: str = "",
-) -> int | None: ...
-
-
-def check_count(
-    name: str,
-    value: object,
-    *,
-    minimum: int = 1,
-    allow_none: bool = False,
-    what: str = "",
-) -> int | None:
-    """Validate an integer setting and return it as a Python ``int``.
-
-    Python and numpy integers are accepted; ``bool``, floats (even whole ones), strings and
-    anything else are refused, as are values below ``minimum``.
-
-    Args:
-        name: the setting's name, as the user wrote it (used in the message).
-        value: the value received.
-        minimum: the smallest allowed value.
-        allow_none: whether ``None`` is allowed (then returned as ``None``).
-        what: what the setting means, appended to the message.
-
-    Returns:
-        ``int(value)``, or ``None`` when ``value`` is ``None`` and that is allowed.
-
-    Raises:
-        ValueError: naming the setting, the value received and what is allowed.
-
-    Example:
-        >>> import numpy as np
-        >>> check_count("max_tokens", np.int64(1024))
-        1024
-    """
-    if value is None and allow_none:
-        return None
-    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-    if minimum == 0:
-        kind = "a non-negative integer"
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        shown = f"{value!r} ({type(value).__name__})"
-        raise ValueError(
-            f"{name} must be {kind}, got {shown}{what}; pass a whole number such as "
-            f"{max(minimum, 1)}"
-            + (" or None" if allow_none else "")
-            + " (numpy integers are accepted; floats, bools and strings are not)."
-        )
-    if value < minimum:
-        raise ValueError(f"{name} must be {kind}, got {value!r}{what}.")
-    return int(value)
-
-
-def check_flag(name: str, value: object) -> bool:
-    """Validate a boolean setting: ``True``/``False`` (or numpy booleans) only.
-
-    Raises:
-        TypeError: for anything else (``"false"`` is a non-empty string, hence true, so it is
-            refused rather than guessed).
-
-    Example:
-        >>> check_flag("shuffle", False)
-        False
-    """
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(
-        f"{name} must be True or False, got {value!r} ({type(value).__name__}); pass a "
-        f"bool, e.g. {name}=False (a string such as 'false' is not read as a bool)."
-    )
 
 
 def _probe_cost(fn: CostFn) -> None:
