@@ -73,22 +73,27 @@ gradient finite; every arm checks its losses and final weights are finite.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import ROOT, child_env, print_table, write_json
-from benchmarks.harness import machine_line as harness_machine_line
+from benchmarks.harness import (
+    TrainingSettings,
+    add_child_options,
+    command_line,
+    emit_result,
+    print_table,
+    run_training_child,
+    torch_machine_line,
+    write_json,
+)
 
 # -- Part 1 settings
 PAIRS = 1_000_000
@@ -202,25 +207,25 @@ def report_padding(rows: Sequence[PadRow], smoke: bool) -> dict[str, Any]:
 # -- Part 2: torch.compile -----------------------------------------------------------------------
 
 
-@dataclass
-class TrainSettings:
+@dataclass(kw_only=True)
+class CompileSettings(TrainingSettings):
     """Everything a training arm depends on (passed to child processes as JSON)."""
 
     docs: int = 10_000
-    budget: int = 4096
     max_shapes: int = 8
-    vocab: int = 1000
-    d_model: int = 128
-    nhead: int = 4
-    layers: int = 2
-    ffn: int = 512
-    lr: float = 1e-3
-    warmup: int = 3
-    threads: int = 1
+    """K of the K-shape arms."""
     storm_steps: int = 3
+    """Steps of the static free-shape arm (each one compiles)."""
     paired_steps: int = 40
+    """Micro-batches of the eager-against-compiled pass after training."""
     backend: str = "inductor"
-    seed: int = 0
+    """``torch.compile`` backend."""
+
+
+DEFAULTS = CompileSettings(
+    max_tokens=4096, vocab=1000, d_model=128, nhead=4, layers=2, ffn=512, lr=1e-3, warmup=3
+)
+"""Part 2's CPU sizes."""
 
 
 @dataclass
@@ -253,14 +258,14 @@ class ArmResult:
         return self.timed_real / self.timed_s if self.timed_s > 0 else float("nan")
 
 
-def train_lengths(s: TrainSettings) -> np.ndarray:
+def train_lengths(s: CompileSettings) -> np.ndarray:
     """The target side of ``wmt_like_lengths(docs, seed + 1)``, at least 2 tokens."""
     from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
     return np.maximum(2, wmt_like_lengths(s.docs, seed=s.seed + 1)[:, 1].astype(np.int64))
 
 
-def train_batches(s: TrainSettings, shapes: bool) -> list[dict[str, Any]]:
+def train_batches(s: CompileSettings, shapes: bool) -> list[dict[str, Any]]:
     """The epoch's collated micro-batches: free shapes, or ``max_shapes`` static shapes."""
     import torch
 
@@ -270,7 +275,7 @@ def train_batches(s: TrainSettings, shapes: bool) -> list[dict[str, Any]]:
     lengths = train_lengths(s)
     sampler = TokenBudgetBatchSampler(
         lengths,
-        s.budget,
+        s.max_tokens,
         rank=0,
         world_size=1,
         shuffle=True,
@@ -288,7 +293,7 @@ def train_batches(s: TrainSettings, shapes: bool) -> list[dict[str, Any]]:
     return out
 
 
-def make_model(s: TrainSettings) -> Any:
+def make_model(s: CompileSettings) -> Any:
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -345,7 +350,7 @@ def make_model(s: TrainSettings) -> Any:
     return TinyLM()
 
 
-def check_masked_rows(s: TrainSettings) -> dict[str, Any]:
+def check_masked_rows(s: CompileSettings) -> dict[str, Any]:
     """On the eager model: fully masked rows get zero attention, finite loss and gradients."""
     import torch
 
@@ -388,13 +393,17 @@ def graph_counts() -> tuple[int, int, int]:
     )
 
 
-def run_arm(arm: str, s: TrainSettings) -> ArmResult:
+def run_arm(arm: str, s: CompileSettings) -> ArmResult:
     """Train one arm once over its micro-batches; time every step."""
     import torch
     import torch._dynamo
     import torch._inductor.config
     from torch._dynamo.utils import counters
 
+    if s.device != "cpu" or s.bf16:
+        raise ValueError(
+            f"compile_shapes measures fp32 on CPU; got device={s.device!r}, bf16={s.bf16}"
+        )
     torch.set_num_threads(s.threads)
     torch._inductor.config.compile_threads = 1
     torch._dynamo.reset()
@@ -403,6 +412,8 @@ def run_arm(arm: str, s: TrainSettings) -> ArmResult:
     batches = train_batches(s, shapes=arm.endswith("_k"))
     if arm == "static_free":
         batches = batches[: s.storm_steps]
+    if s.max_steps is not None:
+        batches = batches[: s.max_steps]
     model = make_model(s)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
@@ -483,31 +494,19 @@ def run_arm(arm: str, s: TrainSettings) -> ArmResult:
     )
 
 
-def spawn(arm: str, s: TrainSettings) -> ArmResult:
+def spawn(arm: str, s: CompileSettings) -> ArmResult:
     """Run one arm in a fresh process with a fresh, empty inductor cache."""
     cache = tempfile.mkdtemp(prefix="inductor-cache-")
     try:
-        env = child_env(TORCHINDUCTOR_CACHE_DIR=cache)
-        env.setdefault("OMP_NUM_THREADS", str(s.threads))
-        cmd = [
-            sys.executable,
-            "-m",
-            "benchmarks.compile_shapes",
-            "--child",
-            arm,
-            "--settings",
-            json.dumps(asdict(s)),
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+        found = run_training_child(
+            "benchmarks.compile_shapes", arm, s, TORCHINDUCTOR_CACHE_DIR=cache
+        )
+        return ArmResult(**found)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return ArmResult(**json.loads(line[7:]))
-    raise RuntimeError(f"arm {arm} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
-def run_in_process(arm: str, s: TrainSettings) -> ArmResult:
+def run_in_process(arm: str, s: CompileSettings) -> ArmResult:
     """One arm in this process, with a fresh, empty inductor cache folder."""
     cache = tempfile.mkdtemp(prefix="inductor-cache-")
     old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
@@ -585,12 +584,12 @@ def check_k_arm(results: dict[str, ArmResult]) -> bool:
     return ok
 
 
-def describe_training(s: TrainSettings) -> None:
+def describe_training(s: CompileSettings) -> None:
     lengths = train_lengths(s)
     print(
         f"documents: {lengths.size:,} (target side of wmt_like_lengths, >= 2), "
         f"{int(lengths.sum()):,} tokens; median {float(np.median(lengths)):.0f}, mean "
-        f"{float(lengths.mean()):.1f}, max {int(lengths.max())}; budget {s.budget} tokens, "
+        f"{float(lengths.mean()):.1f}, max {int(lengths.max())}; budget {s.max_tokens} tokens, "
         f"max_shapes={s.max_shapes} for the K arms"
     )
     print(
@@ -604,14 +603,8 @@ def describe_training(s: TrainSettings) -> None:
 # -- the script ----------------------------------------------------------------------------------
 
 
-def machine_line() -> str:
-    import torch
-
-    return harness_machine_line(f"torch {torch.__version__}", with_load=True)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    d = TrainSettings()
+    d = DEFAULTS
     p = argparse.ArgumentParser(description="Shape-budget benchmark (see the module docstring).")
     p.add_argument("--quick", action="store_true", help="smoke test (< 1 min), all in-process")
     p.add_argument("--pairs", type=int, default=PAIRS, help="pairs of Part 1")
@@ -626,34 +619,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    p.add_argument("--child", choices=ARMS, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    add_child_options(p, ARMS)
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
-        s = TrainSettings(**json.loads(args.settings))
-        print("RESULT " + json.dumps(asdict(run_arm(args.child, s))), flush=True)
+        emit_result(asdict(run_arm(args.child, CompileSettings.from_json(args.settings))))
         return 0
-    s = TrainSettings(
-        docs=args.docs, max_shapes=args.max_shapes, storm_steps=args.storm_steps, seed=args.seed
+    s = replace(
+        DEFAULTS,
+        docs=args.docs,
+        max_shapes=args.max_shapes,
+        storm_steps=args.storm_steps,
+        seed=args.seed,
     )
     arms = tuple(args.arms or ARMS)
     if "eager_free" not in arms:
         arms = ("eager_free", *arms)
     if args.quick:
         args.pairs = 100_000
-        s.docs, s.budget, s.max_shapes, s.warmup, s.paired_steps = 400, 1024, 2, 1, 6
+        s.docs, s.max_tokens, s.max_shapes, s.warmup, s.paired_steps = 400, 1024, 2, 1, 6
         s.vocab, s.d_model, s.nhead, s.layers, s.ffn = 128, 32, 2, 1, 64
         s.backend = "aot_eager"
     if args.backend is not None:
         s.backend = args.backend
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
     t_start = time.perf_counter()
-    print(f"command: python -m benchmarks.compile_shapes {shown}".rstrip())
-    print("machine:", machine_line())
+    print("command:", command_line("benchmarks.compile_shapes", argv))
+    print("machine:", torch_machine_line())
     print(
         f"\nPart 1: padding of K static shapes, wmt_like_lengths({args.pairs:,}) pairs "
         f"(planning length max(source, target)), max_tokens={PLAN_BUDGET}, {WORLD} ranks"
@@ -695,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     training = report_training(results)
     check_k_arm(results)
-    print("machine after:", machine_line())
+    print("machine after:", torch_machine_line())
     print(f"wall time: {time.perf_counter() - t_start:.0f} s")
     write_json(
         args.json,

@@ -32,30 +32,36 @@ Without CUDA it refuses (exit code 2, one line on stderr) unless ``--device cpu 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
-from benchmarks.harness import write_json
+from benchmarks.harness import (
+    add_child_options,
+    command_line,
+    gpu_line,
+    refuse_device,
+    torch_machine_line,
+    write_json,
+)
 from benchmarks.packing import (
+    DEFAULTS,
     TRAIN_CONFIGS,
-    TrainSettings,
+    LMSettings,
+    child_main,
     describe_training,
-    machine_line,
     report_training,
-    run_train,
     run_training,
 )
 
 MODULE = "benchmarks.gpu_packing"
 
 
-def settings(args: argparse.Namespace) -> TrainSettings:
-    s = TrainSettings(
+def settings(args: argparse.Namespace) -> LMSettings:
+    s = replace(
+        DEFAULTS,
         target_tokens=args.target_tokens,
         length_div=1,
-        budget=args.budget,
+        max_tokens=args.budget,
         vocab=args.vocab,
         d_model=args.d_model,
         nhead=args.nhead,
@@ -70,7 +76,7 @@ def settings(args: argparse.Namespace) -> TrainSettings:
         backend=args.backend,
     )
     if args.tiny:  # every code path in seconds, on any device
-        s.target_tokens, s.length_div, s.budget, s.vocab = 3000, 8, 2048, 512
+        s.target_tokens, s.length_div, s.max_tokens, s.vocab = 3000, 8, 2048, 512
         s.d_model, s.nhead, s.layers, s.ffn, s.warmup, s.max_steps = 32, 2, 1, 64, 1, 6
         s.threads = 1
     return s
@@ -95,8 +101,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    p.add_argument("--child", choices=TRAIN_CONFIGS, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    add_child_options(p, TRAIN_CONFIGS)
     return p.parse_args(argv)
 
 
@@ -112,36 +117,17 @@ def flash_status() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
-        s = TrainSettings(**json.loads(args.settings))
-        print("RESULT " + json.dumps(asdict(run_train(args.child, s))), flush=True)
-        return 0
-    import torch
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(
-            "gpu_packing: no CUDA device (torch.cuda.is_available() is False; torch "
-            f"{torch.__version__}); it needs one CUDA GPU. To check the code path on CPU: "
-            "python -m benchmarks.gpu_packing --device cpu --tiny",
-            file=sys.stderr,
-        )
-        return 2
-    if not args.device.startswith("cuda") and not args.tiny:
-        print(
-            "gpu_packing: GPU sizes on a CPU would take hours; use --tiny with --device cpu "
-            "(smoke test), or benchmarks.packing for CPU numbers.",
-            file=sys.stderr,
-        )
+        return child_main(args.child, args.settings)
+    if refuse_device(MODULE, args.device, args.tiny, "GPU sizes", "benchmarks.packing"):
         return 2
     s = settings(args)
     if args.tiny:
         args.rounds = 1
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: python -m {MODULE} {shown}".rstrip())
-    print("machine:", machine_line())
+    print("command:", command_line(MODULE, argv))
+    print("machine:", torch_machine_line())
     cuda = s.device.startswith("cuda")
     if cuda:
-        props = torch.cuda.get_device_properties(0)
-        print(f"gpu: {props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}")
+        print("gpu:", gpu_line())
         print("attention:", flash_status())
     describe_training(s)
     results = run_training(MODULE, s, args.rounds, in_process=args.tiny)

@@ -28,20 +28,31 @@ Without CUDA it refuses (exit code 2) unless ``--device cpu`` is given.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import replace
 
-from benchmarks.harness import write_json
-from benchmarks.training_throughput import describe, machine_line, report, run_all_configs
-from benchmarks.training_workload import CONFIGS, Settings, run_child
+from benchmarks.harness import (
+    add_child_options,
+    command_line,
+    gpu_line,
+    refuse_device,
+    torch_machine_line,
+    write_json,
+)
+from benchmarks.training_throughput import (
+    child_main,
+    describe,
+    report,
+    run_all_configs,
+)
+from benchmarks.training_workload import CONFIGS, DEFAULTS, TranslationSettings
 
 MODULE = "benchmarks.gpu_throughput"
 
 
-def base_settings(args: argparse.Namespace) -> Settings:
-    s = Settings(
+def base_settings(args: argparse.Namespace) -> TranslationSettings:
+    s = replace(
+        DEFAULTS,
         target_tokens=args.target_tokens,
         length_scale=1.0,
         max_tokens=args.max_tokens,
@@ -73,44 +84,25 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fp32", action="store_true", help="no bf16 autocast")
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    p.add_argument("--child", choices=CONFIGS, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    add_child_options(p, CONFIGS)
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
-        s = Settings(**json.loads(args.settings))
-        print("RESULT " + json.dumps(asdict(run_child(args.child, s))), flush=True)
-        return 0
-    import torch
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print(
-            "gpu_throughput: no CUDA device (torch.cuda.is_available() is False; torch "
-            f"{torch.__version__}). This benchmark needs one CUDA GPU and a CUDA build of torch. "
-            "To check the code path on CPU: python -m benchmarks.gpu_throughput --device cpu "
-            "--tiny",
-            file=sys.stderr,
-        )
-        return 2
-    if not args.device.startswith("cuda") and not args.tiny:
-        print(
-            "gpu_throughput: Transformer-base on a CPU would take hours; use --tiny with "
-            "--device cpu (smoke test), or benchmarks.training_throughput for CPU numbers.",
-            file=sys.stderr,
-        )
+        return child_main(args.child, args.settings)
+    if refuse_device(
+        MODULE, args.device, args.tiny, "Transformer-base", "benchmarks.training_throughput"
+    ):
         return 2
     s = base_settings(args)
     if args.tiny:
         args.rounds = 1
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: python -m {MODULE} {shown}".rstrip())
-    print("machine:", machine_line())
+    print("command:", command_line(MODULE, argv))
+    print("machine:", torch_machine_line())
     if s.device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(0)
-        print(f"gpu: {props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}")
+        print("gpu:", gpu_line())
     describe(s)
     results = run_all_configs(MODULE, s, args.rounds)
     print(

@@ -75,7 +75,6 @@ import os
 import pstats
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -85,17 +84,19 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import (
+    child_command,
     child_env,
+    emit_result,
     fmt,
     machine_line,
     print_table,
     rss_peak,
+    run_child,
     timed,
     uptime,
     write_json,
 )
 
-RESULT = "RESULT "
 LENGTH_CASES = ("a", "b", "c")
 CASE_NAMES = {
     "a": "(a) int32 column",
@@ -146,23 +147,13 @@ def versions() -> str:
 # -- subprocesses ---------------------------------------------------------------------------------
 
 
-def run_child(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
+def measure(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
     """Run one measurement in a fresh ``python -m benchmarks.hf_datasets --child`` process."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.hf_datasets", "--child", json.dumps(spec)],
-        env=child_env(TOKENIZERS_PARALLELISM="true"),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    lines = [x for x in proc.stdout.splitlines() if x.startswith(RESULT)]
-    if proc.returncode != 0 or not lines:
-        raise RuntimeError(
-            f"child {spec} failed (exit code {proc.returncode}):\n"
-            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
-    return json.loads(lines[-1][len(RESULT) :])
+    cmd = child_command("benchmarks.hf_datasets", "--child", json.dumps(spec))
+    found: dict[str, Any] = run_child(
+        cmd, env=child_env(TOKENIZERS_PARALLELISM="true"), timeout=timeout
+    )[-1]
+    return found
 
 
 def child_main(spec: dict[str, Any]) -> None:
@@ -183,7 +174,7 @@ def child_main(spec: dict[str, Any]) -> None:
         out = child_profile(spec)
     else:
         raise ValueError(f"unknown part {part!r}")
-    print(RESULT + json.dumps(out), flush=True)
+    emit_result(out)
 
 
 # -- 1. lengths -----------------------------------------------------------------------------------
@@ -310,7 +301,7 @@ def measure_lengths(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, A
         for case, method, rows in plan if rnd % 2 == 0 else plan[::-1]:
             if method != "ours" and rnd > 0:
                 continue  # the slow baselines once
-            out = run_child(
+            out = measure(
                 {"part": "lengths", "path": path, "case": case, "method": method, "rows": rows}
             )
             name = f"lengths/{case}/{method}"
@@ -502,7 +493,7 @@ def measure_tokens(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
                 "cache": os.path.join(tmp, f"cache_{rnd}"),  # a cold cache every round
                 "out": out_npy,
             }
-            out = run_child(spec)
+            out = measure(spec)
             counts.setdefault(method, []).append(np.load(out_npy))
             found = {f"tokens/{method}": out}
             if method == "ours_cache":
@@ -693,7 +684,7 @@ def measure_loader(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
         f"{np.median(lengths[:, 0]):.0f}, longest {lengths.max()}), max_tokens {args.max_tokens}",
         flush=True,
     )
-    verify = run_child(
+    verify = measure(
         {"part": "verify", "pairs": args.verify_pairs, "tmp": tmp, "max_tokens": args.max_tokens}
     )
     print(
@@ -713,7 +704,7 @@ def measure_loader(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
                 "tmp": tmp,
                 "max_tokens": args.max_tokens,
             }
-            out = run_child(spec)
+            out = measure(spec)
             name = f"loader/{kind}/w{workers}"
             entry = results.setdefault(name, {**out, "all_seconds": []})
             entry["all_seconds"].append(out["seconds"])
@@ -727,7 +718,7 @@ def measure_loader(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
         entry["examples_per_s"] = entry["examples"] / entry["seconds"]
         entry["identical_batches"] = verify["identical"]
     if args.profile:
-        prof = run_child(
+        prof = measure(
             {"part": "profile", "pairs": args.pairs, "tmp": tmp, "max_tokens": args.max_tokens}
         )
         for kind, text in prof.items():
@@ -805,6 +796,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             setattr(args, name, quick if args.quick else full)
     if args.quick:
         args.rounds = min(args.rounds, 1)
+    if args.tmp is not None:  # the children run from the repository root
+        args.tmp = os.path.abspath(args.tmp)
     return args
 
 

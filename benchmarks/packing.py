@@ -64,19 +64,25 @@ FlexAttention).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import ROOT, child_env, fmt, print_table, write_json
-from benchmarks.harness import machine_line as harness_machine_line
+from benchmarks.harness import (
+    TrainingSettings,
+    add_child_options,
+    command_line,
+    emit_result,
+    fmt,
+    print_table,
+    run_training_child,
+    torch_machine_line,
+    write_json,
+)
 
 WORLD = 8
 ACCS = (1, 4)
@@ -389,26 +395,20 @@ def report_flops(rows: Sequence[Row], smoke: bool) -> dict[str, Any]:
 # -- Part 2: training tokens/s -------------------------------------------------------------------
 
 
-@dataclass
-class TrainSettings:
+@dataclass(kw_only=True)
+class LMSettings(TrainingSettings):
     """Everything a training run depends on (passed to child processes as JSON)."""
 
     target_tokens: int = 100_000
+    """Real tokens of the documents (the first ones that reach them)."""
     length_div: int = 8
-    budget: int = 2048
-    vocab: int = 512
-    d_model: int = 64
-    nhead: int = 4
-    layers: int = 2
-    ffn: int = 256
-    lr: float = 1e-3
-    warmup: int = 2
-    threads: int = 1
-    seed: int = 0
-    device: str = "cpu"
-    bf16: bool = False
+    """Divisor of the Part 1 lengths."""
     backend: str = "auto"
-    max_steps: int | None = None
+    """``document_attention`` backend of the packed rows."""
+
+
+DEFAULTS = LMSettings(max_tokens=2048, vocab=512, d_model=64, nhead=4, layers=2, ffn=256, lr=1e-3)
+"""The CPU sizes of Part 2 (:mod:`benchmarks.gpu_packing` replaces them)."""
 
 
 @dataclass
@@ -428,32 +428,34 @@ class TrainResult:
     step_s: list[float] = field(default_factory=list)
 
 
-def train_lengths(s: TrainSettings) -> np.ndarray:
+def train_lengths(s: LMSettings) -> np.ndarray:
     """The first documents of the Part 1 distribution (/ ``length_div``) with enough tokens."""
     n = max(16, 2 * s.target_tokens // max(1, MEDIAN // s.length_div))
     while True:
         lengths = sft_lengths(n, s.seed, s.length_div)
-        lengths = np.minimum(lengths, s.budget)
+        lengths = np.minimum(lengths, s.max_tokens)
         total = np.cumsum(lengths)
         if total[-1] >= s.target_tokens:
             return lengths[: int(np.searchsorted(total, s.target_tokens)) + 1]
         n *= 2
 
 
-def train_batches(kind: str, lengths: np.ndarray, s: TrainSettings) -> tuple[list[np.ndarray], int]:
+def train_batches(kind: str, lengths: np.ndarray, s: LMSettings) -> tuple[list[np.ndarray], int]:
     """(micro-batches of document ids, the fixed batch size B of (iii)) for ``kind``."""
     from lightning_varbatch.planner import EpochPlanner, PlanConfig
     from lightning_varbatch.planner.flops import transformer_flops
 
-    fixed = max(1, round(s.budget / float(lengths.mean())))
+    fixed = max(1, round(s.max_tokens / float(lengths.mean())))
     if kind == "random":
         order = np.random.default_rng([s.seed, 18]).permutation(lengths.size)
         return [order[i : i + fixed] for i in range(0, lengths.size, fixed)], fixed
     if kind == "packed":
         fa = transformer_flops(s.d_model).flop_attention
-        config = PlanConfig(max_tokens=s.budget, layout="packed", flop_attention=fa, seed=s.seed)
+        config = PlanConfig(
+            max_tokens=s.max_tokens, layout="packed", flop_attention=fa, seed=s.seed
+        )
     elif kind == "padded":
-        config = PlanConfig(max_tokens=s.budget, seed=s.seed)
+        config = PlanConfig(max_tokens=s.max_tokens, seed=s.seed)
     else:
         raise ValueError(f"unknown configuration {kind!r}; expected one of {TRAIN_CONFIGS}")
     plan = EpochPlanner(lengths, config).plan(0, 1, 1)
@@ -475,7 +477,7 @@ def collate(kind: str, ids: np.ndarray, tokens: list[Any]) -> dict[str, Any]:
     return {k: batch[k] for k in keep}
 
 
-def run_train(kind: str, s: TrainSettings) -> TrainResult:
+def run_train(kind: str, s: LMSettings) -> TrainResult:
     """Train one configuration once over the documents; time every step."""
     import torch
 
@@ -554,19 +556,19 @@ def run_train(kind: str, s: TrainSettings) -> TrainResult:
     )
 
 
-def spawn(module: str, kind: str, s: TrainSettings) -> TrainResult:
-    env = child_env()
-    env.setdefault("OMP_NUM_THREADS", str(s.threads))
-    cmd = [sys.executable, "-m", module, "--child", kind, "--settings", json.dumps(asdict(s))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return TrainResult(**json.loads(line[7:]))
-    raise RuntimeError(f"run {kind} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+def spawn(module: str, kind: str, s: LMSettings) -> TrainResult:
+    """Configuration ``kind`` in a fresh ``python -m <module> --child <kind>`` process."""
+    return TrainResult(**run_training_child(module, kind, s))
+
+
+def child_main(kind: str, settings: str) -> int:
+    """A child's work (``--child KIND --settings JSON``): one run, reported as a result line."""
+    emit_result(asdict(run_train(kind, LMSettings.from_json(settings))))
+    return 0
 
 
 def run_training(
-    module: str, s: TrainSettings, rounds: int, in_process: bool
+    module: str, s: LMSettings, rounds: int, in_process: bool
 ) -> dict[str, list[TrainResult]]:
     """Every configuration ``rounds`` times, interleaved, each in a fresh process by default."""
     out: dict[str, list[TrainResult]] = {k: [] for k in TRAIN_CONFIGS}
@@ -635,13 +637,13 @@ def report_training(results: dict[str, list[TrainResult]], peak: bool) -> dict[s
     return out
 
 
-def describe_training(s: TrainSettings) -> None:
+def describe_training(s: LMSettings) -> None:
     lengths = train_lengths(s)
     describe_lengths(f"training documents (Part 1 lengths / {s.length_div})", lengths)
     print(
         f"model: CausalLM d_model={s.d_model}, {s.layers} layers, {s.nhead} heads, FFN "
-        f"{s.ffn}, vocab {s.vocab}; budget {s.budget} tokens; (iii) B = "
-        f"{max(1, round(s.budget / float(lengths.mean())))}; device {s.device}, "
+        f"{s.ffn}, vocab {s.vocab}; budget {s.max_tokens} tokens; (iii) B = "
+        f"{max(1, round(s.max_tokens / float(lengths.mean())))}; device {s.device}, "
         + ("bf16 autocast" if s.bf16 else "fp32")
         + f"; torch.set_num_threads({s.threads})"
     )
@@ -650,14 +652,8 @@ def describe_training(s: TrainSettings) -> None:
 # -- the script ----------------------------------------------------------------------------------
 
 
-def machine_line() -> str:
-    import torch
-
-    return harness_machine_line(f"torch {torch.__version__}", with_load=True)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    d = TrainSettings()
+    d = DEFAULTS
     p = argparse.ArgumentParser(description="Packing benchmark (see the module docstring).")
     p.add_argument("--quick", action="store_true", help="smoke test (< 45 s), all in-process")
     p.add_argument("--docs", type=int, default=200_000, help="documents of Part 1")
@@ -666,24 +662,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--length-div", type=int, default=d.length_div)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    p.add_argument("--child", choices=TRAIN_CONFIGS, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    add_child_options(p, TRAIN_CONFIGS)
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
-        s = TrainSettings(**json.loads(args.settings))
-        print("RESULT " + json.dumps(asdict(run_train(args.child, s))), flush=True)
-        return 0
-    s = TrainSettings(target_tokens=args.target_tokens, length_div=args.length_div, seed=args.seed)
+        return child_main(args.child, args.settings)
+    s = replace(
+        DEFAULTS, target_tokens=args.target_tokens, length_div=args.length_div, seed=args.seed
+    )
     if args.quick:
         args.docs, args.rounds = 10_000, 1
         s.target_tokens, s.max_steps = 6000, 8
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: python -m benchmarks.packing {shown}".rstrip())
-    print("machine:", machine_line())
+    print("command:", command_line("benchmarks.packing", argv))
+    print("machine:", torch_machine_line())
     lengths = sft_lengths(args.docs, args.seed)
     stats = describe_lengths("Part 1 documents (lognormal, median 384, sigma 1.0)", lengths)
     print(
@@ -711,7 +705,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     describe_training(s)
     results = run_training("benchmarks.packing", s, args.rounds, in_process=args.quick)
     training = report_training(results, peak=False)
-    print("machine after:", machine_line())
+    print("machine after:", torch_machine_line())
     write_json(
         args.json,
         {

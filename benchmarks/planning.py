@@ -80,9 +80,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import statistics
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
@@ -90,7 +88,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import fmt, git_dirty, machine_line, print_table, timed, traced, write_json
+from benchmarks.harness import (
+    command_line,
+    emit_result,
+    fmt,
+    git_dirty,
+    machine_line,
+    print_table,
+    timed,
+    traced,
+    write_json,
+)
 from benchmarks.plan_metrics import plan_batches, plan_quality
 from benchmarks.planning_compare import run_baselines
 from benchmarks.planning_measure import (
@@ -324,12 +332,11 @@ def _import_and_freeze(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rss_child is not None:
-        print("RSS " + json.dumps(rss_child(args.rss_child, args)))
+        emit_result(rss_child(args.rss_child, args))
         return 0
     _import_and_freeze(args)
     config = PlanConfig(max_tokens=args.max_tokens)
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: python -m benchmarks.planning {shown}".rstrip())
+    print("command:", command_line("benchmarks.planning", argv))
     print("machine:", machine())
     print(
         f"workload: wmt_like_lengths(n, seed={args.seed}), max_tokens={args.max_tokens}, "

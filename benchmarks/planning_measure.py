@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +16,15 @@ from typing import Any
 import numpy as np
 
 from benchmarks.baselines import dist_sampler_rank, fixed_batch_size, greedy_rank
-from benchmarks.harness import ROOT, child_env, rss_peak, timed, traced
+from benchmarks.harness import (
+    ChildFailed,
+    child_command,
+    child_env,
+    rss_peak,
+    run_child,
+    timed,
+    traced,
+)
 from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, PlanConfig
 from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
@@ -167,9 +172,7 @@ def measure_rss(n: int, args: argparse.Namespace, baselines: bool) -> dict[str, 
     # a fixed threshold: every large buffer is its own mapping, returned to the OS when freed,
     # so the resident set before a measurement holds only live data
     env = child_env(MALLOC_MMAP_THRESHOLD_="131072")
-    cmd = [
-        sys.executable,
-        "-m",
+    cmd = child_command(
         "benchmarks.planning",
         "--rss-child",
         str(n),
@@ -179,10 +182,11 @@ def measure_rss(n: int, args: argparse.Namespace, baselines: bool) -> dict[str, 
         str(args.world_size),
         "--seed",
         str(args.seed),
-    ] + (["--rss-baselines"] if baselines else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RSS "):
-            return {k: float(v) for k, v in json.loads(line[4:]).items()}
-    print(f"  RSS measurement failed: {proc.stderr.strip()[-300:]}", flush=True)
-    return {}
+        *(["--rss-baselines"] if baselines else []),
+    )
+    try:
+        found = run_child(cmd, env=env)[-1]
+    except ChildFailed as err:  # the table shows "-" for RSS
+        print(f"  RSS measurement failed: {err.failures[0].stderr.strip()[-300:]}", flush=True)
+        return {}
+    return {k: float(v) for k, v in found.items()}

@@ -44,24 +44,29 @@ CPU add waits of their own (a descheduled rank makes the other wait), so the rou
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import socket
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import print_table, write_json
+from benchmarks.harness import (
+    child_command,
+    child_env,
+    command_line,
+    emit_result,
+    print_table,
+    run_children,
+    torch_machine_line,
+    write_json,
+)
 from benchmarks.plan_metrics import batches_from_steps, quality
-from benchmarks.training_throughput import machine_line
 from benchmarks.training_workload import (
-    Settings,
+    DEFAULTS,
+    TranslationSettings,
     build_model,
     collate,
     plan_lengths,
@@ -72,7 +77,7 @@ WORLD = 2
 CONFIGS = ("ours", "rr-shuffled", "rr-sorted")
 
 
-def assignment(kind: str, lengths: np.ndarray, s: Settings) -> list[list[np.ndarray]]:
+def assignment(kind: str, lengths: np.ndarray, s: TranslationSettings) -> list[list[np.ndarray]]:
     """``steps[j][r]``: the micro-batch of rank ``r`` in step ``j``, for configuration ``kind``."""
     from lightning_varbatch import TokenBudgetBatchSampler
 
@@ -129,7 +134,7 @@ class RankResult:
 
 
 def train_config(
-    kind: str, steps: list[list[np.ndarray]], lengths: np.ndarray, rank: int, s: Settings
+    kind: str, steps: list[list[np.ndarray]], lengths: np.ndarray, rank: int, s: TranslationSettings
 ) -> RankResult:
     """One configuration on this rank (the process group is up)."""
     import torch
@@ -181,7 +186,9 @@ def train_config(
     return out
 
 
-def run_rank(kinds: Sequence[str], rank: int, port: int, s: Settings) -> list[RankResult]:
+def run_rank(
+    kinds: Sequence[str], rank: int, port: int, s: TranslationSettings
+) -> list[RankResult]:
     """This rank's part of every configuration in ``kinds``, in that order, one process group."""
     import torch
     import torch.distributed as dist
@@ -197,7 +204,7 @@ def run_rank(kinds: Sequence[str], rank: int, port: int, s: Settings) -> list[Ra
     try:
         # warm-up, discarded: the first configuration of a round would otherwise also pay for
         # the allocator's and the gloo connection's first use
-        warm = Settings(**{**asdict(s), "max_steps": s.warmup + 3})
+        warm = replace(s, max_steps=s.warmup + 3)
         train_config(kinds[0], plans[kinds[0]], lengths, rank, warm)
         return [train_config(kind, plans[kind], lengths, rank, s) for kind in kinds]
     finally:
@@ -213,54 +220,33 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def launch(kinds: Sequence[str], s: Settings, timeout: float) -> dict[str, list[RankResult]]:
+def launch(
+    kinds: Sequence[str], s: TranslationSettings, timeout: float
+) -> dict[str, list[RankResult]]:
     """Both ranks as subprocesses running ``kinds`` in order; both must report every one, else
-    RuntimeError with their stderr. Returns each configuration's per-rank results."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env["OMP_NUM_THREADS"] = str(s.threads)
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.straggler",
-                "--rank-child",
-                ",".join(kinds),
-                str(r),
-                str(port),
-                "--settings",
-                json.dumps(asdict(s)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=root,
+    :class:`benchmarks.harness.ChildFailed` with their stderr. Returns each configuration's
+    per-rank results."""
+    port, settings = str(_free_port()), s.to_json()
+    commands = [
+        child_command(
+            "benchmarks.straggler",
+            "--rank-child",
+            ",".join(kinds),
+            str(r),
+            port,
+            "--settings",
+            settings,
         )
         for r in range(WORLD)
     ]
-    results: list[list[RankResult] | None] = [None] * WORLD
-    errors = []
-    deadline = time.monotonic() + timeout
-    for r, proc in enumerate(procs):
-        try:
-            stdout, stderr = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            stdout, stderr = proc.communicate()
-            errors.append(f"rank {r}: timed out after {timeout:.0f} s")
-        for line in stdout.splitlines():
-            if line.startswith("RESULT "):
-                results[r] = [RankResult(**x) for x in json.loads(line[7:])]
-        if results[r] is None:
-            errors.append(f"rank {r} (exit {proc.returncode}) did not report:\n{stderr[-2000:]}")
-    if errors:
-        raise RuntimeError(f"{','.join(kinds)}: " + "\n".join(errors))
-    done = [r for r in results if r is not None]
+    done = [
+        [RankResult(**x) for x in found]
+        for found in run_children(
+            commands, env=child_env(OMP_NUM_THREADS=str(s.threads)), timeout=timeout
+        )
+    ]
+    if any(len(x) != len(kinds) for x in done):
+        raise RuntimeError(f"{','.join(kinds)}: a rank reported {[len(x) for x in done]} runs")
     return {k: [done[r][i] for r in range(WORLD)] for i, k in enumerate(kinds)}
 
 
@@ -309,17 +295,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rank_child is not None:
         kinds = args.rank_child[0].split(",")
         rank, port = int(args.rank_child[1]), int(args.rank_child[2])
-        s = Settings(**json.loads(args.settings))
-        done = run_rank(kinds, rank, port, s)
-        print("RESULT " + json.dumps([asdict(x) for x in done]), flush=True)
+        for x in run_rank(kinds, rank, port, TranslationSettings.from_json(args.settings)):
+            emit_result(asdict(x))
         return 0
-    s = Settings(target_tokens=args.target_tokens, max_tokens=args.max_tokens, seed=args.seed)
+    s = replace(
+        DEFAULTS, target_tokens=args.target_tokens, max_tokens=args.max_tokens, seed=args.seed
+    )
     if args.quick:
         s.target_tokens, s.d_model, s.ffn, s.vocab, s.layers, s.nhead = 3000, 32, 64, 500, 1, 2
         s.max_tokens, args.rounds = 512, 1
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: python -m benchmarks.straggler {shown}".rstrip())
-    print("machine:", machine_line())
+    print("command:", command_line("benchmarks.straggler", argv))
+    print("machine:", torch_machine_line())
     lengths = workload_lengths(s)
     print(
         f"workload: {lengths.shape[0]:,} examples, {int(lengths[:, 1].sum()):,} real target "
@@ -394,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "steps": steps,
         }
     print_table(headers, rows)
-    print("machine after:", machine_line())
+    print("machine after:", torch_machine_line())
     write_json(args.json, numbers)
     return 0
 

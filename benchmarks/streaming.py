@@ -62,8 +62,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
@@ -72,16 +70,18 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness import (
+    child_command,
     child_env,
+    emit_result,
     fmt,
     machine_line,
     print_table,
     proc_kib,
+    run_child,
     uptime,
     write_json,
 )
 
-RESULT = "RESULT "
 WORLD = 8
 
 
@@ -300,7 +300,7 @@ def _write_lengths_shards(folder: str, n: int, shard_rows: int) -> None:
 
 
 def child_memory(mode: str, folder: str, max_tokens: int, window: int) -> dict[str, Any]:
-    """One measurement in this (fresh) process; the parent reads its RESULT line."""
+    """One measurement in this (fresh) process; the parent reads its result line."""
     import pyarrow.parquet as pq
 
     from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -372,25 +372,15 @@ def run_memory(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             flush=True,
         )
         for mode in args.memory_modes:
-            cmd = [
-                sys.executable,
-                "-m",
+            cmd = child_command(
                 "benchmarks.streaming",
                 "--child",
                 mode,
                 folder,
                 "--max-tokens",
                 str(args.max_tokens),
-            ]
-            proc = subprocess.run(
-                cmd, env=child_env(OMP_NUM_THREADS="1"), capture_output=True, text=True, check=False
             )
-            lines = [x for x in proc.stdout.splitlines() if x.startswith(RESULT)]
-            if proc.returncode != 0 or not lines:
-                raise RuntimeError(
-                    f"child {mode} {n} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-                )
-            results[f"{mode}/{n}"] = json.loads(lines[-1][len(RESULT) :])
+            results[f"{mode}/{n}"] = run_child(cmd, env=child_env(OMP_NUM_THREADS="1"))[-1]
         shutil.rmtree(folder)
     small, large = min(args.sizes), max(args.sizes)
     print(
@@ -640,8 +630,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--child", nargs=2, metavar=("MODE", "FOLDER"), default=None)
     args = p.parse_args(argv)
     if args.child:
-        res = child_memory(args.child[0], args.child[1], args.max_tokens, 10_000)
-        print(RESULT + json.dumps(res))
+        emit_result(child_memory(args.child[0], args.child[1], args.max_tokens, 10_000))
         return 0
     q = args.quick
     args.pairs = args.pairs or (100_000 if q else 1_000_000)
@@ -655,7 +644,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"uptime: {uptime()}")
     t_start = time.perf_counter()
     data: dict[str, Any] = {"machine": machine_line(_versions()), "quick": q}
-    tmp = tempfile.mkdtemp(prefix="lv-streaming-", dir=args.tmp)
+    # absolute: the children run from the repository root
+    tmp = os.path.abspath(tempfile.mkdtemp(prefix="lv-streaming-", dir=args.tmp))
     try:
         if "plans" in parts:
             data["plans"] = run_plans(args)

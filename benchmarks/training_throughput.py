@@ -61,24 +61,30 @@ bf16 on one CUDA GPU.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import ROOT, child_env, fmt, print_table, write_json
-from benchmarks.harness import machine_line as harness_machine_line
+from benchmarks.harness import (
+    add_child_options,
+    command_line,
+    emit_result,
+    fmt,
+    print_table,
+    run_training_child,
+    torch_machine_line,
+    write_json,
+)
 from benchmarks.training_workload import (
     CONFIGS,
+    DEFAULTS,
     NAMES,
     RunResult,
-    Settings,
-    run_child,
+    TranslationSettings,
+    run_config,
     workload_lengths,
 )
 
@@ -88,15 +94,15 @@ TARGET_SPEEDUP = 2.5
 # -- the parent: interleaved runs in fresh processes ---------------------------------------------
 
 
-def spawn(module: str, kind: str, s: Settings) -> RunResult:
-    env = child_env()
-    env.setdefault("OMP_NUM_THREADS", str(s.threads))
-    cmd = [sys.executable, "-m", module, "--child", kind, "--settings", json.dumps(asdict(s))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return RunResult(**json.loads(line[7:]))
-    raise RuntimeError(f"run {kind} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+def spawn(module: str, kind: str, s: TranslationSettings) -> RunResult:
+    """Configuration ``kind`` in a fresh ``python -m <module> --child <kind>`` process."""
+    return RunResult(**run_training_child(module, kind, s))
+
+
+def child_main(kind: str, settings: str) -> int:
+    """A child's work (``--child KIND --settings JSON``): one run, reported as a result line."""
+    emit_result(asdict(run_config(kind, TranslationSettings.from_json(settings))))
+    return 0
 
 
 @dataclass
@@ -111,7 +117,7 @@ class Summary:
 
 
 def run_all_configs(
-    module: str, s: Settings, rounds: int, in_process: bool = False
+    module: str, s: TranslationSettings, rounds: int, in_process: bool = False
 ) -> dict[str, Summary]:
     """Run every configuration ``rounds`` times, interleaved; each in a fresh process unless
     ``in_process`` (the smoke test: no imports per run, memory figures then less clean)."""
@@ -119,7 +125,7 @@ def run_all_configs(
     for r in range(rounds):
         order = CONFIGS if r % 2 == 0 else tuple(reversed(CONFIGS))
         for kind in order:
-            res = run_child(kind, s) if in_process else spawn(module, kind, s)
+            res = run_config(kind, s) if in_process else spawn(module, kind, s)
             tps = res.timed_real_tgt / res.timed_s
             out[kind].tps.append(tps)
             out[kind].runs.append(res)
@@ -137,7 +143,7 @@ def _fmt(x: object, spec: str = ".2f") -> str:
 
 
 def report(
-    results: dict[str, Summary], s: Settings, peak_label: str, smoke: bool = False
+    results: dict[str, Summary], s: TranslationSettings, peak_label: str, smoke: bool = False
 ) -> dict[str, Any]:
     """Print the table and the target; return the numbers (for RESULTS.md and plots)."""
     a = results["a"]
@@ -221,13 +227,7 @@ def report(
     return out
 
 
-def machine_line() -> str:
-    import torch
-
-    return harness_machine_line(f"torch {torch.__version__}", with_load=True)
-
-
-def describe(s: Settings) -> None:
+def describe(s: TranslationSettings) -> None:
     lengths = workload_lengths(s)
     print(
         f"workload: {lengths.shape[0]:,} examples, {int(lengths[:, 1].sum()):,} real target tokens "
@@ -241,7 +241,7 @@ def describe(s: Settings) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    d = Settings()
+    d = DEFAULTS
     p = argparse.ArgumentParser(description="Training throughput benchmark (module docstring).")
     p.add_argument(
         "--quick",
@@ -259,13 +259,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
-    p.add_argument("--child", choices=CONFIGS, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    add_child_options(p, CONFIGS)
     return p.parse_args(argv)
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    s = Settings(
+def settings_from_args(args: argparse.Namespace) -> TranslationSettings:
+    s = replace(
+        DEFAULTS,
         target_tokens=args.target_tokens,
         length_scale=args.length_scale,
         max_tokens=args.max_tokens,
@@ -286,13 +286,10 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.child is not None:
-        s = Settings(**json.loads(args.settings))
-        print("RESULT " + json.dumps(asdict(run_child(args.child, s))), flush=True)
-        return 0
+        return child_main(args.child, args.settings)
     s = settings_from_args(args)
-    shown = " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: python -m benchmarks.training_throughput {shown}".rstrip())
-    print("machine:", machine_line())
+    print("command:", command_line("benchmarks.training_throughput", argv))
+    print("machine:", torch_machine_line())
     describe(s)
     results = run_all_configs("benchmarks.training_throughput", s, args.rounds, args.quick)
     print(
@@ -301,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "slots; peak = RSS high-water rise over the loop, max over rounds)"
     )
     numbers = report(results, s, "peak MB", smoke=args.quick)
-    print("machine after:", machine_line())
+    print("machine after:", torch_machine_line())
     write_json(args.json, numbers)
     return 0
 

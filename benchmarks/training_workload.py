@@ -1,6 +1,7 @@
 """The training-throughput workload and one measured run of it (a child process's work).
 
-:class:`Settings` is everything a run depends on; :func:`run_child` trains one configuration
+:class:`TranslationSettings` is everything a run depends on (:data:`DEFAULTS`: the CPU sizes);
+:func:`run_config` trains one configuration
 (``"a"`` token budget, ``"b"`` random fixed-size, ``"c"`` sorted fixed-size batches; see
 :mod:`benchmarks.training_throughput`) for one epoch and measures it. :mod:`benchmarks.straggler`
 and :mod:`benchmarks.gpu_throughput` use the same model and data.
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import proc_kib, reset_hwm
+from benchmarks.harness import TrainingSettings, proc_kib, reset_hwm
 
 CONFIGS = ("a", "b", "c")
 NAMES = {
@@ -30,29 +31,24 @@ PAD_ID, BOS_ID, FIRST_WORD = 0, 1, 3
 # -- the workload --------------------------------------------------------------------------------
 
 
-@dataclass
-class Settings:
+@dataclass(kw_only=True)
+class TranslationSettings(TrainingSettings):
     """Everything a run depends on; the parent passes it to each child as JSON."""
 
     target_tokens: int = 40_000
+    """Real target tokens of the workload (its examples are the first that reach them)."""
     length_scale: float = 0.5
-    max_tokens: int = 1024
-    vocab: int = 8000
-    d_model: int = 128
-    nhead: int = 4
-    layers: int = 2
-    ffn: int = 512
+    """Factor on the WMT-like lengths."""
     dropout: float = 0.1
-    lr: float = 1e-4
-    warmup: int = 2
-    threads: int = 1
-    seed: int = 0
-    device: str = "cpu"
-    bf16: bool = False
-    max_steps: int | None = None  # only for smoke tests: stop each run early
 
 
-def workload_lengths(s: Settings) -> np.ndarray:
+DEFAULTS = TranslationSettings(
+    max_tokens=1024, vocab=8000, d_model=128, nhead=4, layers=2, ffn=512, lr=1e-4
+)
+"""The CPU workload of :mod:`benchmarks.training_throughput` and :mod:`benchmarks.straggler`."""
+
+
+def workload_lengths(s: TranslationSettings) -> np.ndarray:
     """(n, 2) int64 (source, target) lengths: WMT-like, scaled, enough real target tokens."""
     from lightning_varbatch.planner.synthetic import wmt_like_lengths
 
@@ -74,7 +70,9 @@ def plan_lengths(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
-def make_batches(kind: str, lengths: np.ndarray, s: Settings) -> tuple[list[np.ndarray], int]:
+def make_batches(
+    kind: str, lengths: np.ndarray, s: TranslationSettings
+) -> tuple[list[np.ndarray], int]:
     """(batches of example ids, fixed batch size B derived from (a)) for configuration ``kind``."""
     from lightning_varbatch import TokenBudgetBatchSampler
 
@@ -155,7 +153,7 @@ class RunResult:
     step_s: list[float] = field(default_factory=list)
 
 
-def build_model(s: Settings) -> Any:
+def build_model(s: TranslationSettings) -> Any:
     from examples.translation.model import TranslationModel
 
     return TranslationModel(
@@ -171,7 +169,7 @@ def build_model(s: Settings) -> Any:
     )
 
 
-def run_child(kind: str, s: Settings) -> RunResult:
+def run_config(kind: str, s: TranslationSettings) -> RunResult:
     """Train one configuration for one epoch of the workload; measure it."""
     import torch
     import torch.nn.functional as F

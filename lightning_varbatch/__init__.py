@@ -32,8 +32,11 @@ from lightning_varbatch.errors import (
 
 if TYPE_CHECKING:
     from lightning_varbatch.attention import document_attention
-    from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
-    from lightning_varbatch.callbacks.worst_batch import WorstBatchCheck
+    from lightning_varbatch.callbacks import (
+        BatchSizeLRScaler,
+        TokenThroughputMonitor,
+        WorstBatchCheck,
+    )
     from lightning_varbatch.data.collate import PaddingCollate
     from lightning_varbatch.data.datamodule import TokenBudgetDataModule
     from lightning_varbatch.data.loader import TokenBudgetDataLoader, token_budget_dataloader
@@ -64,7 +67,7 @@ if TYPE_CHECKING:
 _WHERE = {
     "BatchSizeLRScaler": "lightning_varbatch.callbacks",
     "TokenThroughputMonitor": "lightning_varbatch.callbacks",
-    "WorstBatchCheck": "lightning_varbatch.callbacks.worst_batch",
+    "WorstBatchCheck": "lightning_varbatch.callbacks",
     "BudgetResult": "lightning_varbatch.memory",
     "find_max_tokens": "lightning_varbatch.memory",
     "MicroBatch": "lightning_varbatch.data.micro_batch",

@@ -35,28 +35,32 @@ from typing import Any
 import torch
 
 from lightning_varbatch import keys
+from lightning_varbatch.checks import check_count
+from lightning_varbatch.errors import SettingValueError
 
 
 def _scale(world_size: int, accumulate_grad_batches: int) -> int:
-    for name, value in (
-        ("world_size", world_size),
-        ("accumulate_grad_batches", accumulate_grad_batches),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    return world_size * accumulate_grad_batches
+    world = check_count("world_size", world_size)
+    return world * check_count("accumulate_grad_batches", accumulate_grad_batches)
 
 
 def _count(value: int | torch.Tensor, name: str) -> torch.Tensor | int:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got shape {tuple(value.shape)}.")
+            raise SettingValueError(
+                f"{name} must be a scalar, got shape {tuple(value.shape)}; pass the batch's "
+                f"{name} entry (one count for the whole optimizer step).",
+                setting=name,
+                value=value,
+            )
         if bool(value <= 0):
-            raise ValueError(f"{name} must be > 0, got {int(value)}: the step has no tokens.")
+            raise SettingValueError(
+                f"{name} must be > 0, got {int(value)}: the step has no tokens.",
+                setting=name,
+                value=value,
+            )
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}.")
-    return value
+    return check_count(name, value)
 
 
 def token_mean_loss(
@@ -80,7 +84,8 @@ def token_mean_loss(
         The value to return from ``training_step`` (Lightning's automatic optimisation).
 
     Raises:
-        ValueError: for a non-positive token count, world size or accumulation.
+        SettingValueError: for a non-positive token count, world size or accumulation
+            (``SettingTypeError`` for one that is not an integer; both are ``ValueError``).
 
     Example:
         >>> import torch

@@ -49,6 +49,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingError
 from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -431,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     _check_columns(parser, args)
     try:
         return _run(args)
+    except SettingError as err:
+        names = {f.name for f in dataclasses.fields(PlanConfig)}
+        flag = f" (flag --{err.setting.replace('_', '-')})" if err.setting in names else ""
+        print(f"error: {err}{flag}", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -13,12 +13,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import lightning_varbatch.attention as attention_module
+import lightning_varbatch.attention.choice as choice_module
+import lightning_varbatch.attention.sdpa as sdpa_module
+import lightning_varbatch.attention.sdpa_cost as sdpa_cost
 from lightning_varbatch.attention import (
     BACKENDS,
     document_attention,
     document_ids,
     select_backend,
 )
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
 LENGTHS = [5, 1, 9, 3, 2]  # includes a length-1 example
 PAD = 3  # trailing alignment padding
@@ -261,7 +265,7 @@ SDPA_CASES = {
 @pytest.fixture(params=STRATEGIES)
 def strategy(request, monkeypatch):
     """Force the per-example loop or the padded single call of backend='sdpa'."""
-    monkeypatch.setattr(attention_module, "_SDPA_STRATEGY", request.param)
+    monkeypatch.setattr(sdpa_cost, "_SDPA_STRATEGY", request.param)
     return request.param
 
 
@@ -279,16 +283,16 @@ def test_sdpa_strategies_equal_reference_with_gradients(
     lengths = _lengths(cu_list)
     n = sum(lengths)
     calls = []
-    for name in ("_sdpa_loop", "_sdpa_padded"):
-        original = getattr(attention_module, name)
+    for name in ("sdpa_loop", "sdpa_padded"):
+        original = getattr(sdpa_module, name)
         monkeypatch.setattr(
-            attention_module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
+            sdpa_module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
         )
     q, k, v = _qkv(lengths, pad, heads, kv_heads, requires_grad=True)
     weights = torch.randn(q.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     cu = torch.tensor(cu_list, dtype=torch.int32)
     out = document_attention(q, k, v, cu, causal=causal, scale=scale, backend="sdpa")
-    assert calls == [f"_sdpa_{'padded' if strategy == 'batched' else 'loop'}"]
+    assert calls == [f"sdpa_{'padded' if strategy == 'batched' else 'loop'}"]
     (out * weights).sum().backward()
     assert torch.equal(out[n:], torch.zeros_like(out[n:]))
 
@@ -306,7 +310,7 @@ def test_sdpa_strategies_agree_on_many_short_examples(monkeypatch):
     q, k, v = _qkv(lengths, pad=5, heads=2, requires_grad=True)
     results = []
     for strategy in STRATEGIES:
-        monkeypatch.setattr(attention_module, "_SDPA_STRATEGY", strategy)
+        monkeypatch.setattr(sdpa_cost, "_SDPA_STRATEGY", strategy)
         for causal in (True, False):
             out = document_attention(q, k, v, _cu(lengths), causal=causal, backend="sdpa")
             grads = torch.autograd.grad(out.pow(2).sum(), (q, k, v))
@@ -341,7 +345,7 @@ def test_sdpa_strategies_no_leak_between_examples_or_from_padding(strategy, caus
 
 
 def test_sdpa_batches_rule():
-    batches = attention_module._sdpa_batches
+    batches = sdpa_cost.sdpa_batches
     assert batches([64] * 32) and batches([4] * 512)  # equal lengths: no padding, fewer calls
     assert batches([6, 8, 7, 5, 8, 3, 8, 6] * 30)  # many short, similar examples
     assert not batches([700, 500, 400, 400])  # few long examples: the loop's overhead is small
@@ -352,15 +356,15 @@ def test_sdpa_batches_rule():
 
 @pytest.mark.parametrize(
     ("sizes", "expected"),
-    [([6, 8, 7, 5, 8, 3, 8, 6] * 30, "_sdpa_padded"), ([900, 4, 3], "_sdpa_loop")],
+    [([6, 8, 7, 5, 8, 3, 8, 6] * 30, "sdpa_padded"), ([900, 4, 3], "sdpa_loop")],
 )
 def test_auto_strategy_follows_the_rule(sizes, expected, monkeypatch):
-    assert attention_module._SDPA_STRATEGY == "auto"
+    assert sdpa_cost._SDPA_STRATEGY == "auto"
     calls = []
-    for name in ("_sdpa_loop", "_sdpa_padded"):
-        original = getattr(attention_module, name)
+    for name in ("sdpa_loop", "sdpa_padded"):
+        original = getattr(sdpa_module, name)
         monkeypatch.setattr(
-            attention_module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
+            sdpa_module, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a)
         )
     q, k, v = _qkv(sizes, pad=0, heads=1)
     document_attention(q, k, v, _cu(sizes))
@@ -447,26 +451,49 @@ def test_flash_without_cuda_says_why(dtype):
 
 
 def test_flash_problem_names_each_missing_piece(monkeypatch):
-    monkeypatch.setattr(attention_module, "_flash_varlen", lambda: (lambda *a, **k: None, ""))
+    monkeypatch.setattr(choice_module, "flash_varlen", lambda: (lambda *a, **k: None, ""))
     with pytest.raises(RuntimeError, match=r"fp16/bf16: the tensors are on cpu, not CUDA\.$"):
         select_backend(torch.zeros(2, 1, 4, dtype=torch.float16), backend="flash")
-    monkeypatch.setattr(attention_module, "_flash_varlen", lambda: (None, "no flash_attn"))
+    monkeypatch.setattr(choice_module, "flash_varlen", lambda: (None, "no flash_attn"))
     with pytest.raises(RuntimeError, match=r"fp16/bf16: no flash_attn; the tensors are on cpu"):
         select_backend(torch.zeros(2, 1, 4, dtype=torch.float16), backend="flash")
 
 
-def test_module_imports_only_torch_and_stdlib():
-    tree = ast.parse(Path(attention_module.__file__).read_text())
-    roots = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0
-            roots.add(node.module.split(".")[0])
+def test_package_imports_only_torch_stdlib_and_the_settings_checks():
+    files = sorted(Path(attention_module.__file__).parent.glob("*.py"))
+    assert {f.stem for f in files} >= {"__init__", "choice", "document", "sdpa", "flex", "flash"}
+    roots, ours = set(), set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                roots |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0
+                roots.add(node.module.split(".")[0])
+                if node.module.startswith("lightning_varbatch"):
+                    ours.add(node.module)
     stdlib = {"__future__", "collections", "functools", "itertools", "math", "typing", "warnings"}
     assert "torch" in roots
-    assert roots <= stdlib | {"torch", "flash_attn"}  # flash_attn: optional, imported lazily
+    # flash_attn: optional, imported lazily; the settings vocabulary needs numpy only
+    assert roots <= stdlib | {"torch", "flash_attn", "lightning_varbatch"}
+    outside = {m for m in ours if not m.startswith("lightning_varbatch.attention.")}
+    assert outside == {"lightning_varbatch.checks", "lightning_varbatch.errors"}
+
+
+def test_the_public_face_keeps_every_name_and_the_old_private_entry_points_are_gone():
+    """``lightning_varbatch.attention`` re-exports the names docs, examples and tests import."""
+    from lightning_varbatch.attention.choice import select_backend as choice_select
+    from lightning_varbatch.attention.document import document_attention as entry
+    from lightning_varbatch.attention.packed_row import document_ids as ids
+
+    assert attention_module.__all__ == [
+        "BACKENDS",
+        "document_attention",
+        "document_ids",
+        "select_backend",
+    ]
+    assert (document_attention, document_ids, select_backend) == (entry, ids, choice_select)
+    assert BACKENDS == choice_module.BACKENDS == ("auto", "flash", "flex", "sdpa")
 
 
 # --------------------------------------------------------------------------- document_ids
@@ -480,7 +507,7 @@ def test_document_ids():
     assert document_ids(torch.zeros(1, dtype=torch.int32), 0).tolist() == []
     with pytest.raises(ValueError, match="exceeds the number of tokens T = 5"):
         document_ids(cu, 5)
-    with pytest.raises(ValueError, match="total_tokens must be an integer >= 0"):
+    with pytest.raises(SettingValueError, match="total_tokens must be a non-negative integer"):
         document_ids(cu, -1)
     with pytest.raises(TypeError, match="int32"):
         document_ids(cu.float(), 8)
@@ -566,23 +593,27 @@ BAD = [
     ),
     (
         lambda g: _with(max_seqlen=2),
-        ValueError,
+        SettingValueError,
         r"max_seqlen = 2 is smaller than the longest example \(3 tokens\)",
     ),
-    (lambda g: _with(max_seqlen=3.0), ValueError, "max_seqlen must be an integer >= 0"),
-    (lambda g: _with(max_seqlen=True), ValueError, "max_seqlen must be an integer"),
-    (lambda g: _with(scale=0.0), ValueError, "scale must be a positive finite number"),
-    (lambda g: _with(scale=math.inf), ValueError, "scale must be a positive finite number"),
-    (lambda g: _with(causal=1), TypeError, "causal must be a bool"),
-    (lambda g: _with(validate="yes"), TypeError, "validate must be a bool"),
-    (lambda g: _with(backend="xformers"), ValueError, r"backend must be one of \('auto'"),
+    (lambda g: _with(max_seqlen=3.0), SettingTypeError, "max_seqlen must be a non-negative int"),
+    (lambda g: _with(max_seqlen=True), SettingTypeError, "max_seqlen must be a non-negative"),
+    (lambda g: _with(max_seqlen=-1), SettingValueError, "max_seqlen must be a non-negative"),
+    (lambda g: _with(scale=0.0), SettingValueError, "scale must be a finite number > 0"),
+    (lambda g: _with(scale=math.inf), SettingValueError, "scale must be a finite number > 0"),
+    (lambda g: _with(scale="1"), SettingTypeError, "scale must be a real number"),
+    (lambda g: _with(causal=1), SettingTypeError, "causal must be True or False"),
+    (lambda g: _with(validate="yes"), SettingTypeError, "validate must be True or False"),
+    (lambda g: _with(backend="xformers"), SettingValueError, r"backend must be one of 'auto'"),
+    (lambda g: _with(backend=None), SettingTypeError, r"backend must be one of 'auto'"),
 ]
 
 
 @pytest.mark.parametrize(("make", "error", "message"), BAD)
 def test_bad_inputs_raise_clearly(make, error, message):
-    with pytest.raises(error, match=message):
+    with pytest.raises(error, match=message) as caught:
         document_attention(**make(_good()))
+    assert type(caught.value) is error  # the exact type, not a subclass
 
 
 def test_good_inputs_pass():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,6 +14,7 @@ from torch import nn
 
 from lightning_varbatch import TokenBudgetBatchSampler
 from lightning_varbatch.callbacks.worst_batch import measure_peak
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.memory import Probe, find_max_tokens, fit_memory_model
 
 A, B, C = 5e6, 96.0, 0.75  # bytes: fixed, per padded token, per attention pair
@@ -164,3 +167,193 @@ def test_with_a_shape_budget_every_shape_fits_and_has_the_most_rows_that_fit() -
     ).planner.shapes
     assert bigger is not None
     assert max(exact(r, n) for r, n in bigger.tolist()) > allowed
+
+
+class Counted:
+    """``exact``, counting its calls: a bad setting must be refused before any probe runs."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, examples: int, length: int) -> float:
+        self.calls += 1
+        return exact(examples, length)
+
+
+@pytest.mark.parametrize(
+    ("returned", "kind"),
+    [
+        (0, ValueError),
+        (0.0, ValueError),
+        (-5.0, ValueError),
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        (np.float32("nan"), ValueError),
+        ("big", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+        (torch.tensor(5e6), TypeError),
+    ],
+    ids=["zero", "zero-float", "negative", "nan", "inf", "np-nan", "str", "none", "bool", "tensor"],
+)
+def test_a_probe_that_measures_nothing_is_named(returned: object, kind: type) -> None:
+    with pytest.raises(kind) as info:
+        find_max_tokens(lambda b, n: returned, _lengths(), LIMIT)  # type: ignore[arg-type,return-value]
+    assert type(info.value) is kind
+    text = str(info.value)
+    assert "run_batch(examples=1, length=199)" in text  # the first probe: one longest example
+    assert repr(returned) in text and "peak memory in bytes" in text
+
+
+@pytest.mark.parametrize(
+    "run_batch",
+    [
+        lambda b, n: 7e6,  # flat: measures something that does not hold the batch
+        lambda b, n: 1e9 - 10 * b * n,  # decreasing
+        lambda b, n: 1e9 - b * n * n,  # decreasing in the attention term
+    ],
+    ids=["flat", "decreasing", "decreasing-quadratic"],
+)
+def test_memory_that_does_not_grow_with_the_batch_is_refused(run_batch: Any) -> None:
+    with pytest.raises(ValueError, match="does not grow with the batch") as info:
+        find_max_tokens(run_batch, _lengths(), LIMIT, candidates=range(256, 65_537, 256))
+    assert type(info.value) is ValueError
+    text = str(info.value)
+    assert f"1 x 199 tokens: {run_batch(1, 199):.0f} bytes" in text  # the first probe
+    assert text.count(" tokens: ") == 4  # every probe is listed with its figure
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "named"),
+    [
+        ({"max_examples": 0}, SettingValueError, "max_examples"),
+        ({"max_examples": "8"}, SettingTypeError, "max_examples"),
+        ({"pad_to_multiple_of": "4"}, SettingTypeError, "pad_to_multiple_of"),
+        ({"cost": "flops"}, ValueError, "flops"),
+        ({"max_example": 8}, SettingTypeError, "did you mean 'max_examples'"),
+        ({"max_tokens": 4096}, SettingValueError, "candidates="),
+    ],
+    ids=["max_examples-0", "max_examples-str", "pad-str", "cost-unknown", "typo", "max_tokens"],
+)
+def test_plan_settings_are_checked_before_any_probe(
+    settings: dict[str, Any], error: type, named: str
+) -> None:
+    run_batch = Counted()
+    with pytest.raises(error) as info:
+        find_max_tokens(run_batch, _lengths(), LIMIT, candidates=[512, 1024], **settings)
+    assert run_batch.calls == 0
+    assert named in str(info.value)
+    assert "Raise the limit" not in str(info.value) and "No budget fits" not in str(info.value)
+
+
+def _smallest_budget(length: int, multiple: int = 1, coef: float | None = None) -> int:
+    """What one example of ``length`` costs on its own, computed by hand."""
+    padded = -(-length // multiple) * multiple
+    return padded if coef is None else math.ceil(padded + coef * padded**2)
+
+
+@pytest.mark.parametrize(
+    ("settings", "needed"),
+    [
+        ({}, _smallest_budget(199)),
+        ({"pad_to_multiple_of": 8}, _smallest_budget(199, 8)),
+        ({"cost": "quadratic", "quadratic_coef": 0.5}, _smallest_budget(199, coef=0.5)),
+        ({"layout": "packed", "pad_to_multiple_of": 16}, _smallest_budget(199, 16)),
+    ],
+    ids=["padded", "pad-8", "quadratic", "packed"],
+)
+def test_budgets_all_below_the_longest_example_name_it(
+    settings: dict[str, Any], needed: int
+) -> None:
+    lengths = _lengths()
+    index = int(np.argmax(lengths))
+    for search in ({"candidates": [64, needed - 1]}, {"bounds": (16, needed - 1)}):
+        run_batch = Counted()
+        with pytest.raises(SettingValueError) as info:
+            find_max_tokens(run_batch, lengths, LIMIT, **search, **settings)  # type: ignore[arg-type]
+        text = str(info.value)
+        assert run_batch.calls == 0
+        assert f"example {index} has length 199" in text
+        assert f"max_tokens={needed}" in text
+        assert info.value.setting == next(iter(search))
+    # one budget that holds it is enough, and it is the one chosen when memory allows
+    result = find_max_tokens(
+        exact, lengths, 10**12, candidates=[64, needed - 1, needed], **settings
+    )
+    assert result.max_tokens == needed
+
+
+def test_default_bounds_start_at_the_longest_examples_cost() -> None:
+    """With cost='quadratic', budgets between the longest length and its cost cannot hold it."""
+    lengths = _lengths()
+    settings = {"cost": "quadratic", "quadratic_coef": C / B}
+    result = find_max_tokens(exact, lengths, LIMIT, **settings)  # type: ignore[arg-type]
+    assert result.max_tokens >= _smallest_budget(199, coef=C / B)
+    allowed = LIMIT * (1 - MARGIN)
+    assert worst_exact(lengths, result.max_tokens, **settings) <= allowed
+
+
+def test_oversize_skip_may_search_below_the_longest_example() -> None:
+    lengths = np.concatenate([np.full(2000, 20), [199]])
+    result = find_max_tokens(exact, lengths, LIMIT, candidates=[40, 80, 120], oversize="skip")
+    assert result.max_tokens == 120 and result.worst_longest == 20
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "setting"),
+    [
+        ({"memory_limit_bytes": "15e6"}, SettingTypeError, "memory_limit_bytes"),
+        ({"memory_limit_bytes": 0}, SettingValueError, "memory_limit_bytes"),
+        ({"margin": float("nan")}, SettingValueError, "margin"),
+        ({"margin": 1.0}, SettingValueError, "margin"),
+        ({"margin": "0.1"}, SettingTypeError, "margin"),
+        ({"probes": 2}, SettingValueError, "probes"),
+        ({"rounds": 0}, SettingValueError, "rounds"),
+        ({"epochs": 1.0}, SettingTypeError, "epochs"),
+        ({"world_size": 0}, SettingValueError, "world_size"),
+        ({"step": 0, "bounds": (256, 4096)}, SettingValueError, "step"),
+        ({"bounds": (4096, 256)}, SettingValueError, "bounds"),
+        ({"bounds": (256,)}, SettingTypeError, "bounds"),
+        ({"bounds": (256.0, 4096)}, SettingTypeError, "bounds"),
+        ({"candidates": []}, SettingValueError, "candidates"),
+        ({"candidates": [512, 0]}, SettingValueError, "candidates"),
+        ({"candidates": 4096}, SettingTypeError, "candidates"),
+        ({"run_batch": 5}, SettingTypeError, "run_batch"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
+def test_own_settings_use_the_shared_checks(
+    kwargs: dict[str, Any], error: type, setting: str
+) -> None:
+    args: dict[str, Any] = {"run_batch": Counted(), "memory_limit_bytes": LIMIT}
+    args.update(kwargs)
+    run_batch = args.pop("run_batch")
+    with pytest.raises(error) as info:
+        find_max_tokens(run_batch, _lengths(), **args)
+    assert type(info.value) is error and info.value.setting == setting
+    assert setting in str(info.value)
+    assert getattr(run_batch, "calls", 0) == 0
+
+
+def test_memory_error_is_an_out_of_memory_probe_and_other_errors_propagate() -> None:
+    lengths = _lengths()
+
+    def python_oom(examples: int, length: int) -> float:
+        if examples * length > 6000:
+            raise MemoryError
+        return exact(examples, length)
+
+    result = find_max_tokens(
+        python_oom, lengths, 10 * LIMIT, candidates=range(256, 65_537, 256), rounds=8
+    )
+    assert result.worst_examples * result.worst_longest <= 6000
+    assert any(p.peak_bytes is None for p in result.probes)
+
+    def cpu_allocator(examples: int, length: int) -> float:
+        # what torch's CPU allocator raises: a plain RuntimeError, not told apart by its text
+        torch.empty(2**40, dtype=torch.uint8)
+        return 1.0
+
+    with pytest.raises(RuntimeError) as info:
+        find_max_tokens(cpu_allocator, lengths, LIMIT)
+    assert type(info.value) is RuntimeError

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
 from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
 from lightning_varbatch.planner.settings import PlanConfig
@@ -227,7 +228,9 @@ def test_custom_cost_is_named() -> None:
 
 def test_rank_loads_rejects_unknown_model() -> None:
     planner, plan, _ = _diag(np.array([3, 4, 5]), max_tokens=10)
-    with pytest.raises(ValueError, match="Unknown load model='cubic'"):
+    with pytest.raises(
+        SettingValueError, match="model must be one of 'linear', 'quadratic', 'flops'"
+    ):
         rank_loads(planner, plan, "cubic")  # type: ignore[arg-type]
 
 

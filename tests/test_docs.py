@@ -128,7 +128,7 @@ def test_skip_run_checks_overrides_flags_and_files(tmp_path: Path) -> None:
 def test_quote_must_be_a_string_of_the_module(tmp_path: Path) -> None:
     session = Session(tmp_path)
     quote = "<!-- doctest: quote lightning_varbatch.loss -->\n```text\n{}\n```\n"
-    good = parse(tmp_path / "d.md", quote.format("must be a positive integer, got"))[0]
+    good = parse(tmp_path / "d.md", quote.format("must be > 0, got"))[0]
     run_block(good, session)
     bad = parse(tmp_path / "d.md", quote.format("must be a negative integer"))[0]
     with pytest.raises(DocError, match="not a string"):

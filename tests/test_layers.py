@@ -215,7 +215,7 @@ LAYERS = {  # what each layer of the package may import from the package (and VO
     "lightning_varbatch.plan": {"lightning_varbatch.planner", "lightning_varbatch.sources"},
     "lightning_varbatch.sources": {"lightning_varbatch.planner", "lightning_varbatch.sources"},
     "lightning_varbatch.keys": set(),
-    "lightning_varbatch.attention": set(),
+    "lightning_varbatch.attention": {"lightning_varbatch.attention"},
     "lightning_varbatch.loss": {"lightning_varbatch.keys"},
     "lightning_varbatch.data": {
         "lightning_varbatch.planner",
@@ -229,8 +229,10 @@ LAYERS = {  # what each layer of the package may import from the package (and VO
         "lightning_varbatch.keys",
         "lightning_varbatch.data",  # the worst-batch check reads the sampler's plan
         "lightning_varbatch.planner",
+        "lightning_varbatch.peak_memory",  # the worst-batch check measures with it
     },
     "lightning_varbatch.memory": {"lightning_varbatch.planner"},
+    "lightning_varbatch.peak_memory": set(),  # stdlib (torch for CUDA): benchmarks share it
 }
 THIRD_PARTY_OF_PLANNER = {"numpy"}
 
@@ -285,3 +287,49 @@ def test_no_module_imports_another_modules_private_names() -> None:
                     if a.name.startswith("_") and a.name != "__version__"
                 ]
     assert found == []
+
+
+def test_benchmarks_import_only_public_names() -> None:
+    """``benchmarks/`` takes only public names from the package and from each other."""
+    ours = ("lightning_varbatch", "benchmarks")
+
+    def private_imports(source: str) -> list[str]:
+        found = []
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom):
+                module = ".".join(filter(None, ["benchmarks" * (node.level > 0), node.module]))
+                names = [f"{module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            found += [
+                name
+                for name in names
+                if name.split(".")[0] in ours
+                and any(p.startswith("_") and not p.endswith("__") for p in name.split("."))
+            ]
+        return found
+
+    # the scan sees every way of writing a private import, and passes public ones
+    assert private_imports(
+        "from lightning_varbatch.data.sampler import _state, TokenBudgetBatchSampler\n"
+        "from lightning_varbatch._internal import x\n"
+        "import lightning_varbatch.planner._cut\n"
+        "from benchmarks.packing import _naive, sft_lengths\n"
+        "from .harness import _tail\n"
+        "from lightning_varbatch import __version__\n"
+        "from torch._dynamo.utils import counters\n"
+    ) == [
+        "lightning_varbatch.data.sampler._state",
+        "lightning_varbatch._internal.x",
+        "lightning_varbatch.planner._cut",
+        "benchmarks.packing._naive",
+        "benchmarks.harness._tail",
+    ]
+    found = {
+        str(path.relative_to(ROOT)): private_imports(path.read_text())
+        for path in sorted((ROOT / "benchmarks").rglob("*.py"))
+    }
+    assert len(found) > 10
+    assert {path: names for path, names in found.items() if names} == {}

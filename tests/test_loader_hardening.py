@@ -25,6 +25,7 @@ from lightning_varbatch.data.loader import (
 )
 from lightning_varbatch.data.micro_batch import resolve_rank_world
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.sources import DataSource
 from tests.scripts.datamodule_common import Model, make_pairs, pair_lengths, quiet_trainer
 
@@ -192,10 +193,12 @@ def test_callable_lengths_are_checked_at_construction() -> None:
 
 def test_settings_are_checked_at_construction() -> None:
     data = make_pairs(10, 0)
-    with pytest.raises(ValueError, match="Unknown tail='wrap'"):
+    with pytest.raises(SettingValueError, match="tail must be one of") as bad:
         TokenBudgetDataModule(data, pair_lengths, 40, tail="wrap")
-    with pytest.raises(ValueError, match="train_lengths\\[2\\]"):
+    assert (bad.value.setting, bad.value.stage) == ("tail", "train")
+    with pytest.raises(SettingValueError, match="train_lengths: lengths\\[2\\] = -2") as bad:
         TokenBudgetDataModule(data, np.array([3, 4, -2, 1, 1, 1, 1, 1, 1, 1]), 40)
+    assert (bad.value.setting, bad.value.stage) == ("train_lengths", "train")
     with pytest.raises(ValueError, match="train_dataset is a single dataset"):
         TokenBudgetDataModule(data, pair_lengths, 40, steps_per_epoch=4)
     with pytest.raises(ValueError, match="pad_to_multiple_of=64\\) pads wider than the plan"):
@@ -330,7 +333,7 @@ def test_bad_num_workers(workers: Any) -> None:
 
 def test_val_max_tokens_below_the_longest_validation_example_names_val_max_tokens() -> None:
     data = make_pairs(30, 0)  # lengths up to 11
-    with pytest.raises(ValueError, match="val_max_tokens=4") as error:
+    with pytest.raises(SettingValueError, match="val_max_tokens=4") as error:
         TokenBudgetDataModule(
             data,
             pair_lengths(data),
@@ -340,7 +343,17 @@ def test_val_max_tokens_below_the_longest_validation_example_names_val_max_token
             val_max_tokens=4,
         )
     assert "raise val_max_tokens" in str(error.value)
-    assert " max_tokens=" not in str(error.value).replace("val_max_tokens=", "")
+    assert "(it defaults to max_tokens)" not in str(error.value)
+    # typed: the split and the DataModule's argument are attributes, not text to parse
+    assert (error.value.setting, error.value.stage, error.value.value) == (
+        "val_max_tokens",
+        "val",
+        4,
+    )
+    with pytest.raises(SettingValueError, match="it defaults to max_tokens") as error:
+        TokenBudgetDataModule(data, pair_lengths(data), 12, val_dataset=data[:3],
+                              val_lengths=[[13, 1]] * 3, oversize="error")  # fmt: skip
+    assert (error.value.setting, error.value.stage) == ("val_max_tokens", "val")
     with pytest.raises(ValueError, match="val_max_tokens must be a positive integer"):
         TokenBudgetDataModule(data, pair_lengths(data), 40, val_max_tokens=0)
     with pytest.raises(ValueError, match="max_tokens must be a positive integer"):
@@ -455,11 +468,12 @@ def test_datamodule_loss_lengths_per_stage() -> None:
         TokenBudgetDataModule(
             [DataSource(pair_lengths(data), dataset=data)], max_tokens=40, train_loss_lengths=loss
         )
-    with pytest.raises(ValueError, match="val_loss_lengths"):  # named after the argument
+    with pytest.raises(SettingValueError, match="val_loss_lengths") as bad:  # the argument
         TokenBudgetDataModule(
             data, pair_lengths, 40, val_dataset=data, val_lengths=pair_lengths,
             val_loss_lengths=loss[:3],
         )  # fmt: skip
+    assert (bad.value.setting, bad.value.stage) == ("val_loss_lengths", "val")
 
 
 def test_datamodule_check_plans_every_stage_without_a_trainer() -> None:

@@ -28,9 +28,9 @@ A, B = np.full(20, 4), np.full(10, 8)
         ({"weights": "tokens", "steps_per_epoch": 4}, "Unknown weights='tokens'"),
         ({"weights": [1.0, 2.0]}, "set steps_per_epoch"),
         ({"temperature": 2.0}, "set steps_per_epoch"),
-        ({"temperature": 0.0, "steps_per_epoch": 4}, "temperature must be a positive"),
+        ({"temperature": 0.0, "steps_per_epoch": 4}, "temperature must be a finite number > 0"),
         ({"steps_per_epoch": 0}, "steps_per_epoch must be a positive integer"),
-        ({"mixing": "per_epoch"}, "Unknown mixing='per_epoch'; choose one of per_step"),
+        ({"mixing": "per_epoch"}, "mixing must be one of 'per_step', 'per_batch', got 'per_epoch'"),
     ],
 )
 def test_bad_mixture_settings(kwargs: dict, message: str) -> None:
@@ -65,7 +65,7 @@ def test_datamodule_rejects_inconsistent_sources() -> None:
         TokenBudgetDataModule([DataSource(A, dataset=items)], A, max_tokens=16)
     with pytest.raises(TypeError, match="mixes DataSource and other items"):
         TokenBudgetDataModule([DataSource(A, dataset=items), items], max_tokens=16)
-    with pytest.raises(TypeError, match="needs max_tokens"):
+    with pytest.raises(TypeError, match="max_tokens must be a positive integer, got None"):
         TokenBudgetDataModule([DataSource(A, dataset=items)])
 
 

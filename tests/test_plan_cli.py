@@ -102,7 +102,10 @@ def test_default_png_lands_in_cwd_and_no_png_skips_it(
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--max-tokens", "0"], "max_tokens must be > 0"),
+        (
+            ["--max-tokens", "0"],
+            "max_tokens must be a positive integer, got 0. (flag --max-tokens)",
+        ),
         (["--max-tokens", "100"], "oversize='skip'"),  # lengths up to 199 do not fit
         (["--max-tokens", "2048", "--world-size", "0"], "world_size must be a positive integer"),
         (["--max-tokens", "2048", "--world-size", "100000"], "More ranks than batches"),
@@ -149,7 +152,7 @@ def test_module_entry_point_exit_code() -> None:
     cmd += ["--num-examples", "1000", "--max-tokens", "0", "--no-png"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("error: max_tokens must be > 0")
+    assert proc.stderr.startswith("error: max_tokens must be a positive integer, got 0")
     assert "Traceback" not in proc.stderr
 
 

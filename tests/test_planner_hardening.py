@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler, plan_epoch
+from lightning_varbatch.errors import SettingError, SettingTypeError
 from lightning_varbatch.plan import main
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.sources import DataSource, mixture_probabilities
@@ -132,11 +133,11 @@ def test_per_dataset_settings_are_honoured_and_errors_name_the_dataset() -> None
         ({"weights": [1, "a"], "steps_per_epoch": 4}, r"weights\[1\] is 'a' \(str\)"),
         ({"weights": 5, "steps_per_epoch": 4}, "weights must be 'size' or a sequence of 2"),
         ({"weights": [1, 2, 3], "steps_per_epoch": 4}, "weights has 3 entries"),
-        ({"temperature": "2"}, r"temperature must be a positive number, got '2' \(str\)"),
-        ({"temperature": 0.0}, "temperature must be a positive finite number, got 0.0"),
+        ({"temperature": "2"}, r"temperature must be a real number, got '2' \(str\)"),
+        ({"temperature": 0.0}, "temperature must be a finite number > 0, got 0.0"),
         ({"steps_per_epoch": 0}, "steps_per_epoch must be a positive integer, got 0"),
         ({"steps_per_epoch": 2.0}, r"steps_per_epoch must be a positive integer, got 2.0"),
-        ({"mixing": None}, "Unknown mixing=None"),
+        ({"mixing": None}, "mixing must be one of 'per_step', 'per_batch', got None"),
     ],
 )
 def test_bad_mixture_settings(kwargs: dict[str, object], match: str) -> None:
@@ -185,20 +186,21 @@ def test_numpy_bool_shuffle_is_a_bool() -> None:
 @pytest.mark.parametrize(
     ("setting", "value", "match"),
     [
-        ("max_tokens", 10.0, r"max_tokens must be a positive integer token budget, got 10.0"),
-        ("max_tokens", True, "max_tokens must be a positive integer token budget, got True"),
+        ("max_tokens", 10.0, r"max_tokens must be a positive integer, got 10.0 \(float\)"),
+        ("max_tokens", True, r"max_tokens must be a positive integer, got True \(bool\)"),
         ("max_examples", True, r"max_examples must be a positive integer, got True \(bool\)"),
         ("seed", 1.0, r"seed must be a non-negative integer, got 1.0 \(float\)"),
         ("seed", "3", r"seed must be a non-negative integer, got '3' \(str\)"),
-        ("quadratic_coef", "0.5", r"quadratic_coef must be a finite number >= 0, got '0.5'"),
-        ("quadratic_coef", float("inf"), "quadratic_coef must be >= 0 and finite, got inf"),
-        ("tail", None, "Unknown tail=None"),
+        ("quadratic_coef", "0.5", r"quadratic_coef must be a real number, got '0.5' \(str\)"),
+        ("quadratic_coef", float("inf"), "quadratic_coef must be a finite number >= 0, got inf"),
+        ("tail", None, r"tail must be one of 'spread', 'drop', 'pad'.*got None \(NoneType\)"),
     ],
 )
 def test_wrongly_typed_settings_name_the_setting(setting: str, value: object, match: str) -> None:
     kwargs: dict[str, object] = {"max_tokens": 64, setting: value}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         PlanConfig(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(e.value, SettingError) and e.value.setting == setting
 
 
 def test_batch_size_multiple_above_max_examples_warns() -> None:
@@ -429,7 +431,7 @@ def test_float_rank_and_counts_are_refused() -> None:
         plan.rank_tiles(0.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"consumed micro-batches must be in .* got 1.5"):
         plan.consumed_ids(1.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"num_examples must be an integer >= 1, got 2.5"):
+    with pytest.raises(SettingTypeError, match=r"num_examples must be a positive integer, got 2.5"):
         wmt_like_lengths(2.5)  # type: ignore[arg-type]
 
 

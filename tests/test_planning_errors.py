@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler, plan_epoch
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
 
 @pytest.mark.parametrize(
@@ -35,13 +36,20 @@ def test_non_numeric_lengths() -> None:
 
 @pytest.mark.parametrize("budget", [0, -5])
 def test_non_positive_budget(budget: int) -> None:
-    with pytest.raises(ValueError, match=f"max_tokens must be > 0, got {budget}; set max_tokens"):
+    with pytest.raises(
+        SettingValueError, match=f"max_tokens must be a positive integer, got {budget}"
+    ) as e:
         PlanConfig(max_tokens=budget)
+    assert type(e.value) is SettingValueError
+    assert (e.value.setting, e.value.value) == ("max_tokens", budget)
 
 
-def test_non_integer_budget() -> None:
-    with pytest.raises(ValueError, match="max_tokens must be a positive integer token budget"):
-        PlanConfig(max_tokens=10.5)  # type: ignore[arg-type]
+@pytest.mark.parametrize("budget", [10.5, "64", True, None])
+def test_non_integer_budget(budget: object) -> None:
+    with pytest.raises(SettingTypeError, match="max_tokens must be a positive integer, got") as e:
+        PlanConfig(max_tokens=budget)  # type: ignore[arg-type]
+    assert type(e.value) is SettingTypeError and isinstance(e.value, (TypeError, ValueError))
+    assert e.value.setting == "max_tokens" and e.value.value is budget
 
 
 @pytest.mark.parametrize(
@@ -52,23 +60,49 @@ def test_non_integer_budget() -> None:
         ("pad_to_multiple_of", -1, "pad_to_multiple_of must be a positive integer"),
         ("bucket_width", 0, "bucket_width must be a positive integer"),
         ("seed", -1, "seed must be a non-negative integer"),
-        ("tail", "keep", "Unknown tail='keep'; choose one of spread, drop, pad"),
-        ("oversize", "clip", "Unknown oversize='clip'; choose one of error, skip, truncate"),
-        ("cost", "cubic", "Unknown cost model cost='cubic'; choose one of padded, sum, quadratic"),
-        ("quadratic_coef", -1.0, "quadratic_coef must be >= 0"),
+        ("tail", "keep", "tail must be one of 'spread', 'drop', 'pad'"),
+        ("oversize", "clip", "oversize must be one of 'error', 'skip', 'truncate'"),
+        ("layout", "rows", "layout must be one of 'padded', 'packed'"),
+        ("cost", "cubic", "cost must be one of 'padded', 'sum', 'quadratic', 'packed' or a call"),
+        ("quadratic_coef", -1.0, "quadratic_coef must be a finite number >= 0"),
+        ("quadratic_coef", float("nan"), "quadratic_coef must be a finite number >= 0"),
+        ("flop_attention", float("inf"), "flop_attention must be a finite number >= 0"),
+        ("max_shapes", 0, "max_shapes must be a positive integer"),
     ],
 )
 def test_bad_settings(setting: str, value: object, match: str) -> None:
     kwargs: dict[str, object] = {"max_tokens": 64, setting: value}
     if setting == "quadratic_coef":
         kwargs["cost"] = "quadratic"
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(SettingValueError, match=match) as e:
         PlanConfig(**kwargs)  # type: ignore[arg-type]
+    assert type(e.value) is SettingValueError and e.value.setting == setting
+    assert e.value.value is value
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("tail", None),
+        ("oversize", 1),
+        ("layout", b"packed"),
+        ("quadratic_coef", "0.5"),
+        ("flop_attention", True),
+        ("shuffle", "false"),
+        ("seed", 1.0),
+    ],
+)
+def test_settings_of_the_wrong_type(setting: str, value: object) -> None:
+    with pytest.raises(SettingTypeError, match=f"{setting} must be") as e:
+        PlanConfig(max_tokens=64, **{setting: value})  # type: ignore[arg-type]
+    assert type(e.value) is SettingTypeError and e.value.setting == setting
+    assert e.value.value is value
 
 
 def test_cost_of_wrong_type() -> None:
-    with pytest.raises(TypeError, match="cost must be one of padded, sum, quadratic, packed or a"):
+    with pytest.raises(SettingTypeError, match="cost must be one of 'padded', 'sum'") as e:
         PlanConfig(max_tokens=64, cost=3)  # type: ignore[arg-type]
+    assert (e.value.setting, e.value.value) == ("cost", 3)
 
 
 def test_oversize_error_names_example_length_budget_and_setting() -> None:
@@ -173,8 +207,9 @@ def test_loss_lengths_shape_mismatch() -> None:
 def test_bad_topology(kwargs: dict[str, int], match: str) -> None:
     planner = EpochPlanner(np.array([3, 4, 5]), PlanConfig(max_tokens=64))
     args = {"epoch": 0, "world_size": 1, "accumulate_grad_batches": 1, **kwargs}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(SettingValueError, match=match) as e:
         planner.plan(**args)
+    assert type(e.value) is SettingValueError and e.value.setting == next(iter(kwargs))
 
 
 def test_sampler_rank_out_of_range() -> None:

@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler
+from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
 
 LENGTHS = np.random.default_rng(0).integers(1, 50, size=(3000, 2))
 
@@ -157,26 +158,37 @@ def test_set_distributed_mid_epoch_replans() -> None:
 
 
 @pytest.mark.parametrize(
-    ("change", "match"),
+    ("change", "match", "changed"),
     [
-        ({"seed": 1}, "seed: saved 1, now 0"),
-        ({"num_examples": 7}, "num_examples: saved 7, now 3000"),
-        ({"fingerprint": "abc"}, "fingerprint: saved 'abc'"),
-        ({"version": 9}, "version 9; this version of lightning_varbatch reads versions 1 and 2"),
+        ({"seed": 1}, "seed: saved 1, now 0", ["seed"]),
+        ({"num_examples": 7}, "num_examples: saved 7, now 3000", ["num_examples"]),
+        ({"fingerprint": "abc"}, "fingerprint: saved 'abc'", ["fingerprint"]),
+        ({"fingerprint": "abc", "settings": None}, "fingerprint: saved 'abc'", ["fingerprint"]),
     ],
 )
 def test_load_state_dict_rejects_other_data_or_settings(
-    change: dict[str, object], match: str
+    change: dict[str, object], match: str, changed: list[str]
 ) -> None:
     state = {**make().state_dict(), **change}
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ResumeMismatchError, match=match) as caught:
         make().load_state_dict(state)
+    assert type(caught.value) is ResumeMismatchError and caught.value.changed == changed
+
+
+def test_load_state_dict_refuses_an_unknown_version() -> None:
+    state = {**make().state_dict(), "version": 9}
+    with pytest.raises(ValueError, match="version 9; this version of lightning_varbatch") as e:
+        make().load_state_dict(state)
+    assert type(e.value) is ValueError  # a damaged state, not data that changed
 
 
 def test_load_state_dict_lists_every_mismatch() -> None:
     state = {**make().state_dict(), "seed": 5, "num_examples": 1}
-    with pytest.raises(ValueError, match="seed: saved 5, now 0; num_examples: saved 1"):
+    with pytest.raises(
+        ResumeMismatchError, match="seed: saved 5, now 0; num_examples: saved 1"
+    ) as e:
         make().load_state_dict(state)
+    assert e.value.changed == ["seed", "num_examples"]
 
 
 def test_load_state_dict_is_strict_about_keys() -> None:
@@ -189,17 +201,24 @@ def test_load_state_dict_is_strict_about_keys() -> None:
 
 def test_settings_change_the_fingerprint() -> None:
     state = make().state_dict()
-    with pytest.raises(ValueError, match="max_tokens: saved 512, now 1024"):
+    with pytest.raises(ResumeMismatchError, match="max_tokens: saved 512, now 1024") as e:
         TokenBudgetBatchSampler(LENGTHS, 1024, rank=0, world_size=1).load_state_dict(state)
+    assert e.value.changed == ["max_tokens"]  # named from the saved settings, not the hash
+    other = TokenBudgetBatchSampler(LENGTHS, 1024, seed=3, tail="pad", rank=0, world_size=1)
+    with pytest.raises(ResumeMismatchError) as e:
+        other.load_state_dict(state)
+    assert e.value.changed == ["seed", "max_tokens", "tail"]
 
 
 def test_consumed_out_of_range() -> None:
     sampler = make()
-    with pytest.raises(ValueError, match=r"consumed must be in \[0, "):
+    with pytest.raises(SettingValueError, match=r"consumed must be in \[0, ") as e:
         sampler.state_dict(consumed=10**6)
+    assert (e.value.setting, e.value.value) == ("consumed", 10**6)
     state = {**sampler.state_dict(), "consumed": 10**6}
-    with pytest.raises(ValueError, match="the checkpoint does not match this data"):
+    with pytest.raises(ResumeMismatchError, match="the checkpoint does not match this data") as e:
         make().load_state_dict(state)
+    assert e.value.changed == ["consumed"]
 
 
 # -- resume refuses a plan made from other lengths (issue 12, section 3) ---------------------
@@ -224,8 +243,9 @@ def _half_epoch_state(**kwargs: object) -> tuple[dict[str, object], list[list[in
 def test_resume_with_other_lengths_is_refused_and_says_how_to_restart() -> None:
     state, _ = _half_epoch_state()
     other = TokenBudgetBatchSampler(_changed_lengths(), 512, rank=0, world_size=1)
-    with pytest.raises(ValueError, match=r"the lengths .* differ") as error:
+    with pytest.raises(ResumeMismatchError, match=r"the lengths .* differ") as error:
         other.load_state_dict(state)
+    assert error.value.changed == ["lengths"]
     assert "on_mismatch='restart_epoch'" in str(error.value)
     assert "epoch 2" in str(error.value)
 
@@ -233,8 +253,9 @@ def test_resume_with_other_lengths_is_refused_and_says_how_to_restart() -> None:
 def test_resume_with_other_lengths_and_another_world_size_is_refused() -> None:
     state, _ = _half_epoch_state(world_size=2)
     other = TokenBudgetBatchSampler(_changed_lengths(), 512, rank=0, world_size=3)
-    with pytest.raises(ValueError, match="lengths digest"):
+    with pytest.raises(ResumeMismatchError, match="lengths digest") as error:
         other.load_state_dict(state)
+    assert error.value.changed == ["lengths"]
 
 
 def test_loss_lengths_are_part_of_the_digest() -> None:
@@ -242,8 +263,9 @@ def test_loss_lengths_are_part_of_the_digest() -> None:
     b = TokenBudgetBatchSampler(
         LENGTHS, 512, rank=0, world_size=1, loss_lengths=np.maximum(LENGTHS[:, 1] - 1, 1)
     )
-    with pytest.raises(ValueError, match="lengths digest"):
+    with pytest.raises(ResumeMismatchError, match="lengths digest") as error:
         b.load_state_dict(a.state_dict())
+    assert error.value.changed == ["lengths"]
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -322,8 +344,9 @@ def test_load_state_dict_bad_values_and_options() -> None:
         make().load_state_dict({**state, "epoch": -1})
     with pytest.raises(ValueError, match="history must be a list"):
         make().load_state_dict({**state, "history": [[1, 2]]})
-    with pytest.raises(TypeError, match="on_mismatch must be one of"):
+    with pytest.raises(SettingValueError, match="on_mismatch must be one of") as caught:
         make().load_state_dict(state, on_mismatch="restart")  # type: ignore[arg-type]
+    assert caught.value.setting == "on_mismatch" and caught.value.value == "restart"
 
 
 def test_batches_carry_their_planned_lengths() -> None:
@@ -352,7 +375,7 @@ def test_from_planner_builds_through_init() -> None:
         LENGTHS, 512, seed=4, rank=1, world_size=2, accumulate_grad_batches=2, epoch=3
     )
     assert [list(b) for b in s] == [list(b) for b in direct]
-    with pytest.raises(ValueError, match="accumulate_grad_batches"):
+    with pytest.raises(SettingValueError, match="accumulate_grad_batches"):
         TokenBudgetBatchSampler.from_planner(
             planner, rank=0, world_size=1, accumulate_grad_batches=0
         )

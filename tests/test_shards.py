@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import pickle
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -358,3 +360,176 @@ def test_litdata_errors(tmp_path: Path, litdata_dir: Path) -> None:
         shards_from_litdata(tmp_path, "src")
     source = shards_from_litdata(litdata_dir, "src", cache_dir=None)
     assert source.num_shards == 4 and source.shards[-1].num_rows == len(ALL_ITEMS) - 48
+
+
+# ------------------------------------------------------------------ damaged files (issue 22)
+
+
+def _truncate(path: Path, keep: float = 0.5) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return path
+
+
+def _copy(data_root: Path, kind: str, tmp_path: Path) -> Path:
+    import shutil
+
+    out = tmp_path / kind
+    shutil.copytree(data_root / kind, out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("kind", "damage"),
+    [
+        ("parquet", "truncate"),
+        ("parquet", "empty"),
+        ("parquet", "garbage"),
+        ("arrow", "truncate"),
+        ("arrow_stream", "truncate"),
+        ("arrow", "empty"),
+    ],
+)
+def test_a_damaged_file_is_named_with_what_to_do(
+    kind: str, damage: str, data_root: Path, tmp_path: Path
+) -> None:
+    folder = _copy(data_root, kind, tmp_path)
+    victim = sorted(folder.iterdir())[1]
+    if damage == "truncate":
+        _truncate(victim)
+    elif damage == "empty":
+        victim.write_bytes(b"")
+    else:
+        victim.write_bytes(b"PAR1" + bytes(range(256)) * 4 + b"PAR1")
+    with pytest.raises(ValueError) as caught:
+        shards_from_files(folder, "src", cache_dir=None).lengths()
+    text = str(caught.value)
+    assert type(caught.value) is ValueError
+    assert str(victim) in text and "damaged" in text and "re-copy" in text.lower()
+
+
+def test_a_jsonl_line_cut_short_names_the_file_and_line(data_root: Path, tmp_path: Path) -> None:
+    folder = _copy(data_root, "jsonl", tmp_path)
+    victim = folder / "part-2.jsonl"
+    victim.write_bytes(victim.read_bytes()[:-25])  # the last line loses its end
+    with pytest.raises(ValueError, match=r"line 26 of .*part-2\.jsonl is not JSON"):
+        shards_from_files(folder, "src", cache_dir=None)
+
+
+def _bad_rows(kind: str, path: Path, value: object) -> Path:
+    rows = [{"src": [1, 2]}, {"src": [3]}, {"src": value}, {"src": [4]}]
+    if kind == "jsonl":
+        path = path.with_suffix(".jsonl")
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+    table = pa.Table.from_pylist(rows)
+    if kind == "parquet":
+        path = path.with_suffix(".parquet")
+        pq.write_table(table, path, row_group_size=2)
+    else:
+        path = path.with_suffix(".arrow")
+        with pa.ipc.new_file(str(path), table.schema) as writer:
+            writer.write_table(table, max_chunksize=2)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "error", "named", "row"),
+    [
+        *[(kind, None, ValueError, r"null", True) for kind in ("jsonl", "parquet", "arrow")],
+        ("jsonl", "a b c", TypeError, r"is text .*tokenize", True),
+        ("jsonl", [1.5, 2.0], TypeError, r"holding 1\.5, not token ids", True),
+        # an Arrow column has one type for all rows: the column is named, not a row
+        ("parquet", [1.5, 2.0], TypeError, r"list of double, not of integer token ids", False),
+        ("arrow", [1.5, 2.0], TypeError, r"list of double, not of integer token ids", False),
+    ],
+)
+def test_nulls_text_and_floats_where_token_ids_belong_name_the_file_and_row(
+    kind: str, value: object, error: type, named: str, row: bool, tmp_path: Path
+) -> None:
+    path = _bad_rows(kind, tmp_path / "bad", value)
+    with pytest.raises(error) as caught:
+        shards_from_files(path, "src", cache_dir=None).lengths()
+    text = str(caught.value)
+    assert type(caught.value) is error
+    assert str(path) in text and ("row 2" in text or not row), text
+    assert re.search(named, text), text
+
+
+def test_a_text_column_in_a_parquet_shard_says_to_tokenize(tmp_path: Path) -> None:
+    pq.write_table(pa.table({"src": ["a b", "c"]}), tmp_path / "t.parquet")
+    with pytest.raises(TypeError, match=r"t\.parquet.*holds text.*tokenize"):
+        shards_from_files(tmp_path / "t.parquet", "src", cache_dir=None)
+
+
+def test_token_ids_with_a_null_inside_name_the_row(tmp_path: Path) -> None:
+    path = tmp_path / "n.jsonl"
+    path.write_text('{"src": [1, 2]}\n{"src": [3, null]}\n')
+    with pytest.raises(TypeError, match=r"n\.jsonl\): row 1 field 'src' is a list holding a null"):
+        shards_from_files(path, "src", cache_dir=None)
+
+
+# ------------------------------------------------------------------ the index cache
+
+
+@pytest.mark.parametrize("kind", ["parquet", "jsonl"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "other_rows"])
+def test_a_damaged_index_cache_is_rebuilt_with_a_warning(
+    kind: str, damage: str, data_root: Path, tmp_path: Path
+) -> None:
+    from lightning_varbatch.sources.tokenized_lengths import LengthCacheWarning
+
+    cache = tmp_path / "cache"
+    want = shards_from_files(data_root / kind, "src", cache_dir=cache).lengths()
+    victim = sorted(cache.glob("*.lengths.npy"))[0]
+    if damage == "truncate":
+        _truncate(victim, 0.6)
+    elif damage == "garbage":
+        victim.write_bytes(b"not numpy at all")
+    else:
+        np.save(victim, np.ones(3, dtype=np.int64))
+    shown = str(victim) if kind == "parquet" or damage != "other_rows" else victim.name
+    with pytest.warns(LengthCacheWarning, match=re.escape(shown)):
+        again = shards_from_files(data_root / kind, "src", cache_dir=cache)
+        got = again.lengths()
+    np.testing.assert_array_equal(got, want)
+    assert again.stats.rows_decoded > 0  # rebuilt from the data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and repaired: the next run reads it quietly
+        np.testing.assert_array_equal(
+            shards_from_files(data_root / kind, "src", cache_dir=cache).lengths(), want
+        )
+
+
+def test_an_unwritable_index_cache_warns_and_still_gives_the_lengths(
+    data_root: Path, tmp_path: Path
+) -> None:
+    from lightning_varbatch.sources.tokenized_lengths import LengthCacheWarning
+
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache folder should be")
+    with pytest.warns(LengthCacheWarning, match=r"could not write .*cache_dir") as caught:
+        source = shards_from_files(data_root / "jsonl", "src", cache_dir=blocker / "cache")
+        np.testing.assert_array_equal(source.lengths(), reference_lengths("src"))
+    assert str(blocker) in str(caught[0].message)
+    assert len(caught) == 1  # one warning for the folder, not one per shard
+    decoded = source.stats.rows_decoded
+    np.testing.assert_array_equal(source.lengths(), reference_lengths("src"))
+    assert source.stats.rows_decoded == decoded  # kept in memory, not rebuilt per call
+    check_items(list(source.read(1, [0, 4])), np.array([0, 4]) + source.offsets[1])
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow", "jsonl"])
+def test_copied_shards_rebuild_the_cache_and_keep_their_identity(
+    kind: str, data_root: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    here = shards_from_files(data_root / kind, "src", cache_dir=cache)
+    copy = shards_from_files(_copy(data_root, kind, tmp_path), "src", cache_dir=cache)
+    np.testing.assert_array_equal(copy.lengths(), here.lengths())
+    assert copy.content_fingerprint() == here.content_fingerprint()
+    assert [i["file"] for i in copy.identity()["shards"]] == [
+        f"part-{s}.{'arrow' if kind == 'arrow' else kind}" for s in range(3)
+    ]
+    other = shards_from_files(data_root / kind, "n", cache_dir=cache)
+    assert other.content_fingerprint() != here.content_fingerprint()

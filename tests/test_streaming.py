@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from lightning_varbatch.data.streaming import StreamingBatches
+from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
 from lightning_varbatch.planner.diagnostics import diagnose
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.settings import PlanConfig
@@ -126,6 +128,11 @@ def test_window_plans_keep_every_plan_guarantee(case: dict) -> None:
         calls.clear()
         try:
             wplan = wp.window_plan(epoch, w, world, acc)
+        except SettingValueError as err:  # a window (or stream) too small for the ranks
+            assert err.setting in ("window", "tail") and config.tail != "pad"
+            assert config.tail == "drop" or expected.size < world * acc
+            all_planned = False
+            continue
         except ValueError as err:
             assert "More ranks than batches" in str(err)
             assert config.tail != "pad"
@@ -492,23 +499,211 @@ def test_resume_with_another_world_size_loses_and_repeats_nothing(chain: list, m
 @pytest.mark.parametrize(
     ("changed", "named"),
     [
-        ("shards", r"shards?[^.]*(differ|saved|changed)"),
         ("max_tokens", r"max_tokens\D*64\D+96"),
         ("window", r"window\D*20\D+32"),
     ],
 )
-def test_resume_refuses_a_state_of_other_data_naming_what_differs(
-    changed: str, named: str, tmp_path: Path, make
+def test_resume_refuses_a_state_of_other_settings_naming_what_differs(
+    changed: str, named: str, make
 ) -> None:
     """Like the sampler's load_state_dict: the message says which setting differs, and how."""
     state = stream(make("jsonl"), 0, 2).state_dict(trained=3)
-    if changed == "shards":  # the same examples in other files
-        write_shards(tmp_path / "copy", "jsonl")
-        sb = stream(shards_from_files(tmp_path / "copy", ("source", "target")), 0, 2)
-    else:
-        sb = stream(make("jsonl"), 0, 2, **{changed: {"max_tokens": 96, "window": 32}[changed]})
-    with pytest.raises(ValueError, match=named):
+    sb = stream(make("jsonl"), 0, 2, **{changed: {"max_tokens": 96, "window": 32}[changed]})
+    with pytest.raises(ResumeMismatchError, match=named) as caught:
         sb.load_state_dict(state)
+    assert caught.value.changed == [changed]
+
+
+# ------------------------------------------------------------------ 3b. shard identity
+
+
+def _run_rest(source: ShardedSource, state: dict, world: int = 2) -> list[list[dict]]:
+    out = []
+    for rank in range(world):
+        sb = stream(source, rank, world)
+        sb.load_state_dict(state)
+        out.append(list(sb))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "arrow", "litdata"])
+def test_identical_shards_in_another_folder_resume_exactly(
+    kind: str, data_root: Path, tmp_path: Path, make, request: pytest.FixtureRequest
+) -> None:
+    """Node-local disk: the same files copied elsewhere (new mtimes, cold cache) resume."""
+    import shutil
+
+    full = [list(stream(make(kind), r, 2)) for r in range(2)]
+    k = len(full[0]) // 2
+    state = stream(make(kind), 0, 2).state_dict(trained=k)
+    if kind == "litdata":
+        folder = request.getfixturevalue("litdata_dir")
+        shutil.copytree(folder, tmp_path / "local")  # copytree copies mtimes: touch them
+        from lightning_varbatch.sources.litdata_shards import shards_from_litdata
+
+        for f in (tmp_path / "local").iterdir():
+            f.touch()
+        copy = shards_from_litdata(tmp_path / "local", ("source", "target"), cache_dir=tmp_path)
+    else:
+        (tmp_path / "local").mkdir()
+        for f in (data_root / kind).iterdir():
+            shutil.copy(f, tmp_path / "local" / f.name)  # new mtime: the index is rebuilt
+        copy = shards_from_files(tmp_path / "local", ("source", "target"), cache_dir=tmp_path)
+    assert copy.fingerprint() != make(kind).fingerprint()  # other paths...
+    assert copy.content_fingerprint() == make(kind).content_fingerprint()  # ...same content
+    rest = _run_rest(copy, state)
+    for rank in range(2):
+        assert same_batches(rest[rank], full[rank][k:])
+    # the ranks agree on the stream whatever folder each reads (the rank-agreement check)
+    assert stream(copy, 0, 2).fingerprint() == stream(make(kind), 1, 2).fingerprint()
+
+
+def test_a_position_saved_before_shard_identities_still_resumes(full_runs: dict, make) -> None:
+    """Checkpoints of the earlier format (no shard_identity): same shards, same path resume."""
+    full = full_runs[2]
+    k = 5
+    state = stream(make("jsonl"), 0, 2).state_dict(trained=k)
+    old = {key: value for key, value in state.items() if key != "shard_identity"}
+    for rank in range(2):
+        sb = stream(make("jsonl"), rank, 2)
+        sb.load_state_dict(old)
+        assert same_batches(list(sb), full[rank][k:])
+
+
+def test_an_old_position_on_moved_shards_says_to_resume_from_the_original_folder(
+    data_root: Path, tmp_path: Path, make
+) -> None:
+    import shutil
+
+    state = stream(make("jsonl"), 0, 2).state_dict(trained=3)
+    old = {key: value for key, value in state.items() if key != "shard_identity"}
+    shutil.copytree(data_root / "jsonl", tmp_path / "moved")
+    sb = stream(shards_from_files(tmp_path / "moved", ("source", "target")), 0, 2)
+    with pytest.raises(ResumeMismatchError, match="original folder") as caught:
+        sb.load_state_dict(old)
+    assert caught.value.changed == ["shards"]
+
+
+def _copy_jsonl(src: Path, dst: Path, order: list[int] | None = None) -> list[Path]:
+    import shutil
+
+    dst.mkdir()
+    files = sorted(src.glob("*.jsonl"))
+    for f in files:
+        shutil.copy(f, dst / f.name)
+    copied = [dst / f.name for f in files]
+    return copied if order is None else [copied[i] for i in order]
+
+
+def test_reordered_shards_are_refused_naming_which_moved(
+    data_root: Path, tmp_path: Path, make
+) -> None:
+    state = stream(make("jsonl"), 0, 2).state_dict(trained=3)
+    files = _copy_jsonl(data_root / "jsonl", tmp_path / "c", order=[2, 0, 1, 3, 4])
+    sb = stream(shards_from_files(files, ("source", "target")), 0, 2)
+    with pytest.raises(ResumeMismatchError) as caught:
+        sb.load_state_dict(state)
+    text = str(caught.value)
+    assert caught.value.changed == ["shards"]
+    assert "the same 5 shards in another order" in text
+    assert "part-2.jsonl was shards[2], now shards[0]" in text
+    assert "part-0.jsonl was shards[0], now shards[1]" in text
+    assert "part-3.jsonl" not in text  # it did not move
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        ("append", r"part-3\.jsonl changed \(11 rows saved, 12 now"),
+        ("longer", r"part-3\.jsonl changed \(the same number of rows with other lengths"),
+        ("retoken", r"part-3\.jsonl changed \(\d+ bytes saved, \d+ now\)"),
+        ("remove", r"part-3\.jsonl is missing"),
+        ("add", r"part-9\.jsonl was added"),
+    ],
+)
+def test_changed_shards_are_refused_naming_the_file_and_what_changed(
+    edit: str, named: str, data_root: Path, tmp_path: Path, make
+) -> None:
+    state = stream(make("jsonl"), 0, 2).state_dict(trained=3)
+    files = _copy_jsonl(data_root / "jsonl", tmp_path / "c")
+    target = tmp_path / "c" / "part-3.jsonl"
+    rows = [json.loads(line) for line in target.read_text().splitlines()]
+    if edit == "append":
+        rows.append(make_item(999))
+    elif edit == "longer":
+        rows[0]["source"] = rows[0]["source"] + [7] * 30
+    elif edit == "retoken":  # same lengths, other token ids (one more digit)
+        rows[0]["target"] = [t + 1000 for t in rows[0]["target"]]
+    elif edit == "remove":
+        files.remove(target)
+    else:
+        (tmp_path / "c" / "part-9.jsonl").write_text(json.dumps(make_item(1)) + "\n")
+        files.append(tmp_path / "c" / "part-9.jsonl")
+    if edit in ("append", "longer", "retoken"):
+        target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    sb = stream(shards_from_files(files, ("source", "target")), 0, 2)
+    with pytest.raises(ResumeMismatchError, match=named) as caught:
+        sb.load_state_dict(state)
+    assert caught.value.changed == ["shards"]
+    assert "part-0.jsonl" not in str(caught.value)  # unchanged files are not blamed
+
+
+def test_other_columns_are_refused_naming_them(data_root: Path, make) -> None:
+    state = stream(make("jsonl"), 0, 2).state_dict(trained=3)
+    sb = stream(shards_from_files(data_root / "jsonl", ("target", "source")), 0, 2)
+    with pytest.raises(ResumeMismatchError, match=r"columns saved \['source', 'target'\]"):
+        sb.load_state_dict(state)
+
+
+# ------------------------------------------------------------------ 3c. impossible settings
+
+
+def test_a_window_too_small_for_the_ranks_names_the_window_that_works(make) -> None:
+    source = make("jsonl")  # 65 examples
+    with pytest.raises(SettingValueError, match=r"set window >= (\d+)") as caught:
+        list(stream(source, 0, 4, window=3, accumulate_grad_batches=2))
+    assert caught.value.setting == "window" and caught.value.value == 3
+    smallest = int(re.search(r"window >= (\d+)", str(caught.value)).group(1))
+    counts = {
+        len(list(stream(make("jsonl"), r, 4, window=smallest, accumulate_grad_batches=2)))
+        for r in range(4)
+    }
+    assert len(counts) == 1  # the window it names works
+    with pytest.raises(SettingValueError, match="window"):
+        list(stream(make("jsonl"), 0, 4, window=smallest - 1, accumulate_grad_batches=2))
+
+
+def test_tail_drop_on_a_window_too_small_to_keep_a_step_names_window_and_tail(make) -> None:
+    with pytest.raises(SettingValueError, match=r"drop them all: set window to about") as e:
+        list(stream(make("jsonl"), 0, 4, window=6, tail="drop", max_tokens=512))
+    assert e.value.setting == "window" and "tail='spread'" in str(e.value)
+    assert "more data" not in str(e.value)
+
+
+def test_a_stream_too_small_for_the_ranks_names_tail(make) -> None:
+    with pytest.raises(SettingValueError, match=r"only 65 examples.*tail='pad'") as caught:
+        list(stream(make("jsonl"), 0, 70))
+    assert caught.value.setting == "tail"
+    assert "more data" not in str(caught.value)
+    assert len(list(stream(make("jsonl"), 0, 70, tail="pad"))) >= 1
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet", "arrow"])
+def test_an_example_over_the_budget_names_its_file_and_row(
+    kind: str, data_root: Path, make
+) -> None:
+    source = make(kind)
+    lengths = source.lengths().max(axis=1)
+    budget = int(lengths.max()) - 1
+    longest = int(np.argmax(lengths))
+    shard = int(np.searchsorted(source.offsets, longest, side="right") - 1)
+    row = longest - int(source.offsets[shard])
+    with pytest.raises(SettingValueError) as caught:
+        list(stream(source, 0, 1, max_tokens=budget, window=1000))
+    text = str(caught.value)
+    assert caught.value.setting == "max_tokens"
+    assert f"part-{shard}.{kind}" in text and f"row {row} " in text
+    assert f"max_tokens >= {int(lengths.max())}" in text
 
 
 # ------------------------------------------------------------------ 4. parity with offline

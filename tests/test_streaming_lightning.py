@@ -163,7 +163,7 @@ def test_resume_from_the_end_of_an_epoch_starts_the_next(data: Path, tmp_path: P
 
 def test_state_round_trip_without_trainer(data: Path) -> None:
     dm = StreamingDataModule(source(data), MAX_TOKENS, window=WINDOW)
-    assert dm.state_dict() == {}
+    assert dm.state_dict() == {"version": 1}  # nothing trained yet: only the version
     loader = dm.train_dataloader()
     assert isinstance(loader, StreamingDataLoader) and loader.batch_size is None
     state = dm.state_dict()

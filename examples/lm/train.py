@@ -24,8 +24,10 @@ The configuration is ``examples/lm/conf/config.yaml``; its ``strategy``, ``train
 ``hydra.searchpath``, the folder named by ``$LIGHTNING_VARBATCH_CONF``, which this module sets
 to the repository's ``conf/`` unless it is set already). A setting that cannot work stops
 before anything is written, with a message naming it, and exit status 2; SIGTERM/SIGINT save
-``<output_dir>/checkpoints/last.ckpt`` at the next optimizer step and exit with 143/130, as
-in the translation example. ``<output_dir>/metrics.json`` holds the final metrics.
+``<output_dir>/checkpoints/last.ckpt`` at the next optimizer step (or validation micro-batch)
+and exit with 143/130, as in the translation example
+(:mod:`examples.translation.preemption`). ``<output_dir>/metrics.json`` holds the final
+metrics and, once training has finished, its complete checkpoint as ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from examples.translation.train import (  # noqa: E402
     _instantiate,
     _scalar_metrics,
     _stopped,
+    _trained,
     _use_job_dir,
     build_callbacks,
     build_logger,
@@ -87,6 +90,7 @@ from examples.translation.train import (  # noqa: E402
 from lightning_varbatch import (  # noqa: E402
     PackingCollate,
     PaddingCollate,
+    ResumeMismatchError,
     TokenBudgetDataModule,
     keys,
 )
@@ -402,13 +406,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
         metrics.update(_scalar_metrics(trainer))
+        _trained(trainer, metrics, callbacks)  # metrics.json names the complete last.ckpt
     except Interrupted as stop:
         _stopped(trainer, metrics, stop.signum, stop.checkpoint)
-    except SIGTERMException:  # Lightning's own, outside training steps: nothing to save
-        _stopped(trainer, metrics, int(signal.SIGTERM), None)
-    except ValueError as error:  # a DeepSpeed checkpoint folder is only read by fit()
-        if "on_resume_mismatch" not in str(error):
-            raise
+    except SIGTERMException:  # Lightning's own, outside our hooks
+        _stopped(trainer, metrics, int(signal.SIGTERM), metrics.get("checkpoint"))
+    except ResumeMismatchError as error:  # a DeepSpeed checkpoint folder is only read by fit()
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} cannot resume on this data: {error} -- add "
             "on_resume_mismatch=restart_epoch to start the checkpoint's epoch afresh."

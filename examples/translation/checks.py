@@ -8,6 +8,7 @@ and what is allowed; :func:`~examples.translation.train.main` turns it into exit
 from __future__ import annotations
 
 import math
+import pickle
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -322,10 +323,14 @@ def check_checkpoint_file(path: str, deepspeed: bool = False) -> dict[str, Any] 
         )
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:  # weights_only refuses what it holds
+        raise ConfigError(
+            f"ckpt_path={path} cannot be read as a checkpoint ({type(error).__name__}: it "
+            "holds objects other than tensors and plain containers, which safe "
+            f"loading refuses, or its pickle is damaged): {hint}."
+        ) from None
     except Exception as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if "weights_only" in reason or "Weights only" in reason:
-            reason = "it holds objects other than tensors and plain containers"
         raise ConfigError(
             f"ckpt_path={path} cannot be read as a checkpoint ({type(error).__name__}: "
             f"{reason}): {hint}."

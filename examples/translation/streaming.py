@@ -39,15 +39,12 @@ from omegaconf import DictConfig
 from examples.translation import tokenizer as tok
 from examples.translation.batching import fitting_length, loss_lengths
 from examples.translation.corpora import ConfigError
-from lightning_varbatch import PaddingCollate, StreamingDataModule, TokenBudgetBatchSampler
-from lightning_varbatch.data.datamodule import check_evaluation
-from lightning_varbatch.data.loader import TokenBudgetDataLoader
+from lightning_varbatch import PaddingCollate, StreamingDataModule
 from lightning_varbatch.sources.shards import SHARD_SUFFIXES, ShardedSource, shards_from_files
 
 __all__ = [
     "MANIFEST",
     "SHARD_COLUMNS",
-    "TranslationStreamingDataModule",
     "check_stream",
     "prepare_shards",
 ]
@@ -351,73 +348,9 @@ def open_shards(shards: Mapping[str, Any], cache_dir: str | None) -> ShardedSour
         ) from error
 
 
-class TranslationStreamingDataModule(StreamingDataModule):
-    """:class:`StreamingDataModule` whose map-style validation and test count the loss tokens.
-
-    The library's module passes its planner settings (``loss_offset=1`` here) on to the
-    validation sampler, which takes per-example ``loss_lengths`` instead; this subclass gives
-    the evaluation samplers the loss counts (target minus BOS, after any truncation), as the
-    map-style path does, and adds a map-style ``test_dataloader`` for ``test=true``.
-
-    Args:
-        val_loss_lengths: loss tokens per validation pair.
-        test_dataset: optional test items; ``test_lengths`` and ``test_loss_lengths`` with it.
-        **kwargs: :class:`StreamingDataModule`'s arguments.
-    """
-
-    def __init__(
-        self,
-        *args: Any,
-        val_loss_lengths: Any = None,
-        test_dataset: Any = None,
-        test_lengths: Any = None,
-        test_loss_lengths: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        self.val_loss_lengths = val_loss_lengths
-        super().__init__(*args, **kwargs)
-        self.test_dataset = test_dataset
-        self.test_lengths = None if test_lengths is None else np.asarray(test_lengths)
-        self.test_loss_lengths = test_loss_lengths
-        if test_dataset is not None:
-            self._eval_sampler("test", self.test_lengths, test_loss_lengths, 0, 1)
-
-    def _eval_sampler(
-        self, stage: str, lengths: Any, loss: Any, rank: int | None, world: int | None
-    ) -> TokenBudgetBatchSampler:
-        drop = ("shuffle", "tail", "loss_offset")
-        settings = {k: v for k, v in self.plan_settings.items() if k not in drop}
-        sampler = TokenBudgetBatchSampler(
-            lengths,
-            self.val_max_tokens,
-            rank=rank,
-            world_size=world,
-            shuffle=False,
-            tail="spread",
-            loss_lengths=loss,
-            **settings,
-        )
-        check_evaluation(stage, sampler)
-        return sampler
-
-    def _val_sampler(self, rank: int | None, world: int | None) -> TokenBudgetBatchSampler:
-        return self._eval_sampler("val", self.val_lengths, self.val_loss_lengths, rank, world)
-
-    def test_dataloader(self) -> TokenBudgetDataLoader | list[Any]:
-        """This rank's test loader (every example once across ranks), or ``[]``."""
-        if self.test_dataset is None:
-            return []
-        trainer = self._trainer
-        rank, world = (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
-        sampler = self._eval_sampler("test", self.test_lengths, self.test_loss_lengths, rank, world)
-        return TokenBudgetDataLoader(
-            self.test_dataset,
-            sampler,
-            collate_fn=self.collate,
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            evaluation=True,
-        )
+#: The name this example's streaming DataModule had when it subclassed the library's (its
+#: checkpoints keep their state under it; :func:`check_resume` reads them).
+LEGACY_STATE_KEY = "TranslationStreamingDataModule"
 
 
 def eval_loss_lengths(data: DictConfig, lengths: np.ndarray) -> np.ndarray:
@@ -433,7 +366,7 @@ def build(
     shards: Mapping[str, Any],
     val: tuple[Any, np.ndarray],
     test: tuple[Any, np.ndarray] | None,
-) -> TranslationStreamingDataModule:
+) -> StreamingDataModule:
     """The streaming DataModule: shards for training, map-style validation (and test).
 
     Raises:
@@ -469,7 +402,7 @@ def build(
             "test_lengths": test[1],
             "test_loss_lengths": eval_loss_lengths(data, test[1]),
         }
-    return TranslationStreamingDataModule(
+    return StreamingDataModule(
         source,
         data.max_tokens,
         window=data.get("window"),
@@ -492,16 +425,21 @@ def build(
     )
 
 
-def check_resume(
-    ckpt_path: str, dm: TranslationStreamingDataModule, ckpt: Mapping[str, Any]
-) -> None:
+def check_resume(ckpt_path: str, dm: StreamingDataModule, ckpt: Mapping[str, Any]) -> None:
     """Refuse a checkpoint whose stream position cannot continue on these shards.
+
+    A checkpoint of this example's earlier releases keeps the position under
+    :data:`LEGACY_STATE_KEY`, which Lightning does not hand to the DataModule: it is loaded
+    here (and applied when training starts).
 
     Raises:
         ConfigError: for a map-style checkpoint, or one saved on other shards or settings
             (naming ``ckpt_path`` and ``data.shard_dir``).
     """
     state = ckpt.get(type(dm).__qualname__)
+    legacy = state is None and isinstance(ckpt.get(LEGACY_STATE_KEY), Mapping)
+    if legacy:
+        state = ckpt[LEGACY_STATE_KEY]
     if not isinstance(state, Mapping) or "stream" not in state:
         if any(isinstance(v, Mapping) and "train_sampler" in v for v in ckpt.values()):
             raise ConfigError(
@@ -510,10 +448,9 @@ def check_resume(
                 "data.stream=false."
             )
         return
-    stream = dm._stream_for(0, 1, 1)  # a fresh stream of these shards, as rank 0 of 1
     try:
-        stream.load_state_dict(dict(state["stream"]))
-    except (ValueError, TypeError, KeyError) as error:
+        dm.check_state(state)  # the library's own check of a saved position
+    except ValueError as error:
         folder = Path(ckpt_path).resolve().parent.parent / "shards"
         hint = (
             f" (the checkpoint's run wrote {folder}: data.shard_dir={folder})"
@@ -526,3 +463,5 @@ def check_resume(
             f"resume with the same data.shard_dir{hint}, data.max_tokens, data.window and "
             "data.seed."
         ) from error
+    if legacy:
+        dm.load_state_dict(dict(state))

@@ -16,9 +16,11 @@ command-line entry. A bad setting (any ``data.*``/``model.*``/``trainer.*`` valu
 work, a budget below the longest example with ``data.oversize=error``, a ``ckpt_path`` that
 is not a checkpoint or was saved for other data, an unknown key or group option, ...) stops
 before anything is written, with a message naming the setting, and exit status 2. SIGTERM and
-SIGINT save ``<output_dir>/checkpoints/last.ckpt`` at the next optimizer step and exit with
-143 and 130 (see :mod:`examples.translation.preemption`). Budget semantics and the loss
-counts: :mod:`examples.translation.batching`; the early checks:
+SIGINT save ``<output_dir>/checkpoints/last.ckpt`` at the next optimizer step (during a
+validation: after its micro-batch in progress) and exit with 143 and 130 (see
+:mod:`examples.translation.preemption`); once training has finished, ``metrics.json`` names
+its complete ``last.ckpt`` as ``checkpoint`` (a signal during the test then points there).
+Budget semantics and the loss counts: :mod:`examples.translation.batching`; the early checks:
 :mod:`examples.translation.checks`.
 """
 
@@ -71,11 +73,13 @@ from examples.translation.corpora import (  # noqa: E402
     mixture_settings,
     read_corpora,
 )
-from examples.translation.preemption import Interrupted  # noqa: E402
+from examples.translation.preemption import Interrupted, PreemptionCheckpoint  # noqa: E402
 from lightning_varbatch import (  # noqa: E402
-    BatchSizeLRScaler,
     DataSource,
     PaddingCollate,
+    ResumeMismatchError,
+    SettingError,
+    StreamingDataModule,
     TokenBudgetBatchSampler,
     TokenBudgetDataModule,
     VarBatchDeepSpeedStrategy,
@@ -237,15 +241,12 @@ def _plan_error(cfg: DictConfig, split: str, corpora: list[Corpus], error: Excep
         f"{c.setting}.max_tokens={c.max_tokens}" for c in corpora if c.max_tokens
     ]
     own = " (or data.corpora.<name>.max_tokens)" if corpora[0].name else ""
-    text = str(error)
-    if not corpora[0].name:  # one corpus: the library's "Dataset '0' (index 0): " says nothing
-        text = text.replace("Dataset '0' (index 0): ", "")
     fixes = f"Raise {setting}{own} or lower data.max_length"
     if cfg.data.oversize == "error":
         fixes += ", or set data.oversize=skip|truncate to leave out or cut the longest examples"
     return (
         f"{' / '.join(budgets)} cannot batch the {split} split (a micro-batch's budget counts "
-        f"n x the widest padded field, source or target): {text} {fixes}."
+        f"n x the widest padded field, source or target): {error} {fixes}."
     )
 
 
@@ -279,7 +280,7 @@ def _datamodule(
 
 def build_datamodule(
     cfg: DictConfig, output_dir: Path
-) -> tuple[TokenBudgetDataModule | streaming.TranslationStreamingDataModule, Any, dict[str, Any]]:
+) -> tuple[TokenBudgetDataModule | StreamingDataModule, Any, dict[str, Any]]:
     """The tokenizer and the token-budgeted DataModule over train/valid/test splits.
 
     Each corpus is split on its own and one BPE tokenizer is trained on every training split.
@@ -335,8 +336,9 @@ def build_datamodule(
     try:
         dm = _datamodule(cfg, corpora, encoded, mixture, with_test)
     except ValueError as error:  # the DataModule may plan its splits when it is built
-        split = str(error).split("_dataset", 1)[0] if "_dataset cannot" in str(error) else "train"
-        split = {"val": "valid"}.get(split, split)
+        # the split whose planning failed: the SettingError's stage (train when it has none)
+        stage = error.stage if isinstance(error, SettingError) and error.stage else "train"
+        split = {"val": "valid"}.get(stage, stage)
         raise ConfigError(_plan_error(cfg, split, corpora, error)) from error
     oversize: dict[str, dict[str, int]] = {}
     stages = {"train": "train", "valid": "val"}
@@ -382,7 +384,7 @@ def _streaming_datamodule(
     split: dict[str, Any],
     tokenizer: Any,
     texts: tuple[list[str], list[str]],
-) -> tuple[streaming.TranslationStreamingDataModule, Any, dict[str, Any]]:
+) -> tuple[StreamingDataModule, Any, dict[str, Any]]:
     """``data.stream=true``: the training split from shards, validation/test map-style.
 
     See :mod:`examples.translation.streaming`; returns what :func:`build_datamodule` does, the
@@ -404,7 +406,7 @@ def _streaming_datamodule(
     test = _encode(split["test"], c, tokenizer, data) if cfg.get("test") else None
     try:
         dm = streaming.build(data, source, shards, val, test)
-        sampler = dm._val_sampler(0, 1)  # planned as the Trainer will, here as rank 0 of 1
+        plan = dm.check(stages=("val",))["val"]  # planned as the Trainer will, as 1 rank
     except ConfigError:
         raise
     except ValueError as error:
@@ -418,7 +420,7 @@ def _streaming_datamodule(
             "truncated": int(shards["truncated"]),
             "truncate_to": cut if data.oversize == "truncate" else 0,
         },
-        "valid": oversize_counts(sampler.planner, sampler.plan),
+        "valid": oversize_counts(dm.planner("val"), plan),
     }
     counts = oversize["valid"]
     if counts["skipped"] + counts["truncated"] > MAX_OVERSIZE_SHARE * counts["examples"]:
@@ -453,10 +455,10 @@ def check_resume(cfg: DictConfig, dm: Any, ckpt: dict[str, Any]) -> None:
     Raises:
         ConfigError: naming ``ckpt_path`` and ``on_resume_mismatch=restart_epoch``.
     """
-    if isinstance(dm, streaming.TranslationStreamingDataModule):
+    if isinstance(dm, StreamingDataModule):
         streaming.check_resume(str(cfg.ckpt_path), dm, ckpt)
         return
-    if streaming.TranslationStreamingDataModule.__qualname__ in ckpt:
+    if StreamingDataModule.__qualname__ in ckpt or streaming.LEGACY_STATE_KEY in ckpt:
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} was saved by a streamed run (data.stream=true): its "
             "position is in the shard stream, not in this map-style epoch. Resume it with "
@@ -553,6 +555,23 @@ def write_summary(metrics: dict[str, Any]) -> None:
         path.write_text(json.dumps(_summary(metrics), indent=2))
 
 
+def _trained(trainer: Trainer, metrics: dict[str, Any], callbacks: list[Callback]) -> None:
+    """Training has finished: name its complete checkpoint in ``metrics.json`` at once.
+
+    ``callbacks.preemption`` saved the final state to ``last.ckpt`` when training ended
+    (:attr:`PreemptionCheckpoint.final`); ``metrics.json`` names it as ``checkpoint`` before a
+    test begins, so a requeue script that resumes from it does not train again, whatever
+    stops the job later. Without that callback ``checkpoint`` is null.
+    """
+    finals = [c.final for c in callbacks if isinstance(c, PreemptionCheckpoint)]
+    metrics.update(
+        checkpoint=next((f for f in finals if f is not None), None),
+        global_step=int(trainer.global_step),
+        trained=True,
+    )
+    write_summary(metrics)
+
+
 def _stopped(trainer: Trainer, metrics: dict[str, Any], signum: int, ckpt: str | None) -> None:
     """Write what the interrupted run has, say how to resume, exit with ``128 + signum``."""
     name = signal.Signals(signum).name
@@ -565,11 +584,15 @@ def _stopped(trainer: Trainer, metrics: dict[str, Any], signum: int, ckpt: str |
     )
     write_summary(metrics)
     if trainer.global_rank == 0:
-        resume = (
-            f"resume with the same overrides plus ckpt_path={ckpt}"
-            if ckpt
-            else "no checkpoint was written (the signal came before training started)"
-        )
+        if ckpt and metrics.get("trained"):
+            resume = (
+                f"training had finished; resume with the same overrides plus ckpt_path={ckpt} "
+                "to run what followed it"
+            )
+        elif ckpt:
+            resume = f"resume with the same overrides plus ckpt_path={ckpt}"
+        else:
+            resume = "no checkpoint was written (the signal came before training started)"
         print(
             f"Interrupted by {name} after {metrics['global_step']} optimizer steps: {resume}. "
             f"Summary: {Path(metrics['output_dir']) / 'metrics.json'}; exit status "
@@ -616,7 +639,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         The final logged metrics as floats (``val/bleu``, ``val/chrf``, ``val/loss``, ...; with
         ``test=true`` also ``test/bleu``, ``test/chrf``, ``test/loss``, ``test/nll``) plus
         ``bleu`` (None without a validation), ``global_step``, ``log_dir``, ``ckpt_dir``,
-        ``output_dir``, ``seconds`` and the split sizes; with ``compile=true`` also
+        ``output_dir``, ``seconds``, the split sizes, ``trained`` (true) and ``checkpoint``
+        (the complete ``last.ckpt`` of the finished training); with ``compile=true`` also
         ``compile`` (:meth:`~examples.translation.compiling.CompileStats.summary`: ``graphs``
         compiled during training, distinct training ``shapes``, ``max_shapes``, ...).
 
@@ -642,10 +666,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     callbacks = build_callbacks(cfg)
     logger = build_logger(cfg)
     dm, tokenizer, sizes = build_datamodule(cfg, output_dir)
-    if cfg.data.get("stream"):  # no batch sampler to read the budget from: give it
-        for callback in callbacks:
-            if isinstance(callback, BatchSizeLRScaler) and callback.reference is None:
-                callback.max_tokens = callback.max_tokens or int(cfg.data.max_tokens)
     if ckpt is not None:
         check_resume(cfg, dm, ckpt)
         del ckpt
@@ -676,16 +696,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
         metrics.update(_scalar_metrics(trainer))
+        _trained(trainer, metrics, callbacks)
         if cfg.get("test"):
             trainer.test(model, dm)
             metrics.update(_scalar_metrics(trainer))  # test() replaced the callback metrics
     except Interrupted as stop:
         _stopped(trainer, metrics, stop.signum, stop.checkpoint)
-    except SIGTERMException:  # Lightning's own, outside training steps: nothing to save
-        _stopped(trainer, metrics, int(signal.SIGTERM), None)
-    except ValueError as error:  # a DeepSpeed checkpoint folder is only read by fit()
-        if "on_resume_mismatch" not in str(error):
-            raise
+    except SIGTERMException:  # Lightning's own, outside our hooks: the finished training's
+        _stopped(trainer, metrics, int(signal.SIGTERM), metrics.get("checkpoint"))
+    except ResumeMismatchError as error:  # a DeepSpeed checkpoint folder is only read by fit()
         raise ConfigError(
             f"ckpt_path={cfg.ckpt_path} cannot resume on this data: {error} -- add "
             "on_resume_mismatch=restart_epoch to start the checkpoint's epoch afresh."

@@ -1,11 +1,42 @@
-"""Callbacks for token-budgeted batches: LR scaling per optimizer step and global throughput.
+"""Callbacks for token-budgeted batches: LR scaling, global throughput, the worst-batch check.
+
+The callbacks need Lightning; they are imported on first use, so the pure maths of this
+package (:mod:`~lightning_varbatch.callbacks.throughput_window`) imports without torch or
+Lightning.
 
 Example:
     >>> from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
     >>> callbacks = [BatchSizeLRScaler(rule="sqrt", reference=8192), TokenThroughputMonitor()]
 """
 
-from lightning_varbatch.callbacks.lr_scaling import BatchSizeLRScaler
-from lightning_varbatch.callbacks.throughput import TokenThroughputMonitor
+from __future__ import annotations
 
-__all__ = ["BatchSizeLRScaler", "TokenThroughputMonitor"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lightning_varbatch.callbacks.lr_scaling import BatchSizeLRScaler
+    from lightning_varbatch.callbacks.throughput import TokenThroughputMonitor
+    from lightning_varbatch.callbacks.worst_batch import WorstBatchCheck
+
+_WHERE = {
+    "BatchSizeLRScaler": "lightning_varbatch.callbacks.lr_scaling",
+    "TokenThroughputMonitor": "lightning_varbatch.callbacks.throughput",
+    "WorstBatchCheck": "lightning_varbatch.callbacks.worst_batch",
+}
+
+__all__ = ["BatchSizeLRScaler", "TokenThroughputMonitor", "WorstBatchCheck"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a callback from its module on first use."""
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lightning_varbatch.callbacks' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

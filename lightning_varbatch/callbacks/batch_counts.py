@@ -23,6 +23,8 @@ from typing import Any
 from lightning.pytorch import Trainer
 from torch import Tensor
 
+from lightning_varbatch.checks import check_count, check_real
+
 __all__ = [
     "CountFn",
     "as_number",
@@ -62,9 +64,23 @@ def as_number(value: Any, what: str) -> float:
 def check_positive(owner: str, name: str, value: object, *, integer: bool = False) -> float | None:
     """``value`` as a positive finite number (``None`` passes through).
 
+    A thin use of :func:`~lightning_varbatch.checks.check_real` (``integer``:
+    :func:`~lightning_varbatch.checks.check_count`).
+
+    The message names the setting alone, as every other class's check of it does, so that one
+    bad value gives one message wherever it enters (``max_tokens`` here and in
+    :class:`~lightning_varbatch.PlanConfig`).
+
+    Args:
+        owner: the class that takes the setting (the traceback names it; not in the message).
+        name: the setting's name.
+        value: the value received.
+        integer: whether only whole numbers are allowed (then :func:`check_count`).
+
     Raises:
-        TypeError: for a bool, a string or another non-number (``integer``: a non-integer).
-        ValueError: for zero, a negative number, NaN or infinity.
+        SettingTypeError: for a bool, a string or another non-number (``integer``: a
+            non-integer); also a ``TypeError``.
+        SettingValueError: for zero, a negative number, NaN or infinity.
 
     Example:
         >>> check_positive("Monitor", "peak_flops", 1e15)
@@ -72,19 +88,14 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
         >>> check_positive("Monitor", "log_every_n_steps", 0, integer=True)
         Traceback (most recent call last):
         ...
-        ValueError: Monitor(log_every_n_steps=...) must be a positive finite number, got 0.
+        lightning_varbatch.errors.SettingValueError: log_every_n_steps must be a positive ...
     """
+    del owner  # the same message in every class
     if value is None:
         return None
-    kind = numbers.Integral if integer else numbers.Real
-    if isinstance(value, bool) or not isinstance(value, kind):
-        what = "a positive integer" if integer else "a positive number"
-        raise TypeError(
-            f"{owner}({name}=...) must be {what}, got {type(value).__name__} {value!r}."
-        )
-    if not (math.isfinite(float(value)) and float(value) > 0):
-        raise ValueError(f"{owner}({name}=...) must be a positive finite number, got {value!r}.")
-    return float(value)
+    if integer:
+        return check_count(name, value)
+    return check_real(name, value)
 
 
 def _count(value: float, owner: str, where: str) -> float:

@@ -19,6 +19,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
@@ -34,6 +35,8 @@ from lightning_varbatch.callbacks.batch_counts import (
     log_rank_zero,
     read_count,
 )
+from lightning_varbatch.checks import check_choice
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
 __all__ = ["BatchSizeLRScaler", "torch_optimizer"]
 
@@ -75,6 +78,31 @@ def torch_optimizer(optimizer: Any) -> Optimizer:
     return current
 
 
+def training_budget(trainer: Any) -> int | None:
+    """The training micro-batch budget of ``trainer``'s data: its loader's, else its DataModule's.
+
+    Reads the public ``max_tokens`` of the train loader
+    (:class:`~lightning_varbatch.TokenBudgetDataLoader`,
+    :class:`~lightning_varbatch.StreamingDataLoader`, or its ``batch_sampler``), then of the
+    DataModule; ``None`` when none has one.
+
+    Example:
+        >>> class T: train_dataloader = None; datamodule = type("DM", (), {"max_tokens": 64})()
+        >>> training_budget(T())
+        64
+    """
+    loader = getattr(trainer, "train_dataloader", None)
+    for owner in (
+        loader,
+        getattr(loader, "batch_sampler", None),
+        getattr(trainer, "datamodule", None),
+    ):
+        budget = getattr(owner, "max_tokens", None)
+        if isinstance(budget, (int, np.integer)) and not isinstance(budget, bool):
+            return int(budget)
+    return None
+
+
 class BatchSizeLRScaler(Callback):
     """Multiply the learning rate of every optimizer step by ``f(actual / reference)``.
 
@@ -107,7 +135,11 @@ class BatchSizeLRScaler(Callback):
         by: ``"tokens"`` or ``"examples"``.
         reference: global step size at which the factor is 1. Default (``by="tokens"``):
             ``max_tokens × world_size × accumulate_grad_batches`` with ``max_tokens`` from the
-            argument or the train loader's ``TokenBudgetBatchSampler``.
+            argument, else the train loader's public ``max_tokens``
+            (:class:`~lightning_varbatch.TokenBudgetDataLoader`,
+            :class:`~lightning_varbatch.StreamingDataLoader`), else the DataModule's
+            (:class:`~lightning_varbatch.TokenBudgetDataModule`,
+            :class:`~lightning_varbatch.StreamingDataModule`).
         max_tokens: per-rank, per-micro-batch token budget for the default reference.
         min_scale: lower clamp of the factor.
         max_scale: upper clamp of the factor.
@@ -148,12 +180,8 @@ class BatchSizeLRScaler(Callback):
         examples_fn: CountFn | None = None,
         log_every_n_steps: int | None = None,
     ) -> None:
-        if rule not in _RULES:
-            raise ValueError(f"BatchSizeLRScaler(rule=...) must be one of {_RULES}, got {rule!r}.")
-        if by not in _BY:
-            raise ValueError(
-                f"BatchSizeLRScaler(by=...) must be 'tokens' or 'examples', got {by!r}."
-            )
+        check_choice("rule", rule, _RULES, what=" (how the LR follows the step size)")
+        check_choice("by", by, tuple(_BY), what=" (what the step size counts)")
         owner = type(self).__name__
         self.reference = check_positive(owner, "reference", reference)
         budget = check_positive(owner, "max_tokens", max_tokens, integer=True)
@@ -165,15 +193,19 @@ class BatchSizeLRScaler(Callback):
             and self.max_scale is not None
             and self.min_scale > self.max_scale
         ):
-            raise ValueError(
+            raise SettingValueError(
                 f"BatchSizeLRScaler: min_scale={min_scale} is larger than max_scale={max_scale}; "
-                "the factor is clamped to [min_scale, max_scale], so set min_scale <= max_scale."
+                "the factor is clamped to [min_scale, max_scale], so set min_scale <= max_scale.",
+                setting="min_scale",
+                value=min_scale,
             )
         for name, fn in (("tokens_fn", tokens_fn), ("examples_fn", examples_fn)):
             if fn is not None and not callable(fn):
-                raise TypeError(
+                raise SettingTypeError(
                     f"BatchSizeLRScaler({name}=...) must be callable (fn(batch) -> count), got "
-                    f"{type(fn).__name__}."
+                    f"{type(fn).__name__}.",
+                    setting=name,
+                    value=fn,
                 )
         every = check_positive(owner, "log_every_n_steps", log_every_n_steps, integer=True)
         self.rule, self.by = rule, by
@@ -206,15 +238,15 @@ class BatchSizeLRScaler(Callback):
             return self.reference
         budget = self.max_tokens
         if budget is None:
-            loader = trainer.train_dataloader
-            budget = getattr(getattr(loader, "batch_sampler", None), "max_tokens", None)
+            budget = training_budget(trainer)
         if self.by != "tokens" or budget is None:
             raise ValueError(
                 f"BatchSizeLRScaler(by={self.by!r}) cannot derive a reference step size: "
                 + (
                     "pass reference=<examples per step at which lr is unchanged>."
                     if self.by != "tokens"
-                    else "the train loader has no TokenBudgetBatchSampler; "
+                    else "neither the train loader nor the DataModule has a max_tokens "
+                    "(TokenBudgetDataModule, StreamingDataModule and their loaders do); "
                     "pass max_tokens= or reference=."
                 )
             )

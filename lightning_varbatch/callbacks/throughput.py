@@ -35,6 +35,8 @@ from lightning_varbatch.callbacks.throughput_window import (
     dataset_metrics,
     window_metrics,
 )
+from lightning_varbatch.checks import check_flag
+from lightning_varbatch.errors import SettingTypeError
 
 __all__ = ["TokenThroughputMonitor"]
 
@@ -133,16 +135,19 @@ class TokenThroughputMonitor(Callback):
             ("padding_fn", padding_fn),
         ):
             if fn is not None and not callable(fn):
-                raise TypeError(
-                    f"{owner}({name}=...) must be callable (fn(batch)), got {type(fn).__name__}."
+                raise SettingTypeError(
+                    f"{owner}({name}=...) must be callable (fn(batch)), got {type(fn).__name__}.",
+                    setting=name,
+                    value=fn,
                 )
-        if not isinstance(prog_bar, bool):
-            raise TypeError(f"{owner}(prog_bar=...) must be a bool, got {prog_bar!r}.")
+        prog_bar = check_flag("prog_bar", prog_bar)
         if dataset_names is not None and (
             isinstance(dataset_names, str) or not all(isinstance(n, str) for n in dataset_names)
         ):
-            raise TypeError(
-                f"{owner}(dataset_names=...) must be a list of strings, got {dataset_names!r}."
+            raise SettingTypeError(
+                f"{owner}(dataset_names=...) must be a list of strings, got {dataset_names!r}.",
+                setting="dataset_names",
+                value=dataset_names,
             )
         self.log_every_n_steps = None if every is None else int(every)
         self.tokens_fn, self.examples_fn, self.padding_fn = tokens_fn, examples_fn, padding_fn

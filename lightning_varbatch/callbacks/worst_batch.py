@@ -5,7 +5,15 @@ one with the most padded tokens (examples x longest), the one with the most exam
 one with the largest attention term (examples x longest²), and runs forward and backward on
 each before the first real training step. It reports their peak memory and, when one runs out
 of memory (or exceeds ``memory_limit_bytes``), raises an error that names the batch's shape,
-the rank and the settings to lower. :func:`measure_peak` is the measurement it uses.
+the rank and the settings to lower.
+
+The pieces live in one module each, and stay importable from here:
+:mod:`~lightning_varbatch.callbacks.worst_tiles` picks the micro-batches (:func:`worst_tiles`,
+:func:`check_names`, :class:`WorstBatch`, :data:`KINDS`),
+:mod:`lightning_varbatch.peak_memory` measures them (:func:`measure_peak`),
+:mod:`~lightning_varbatch.callbacks.training_state` keeps the model's state through the check
+and :mod:`~lightning_varbatch.callbacks.worst_report` words the result (:func:`advice`,
+:func:`format_report`).
 
 Example:
     >>> check = WorstBatchCheck(kinds=("padded_tokens", "attention"))
@@ -16,268 +24,46 @@ Example:
 from __future__ import annotations
 
 import gc
-import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal, TypeVar
+from dataclasses import replace
+from typing import Any
 
-import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
 from lightning_varbatch.callbacks.batch_counts import log_rank_zero
+from lightning_varbatch.callbacks.training_state import KeepTrainingState
+from lightning_varbatch.callbacks.worst_report import advice, format_report, gib
+from lightning_varbatch.callbacks.worst_tiles import (
+    KINDS,
+    WorstBatch,
+    check_names,
+    worst_tiles,
+)
+from lightning_varbatch.checks import check_choice, check_count, check_flag
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
-from lightning_varbatch.planner.diagnostics import tile_figures
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.peak_memory import measure_peak
 
-__all__ = ["KINDS", "WorstBatch", "WorstBatchCheck", "format_report", "measure_peak", "worst_tiles"]
+__all__ = [
+    "KINDS",
+    "OUT_OF_MEMORY",
+    "WorstBatch",
+    "WorstBatchCheck",
+    "advice",
+    "check_names",
+    "format_report",
+    "measure_peak",
+    "worst_tiles",
+]
 
-Kind = Literal["padded_tokens", "examples", "attention"]
-KINDS: tuple[str, ...] = ("padded_tokens", "examples", "attention")
-_SETTING = {
-    "padded_tokens": "max_tokens",
-    "examples": "max_examples",
-    "attention": "max_tokens (or cost='quadratic' / 'flops', which budget the attention term)",
-}
-T = TypeVar("T")
-
-
-def _proc_status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _reset_rss_peak() -> bool:
-    """Reset the process's VmHWM to its current RSS (Linux ``/proc/self/clear_refs``)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _cpu_peak() -> int:
-    peak = _proc_status_bytes("VmHWM")
-    if peak is not None:
-        return peak
-    import resource  # not on Windows; there /proc is missing too
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def measure_peak(
-    fn: Callable[[], T], device: torch.device | str | None = None
-) -> tuple[T, int, str]:
-    """Run ``fn()`` and measure the peak memory it needed.
-
-    On a CUDA device: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``
-    (everything allocated on the device, weights and optimizer state included), source
-    ``"cuda_max_allocated"``. Elsewhere: the process's peak resident set (Linux ``VmHWM`` of
-    ``/proc/self/status``, reset to the current RSS through ``/proc/self/clear_refs`` first),
-    source ``"cpu_vmhwm"``; where it cannot be reset, the peak since the process started
-    (``"cpu_vmhwm_unreset"``, or ``"cpu_ru_maxrss"`` without ``/proc``). CPU figures include
-    everything the process holds (the Python runtime, the dataset), and memory that
-    ``malloc`` keeps after one probe is counted by the next one too.
-
-    Args:
-        fn: what to measure.
-        device: the device ``fn`` computes on (default: CPU).
-
-    Returns:
-        ``(fn's result, peak bytes, source)``.
-
-    Example:
-        >>> _, peak, source = measure_peak(lambda: torch.ones(1 << 20).sum())
-        >>> peak > 0, source.startswith("cpu")
-        (True, True)
-    """
-    dev = torch.device("cpu" if device is None else device)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-        result = fn()
-        torch.cuda.synchronize(dev)
-        return result, int(torch.cuda.max_memory_allocated(dev)), "cuda_max_allocated"
-    reset = _reset_rss_peak()
-    result = fn()
-    peak = _cpu_peak()
-    has_proc = _proc_status_bytes("VmHWM") is not None
-    if not has_proc:
-        source = "cpu_ru_maxrss"
-    else:
-        source = "cpu_vmhwm" if reset else "cpu_vmhwm_unreset"
-    return result, peak, source
-
-
-@dataclass(frozen=True)
-class WorstBatch:
-    """One selected micro-batch and, once run, its peak memory.
-
-    Attributes:
-        kind: ``"padded_tokens"``, ``"examples"`` or ``"attention"``: what it is the largest of.
-        position: its index among this rank's micro-batches of the epoch (run order).
-        tile: its tile id in the epoch plan.
-        examples: examples in it.
-        longest: its longest padded planning length.
-        padded_tokens: its token slots after padding (examples x longest; a packed row's
-            tokens for ``layout="packed"``).
-        attention: its attention term, examples x longest² (Σ length² for a packed row).
-        peak_bytes: peak memory of its forward and backward (``None`` before it is run).
-        memory: how ``peak_bytes`` was measured (see :func:`measure_peak`).
-        rank: the rank that ran it.
-    """
-
-    kind: str
-    position: int
-    tile: int
-    examples: int
-    longest: int
-    padded_tokens: int
-    attention: int
-    peak_bytes: int | None = None
-    memory: str | None = None
-    rank: int = 0
-
-    def shape(self) -> str:
-        """``"<examples> examples x <longest> tokens"``."""
-        return f"{self.examples} examples x {self.longest} tokens"
-
-    def to_dict(self) -> dict[str, Any]:
-        """All fields as plain Python values."""
-        return asdict(self)
-
-
-def worst_tiles(sampler: TokenBudgetBatchSampler, kinds: Sequence[str] = KINDS) -> list[WorstBatch]:
-    """This rank's most demanding micro-batches of the sampler's current epoch plan.
-
-    Ties go to the one that runs first. Empty micro-batches are never chosen; a rank without
-    any gets an empty list.
-
-    Args:
-        sampler: the training sampler, set to this rank.
-        kinds: what to maximise, each of :data:`KINDS`.
-
-    Returns:
-        One :class:`WorstBatch` per kind, in the order of ``kinds``.
-
-    Example:
-        >>> s = TokenBudgetBatchSampler([2, 2, 2, 8], 8, rank=0, world_size=1,
-        ...                             shuffle=False)
-        >>> [(w.kind, w.examples, w.longest) for w in worst_tiles(s)]
-        [('padded_tokens', 1, 8), ('examples', 3, 2), ('attention', 1, 8)]
-    """
-    planner, plan = sampler.planner, sampler.plan
-    tiles = tile_figures(planner, plan)
-    slots = tiles.slots.astype(np.int64)
-    if planner.config.layout == "packed":
-        attention = np.rint(tiles.squares).astype(np.int64)
-    else:
-        attention = tiles.rows * tiles.longest * tiles.longest
-    mine = plan.rank_tiles(sampler.rank).astype(np.int64)
-    run = np.flatnonzero(tiles.size[mine] > 0)
-    if run.size == 0:
-        return []
-    score = {"padded_tokens": slots, "examples": tiles.size, "attention": attention}
-    picks = [(kind, int(run[int(np.argmax(score[kind][mine[run]]))])) for kind in kinds]
-    shapes = getattr(planner, "shapes", None)
-    if plan.tile_shape is not None and shapes is not None:
-        # One per static shape of the plan (the same list on every rank, so every rank runs
-        # as many passes): this rank's fullest micro-batch of that shape, or its largest
-        # micro-batch when it has none of that shape.
-        for rows, length in shapes.tolist():
-            of_shape = run[(tiles.rows[mine[run]] == rows) & (tiles.longest[mine[run]] == length)]
-            pool = of_shape if of_shape.size else run
-            key = tiles.size if of_shape.size else slots
-            picks.append((f"shape {rows}x{length}", int(pool[int(np.argmax(key[mine[pool]]))])))
-    out = []
-    for kind, position in picks:
-        t = int(mine[position])
-        out.append(
-            WorstBatch(
-                kind=kind,
-                position=position,
-                tile=t,
-                examples=int(tiles.size[t]),
-                longest=int(tiles.longest[t]),
-                padded_tokens=int(slots[t]),
-                attention=int(attention[t]),
-                rank=sampler.rank,
-            )
-        )
-    return out
-
-
-def check_names(sampler: TokenBudgetBatchSampler, kinds: Sequence[str] = KINDS) -> list[str]:
-    """The kinds :func:`worst_tiles` returns, in order: ``kinds``, then one per static shape.
-
-    The same on every rank (the shapes are the plan's), so gathered reports line up.
-
-    Example:
-        >>> s = TokenBudgetBatchSampler([2, 2, 8], 8, rank=0, world_size=1, max_shapes=2)
-        >>> check_names(s, ("examples",))
-        ['examples', 'shape 4x2', 'shape 1x8']
-    """
-    shapes = getattr(sampler.planner, "shapes", None)
-    if sampler.plan.tile_shape is None or shapes is None:
-        return list(kinds)
-    return [*kinds, *(f"shape {rows}x{length}" for rows, length in shapes.tolist())]
-
-
-def _is_oom(error: BaseException) -> bool:
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, (RuntimeError, MemoryError)) and (
-        isinstance(error, MemoryError)
-        or "out of memory" in text
-        or "can't allocate memory" in text
-        or "not enough memory" in text
-    )
-
-
-class _RestoreState:
-    """Keep buffers, gradients and RNG states of a module as they were; restore on exit."""
-
-    def __init__(self, module: torch.nn.Module, optimizers: Sequence[Any]) -> None:
-        self.module, self.optimizers = module, optimizers
-
-    def __enter__(self) -> _RestoreState:
-        self.buffers = {n: b.detach().clone() for n, b in self.module.named_buffers()}
-        self.grads = {
-            n: None if p.grad is None else p.grad.detach().clone()
-            for n, p in self.module.named_parameters()
-        }
-        self.rng: dict[str, Any] = {
-            "torch": torch.get_rng_state(),
-            "numpy": np.random.get_state(),  # noqa: NPY002  (the legacy global state)
-            "python": random.getstate(),
-        }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            self.rng["cuda"] = torch.cuda.get_rng_state_all()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for opt in self.optimizers:
-            opt.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            for n, p in self.module.named_parameters():
-                saved = self.grads.get(n)
-                p.grad = saved
-            for n, b in self.module.named_buffers():
-                if n in self.buffers:
-                    b.copy_(self.buffers[n])
-        torch.set_rng_state(self.rng["torch"])
-        np.random.set_state(self.rng["numpy"])  # noqa: NPY002
-        random.setstate(self.rng["python"])
-        if "cuda" in self.rng:
-            torch.cuda.set_rng_state_all(self.rng["cuda"])
+#: What :class:`WorstBatchCheck` reports as "ran out of memory", by type only:
+#: ``torch.OutOfMemoryError`` (CUDA and the other devices whose allocator raises it) and
+#: Python's ``MemoryError``. torch's CPU allocator raises a plain ``RuntimeError`` ("can't
+#: allocate memory"), which is not told apart from other errors: it propagates unchanged, with
+#: a note naming the micro-batch that raised it and the settings that shrink it.
+OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 
 
 def _no_log(*args: Any, **kwargs: Any) -> None:
@@ -323,13 +109,18 @@ class WorstBatchCheck(Callback):
         verbose: print the report on global rank 0.
 
     Raises:
-        ValueError: for an unknown kind, an empty ``kinds`` or a bad limit.
+        SettingValueError: for an unknown kind, an empty ``kinds`` or a limit below 1.
+        SettingTypeError: for a setting of the wrong type (``memory_limit_bytes="1e9"``,
+            ``verbose="yes"``).
         RuntimeError: (in ``setup``) under manual optimization or DeepSpeed (ZeRO keeps
             accumulated gradients where the check cannot discard them); (in
             ``on_train_start``) when the training loader has no token-budget sampler, and
-            when a checked micro-batch runs out of memory or exceeds ``memory_limit_bytes``:
-            the message names its shape (examples x longest), the rank and the settings to
-            lower (``max_tokens``, ``max_examples``).
+            when a checked micro-batch runs out of memory (one of :data:`OUT_OF_MEMORY`, told
+            apart by type) or exceeds ``memory_limit_bytes``: the message names its shape
+            (examples x longest), the rank and the settings that shrink it (:func:`advice`).
+            Any other error of a checked micro-batch (torch's CPU allocation failure, a plain
+            ``RuntimeError``, among them) propagates with its own type and a note naming the
+            micro-batch and the same settings.
 
     After the check, :attr:`report` holds this rank's results (one dict per kind: ``kind``,
     ``examples``, ``longest``, ``padded_tokens``, ``attention``, ``peak_bytes``, ``memory``,
@@ -362,29 +153,29 @@ class WorstBatchCheck(Callback):
         memory_limit_bytes: int | None = None,
         verbose: bool = True,
     ) -> None:
-        owner = type(self).__name__
         if isinstance(kinds, str):
             kinds = (kinds,)
-        kinds = tuple(kinds)
-        unknown = [k for k in kinds if k not in KINDS]
-        if unknown or not kinds:
-            raise ValueError(
-                f"{owner}(kinds=...) must be a non-empty sequence of {', '.join(map(repr, KINDS))}"
-                f", got {kinds!r}."
+        if not isinstance(kinds, Sequence):
+            raise SettingTypeError(
+                f"kinds must be a sequence of {', '.join(map(repr, KINDS))}, got {kinds!r} "
+                f"({type(kinds).__name__}).",
+                setting="kinds",
+                value=kinds,
             )
-        if memory_limit_bytes is not None and (
-            isinstance(memory_limit_bytes, bool)
-            or not isinstance(memory_limit_bytes, (int, np.integer))
-            or memory_limit_bytes <= 0
-        ):
-            raise ValueError(
-                f"{owner}(memory_limit_bytes=...) must be a positive integer (bytes) or None, "
-                f"got {memory_limit_bytes!r}."
+        kinds = tuple(check_choice("kinds", k, KINDS) for k in kinds)
+        if not kinds:
+            raise SettingValueError(
+                f"kinds must name at least one of {', '.join(map(repr, KINDS))}, got an empty "
+                "sequence; leave kinds unset to check all three.",
+                setting="kinds",
+                value=kinds,
             )
-        if not isinstance(verbose, bool):
-            raise TypeError(f"{owner}(verbose=...) must be a bool, got {verbose!r}.")
+        memory_limit_bytes = check_count(
+            "memory_limit_bytes", memory_limit_bytes, allow_none=True, what=" (bytes)"
+        )
+        verbose = check_flag("verbose", verbose)
         self.kinds: tuple[str, ...] = kinds
-        self.memory_limit_bytes = None if memory_limit_bytes is None else int(memory_limit_bytes)
+        self.memory_limit_bytes = memory_limit_bytes
         self.verbose = verbose
         self._names: list[str] = list(kinds)
         self.report: list[dict[str, Any]] = []
@@ -422,24 +213,7 @@ class WorstBatchCheck(Callback):
                 f"{type(loader).__name__} with batch_sampler {type(sampler).__name__}."
             )
         assert loader is not None
-        dataset, collate = loader.dataset, loader.collate_fn
-        worst = worst_tiles(sampler, self.kinds)
-        self._names = check_names(sampler, self.kinds)
-        device = trainer.strategy.root_device
-        optimizers = list(trainer.optimizers)
-        report: list[WorstBatch] = []
-        pl_module.log = _no_log  # type: ignore[method-assign]
-        pl_module.log_dict = _no_log  # type: ignore[method-assign]
-        try:
-            with _RestoreState(pl_module, optimizers), torch.enable_grad():
-                for w in worst:
-                    peak, source = self._run(trainer, sampler, dataset, collate, w, device)
-                    report.append(_with(w, peak, source))
-        finally:
-            del pl_module.log, pl_module.log_dict
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        report = self._measure_all(trainer, pl_module, sampler, loader)
         self.report = [w.to_dict() for w in report]
         self.all_reports = self._gather(trainer, report)
         failed = [r for r, rows in enumerate(self.all_reports) if any(x["over"] for x in rows)]
@@ -450,9 +224,41 @@ class WorstBatchCheck(Callback):
             raise RuntimeError(
                 f"WorstBatchCheck: rank(s) {failed} need more than memory_limit_bytes="
                 f"{self.memory_limit_bytes} for their worst micro-batches (their errors name "
-                f"the shapes): lower max_tokens (now {sampler.config.max_tokens}) or "
-                f"max_examples (now {sampler.config.max_examples})."
+                f"the shapes and what to change; now max_tokens={sampler.config.max_tokens}, "
+                f"max_examples={sampler.config.max_examples})."
             )
+        self._publish(trainer)
+
+    def _measure_all(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        sampler: TokenBudgetBatchSampler,
+        loader: Any,
+    ) -> list[WorstBatch]:
+        """Run this rank's worst micro-batches, the module's state kept and its logging off."""
+        dataset, collate = loader.dataset, loader.collate_fn
+        worst = worst_tiles(sampler, self.kinds)
+        self._names = check_names(sampler, self.kinds)
+        device = trainer.strategy.root_device
+        optimizers = list(trainer.optimizers)
+        report: list[WorstBatch] = []
+        pl_module.log = _no_log  # type: ignore[method-assign]
+        pl_module.log_dict = _no_log  # type: ignore[method-assign]
+        try:
+            with KeepTrainingState(pl_module, optimizers), torch.enable_grad():
+                for w in worst:
+                    peak, source = self._run(trainer, sampler, dataset, collate, w, device)
+                    report.append(replace(w, peak_bytes=int(peak), memory=source))
+        finally:
+            del pl_module.log, pl_module.log_dict
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        return report
+
+    def _publish(self, trainer: Trainer) -> None:
+        """Log each kind's largest peak over ranks (rank 0) and print the report (verbose)."""
         metrics: dict[str, float] = {}
         for i, kind in enumerate(self._names):
             rows = [rows[i] for rows in self.all_reports if len(rows) > i]
@@ -469,7 +275,7 @@ class WorstBatchCheck(Callback):
             print(format_report(self.report, self.memory_limit_bytes))
             for rank, rows in enumerate(self.all_reports[1:], start=1):
                 shown = ", ".join(
-                    f"{x['kind']} {x['examples']} x {x['longest']}: {_gib(x['peak_bytes'])}"
+                    f"{x['kind']} {x['examples']} x {x['longest']}: {gib(x['peak_bytes'])}"
                     for x in rows
                 )
                 print(f"  rank {rank}: {shown or 'no micro-batches'}")
@@ -513,34 +319,11 @@ class WorstBatchCheck(Callback):
         device: torch.device,
     ) -> tuple[int, str]:
         mb = sampler.micro_batch(w.position)
-
-        def step() -> None:
-            items = (
-                dataset.__getitems__(mb)
-                if hasattr(dataset, "__getitems__")
-                else [dataset[i] for i in mb]
-            )
-            batch = items if collate is None else collate(items)
-            batch = trainer.strategy.batch_to_device(batch)
-            output = trainer.strategy.training_step(batch, 0)
-            loss = output.get("loss") if isinstance(output, Mapping) else output
-            if not isinstance(loss, torch.Tensor):
-                raise RuntimeError(
-                    "WorstBatchCheck: training_step returned no loss tensor for the check "
-                    f"batch ({w.shape()}); return the loss (or a dict with 'loss')."
-                )
-            strategy = trainer.strategy
-            strategy.pre_backward(loss)
-            strategy.precision_plugin.backward(loss, trainer.lightning_module, None)
-            strategy.post_backward(loss)
-            for opt in trainer.optimizers:
-                opt.zero_grad(set_to_none=True)
-
         try:
-            _, peak, source = measure_peak(step, device)
-        except Exception as error:  # only memory errors are translated
-            if not _is_oom(error):
-                raise
+            _, peak, source = measure_peak(
+                lambda: _step_once(trainer, dataset, collate, mb, w), device
+            )
+        except OUT_OF_MEMORY as error:  # by type only; see OUT_OF_MEMORY
             for opt in trainer.optimizers:
                 opt.zero_grad(set_to_none=True)
             if device.type == "cuda":
@@ -554,6 +337,15 @@ class WorstBatchCheck(Callback):
                     f"{str(error).splitlines()[0][:200] if str(error) else ''})",
                 )
             ) from error
+        except Exception as error:  # anything else keeps its type; say where it happened
+            error.add_note(
+                _message(
+                    sampler, w, f"raised {type(error).__name__} in its forward or backward", ""
+                )
+                + " If this is an allocation failure (torch's CPU allocator raises a plain "
+                "RuntimeError), the same advice applies."
+            )
+            raise
         return peak, source
 
     def _limit_message(self, sampler: TokenBudgetBatchSampler, w: WorstBatch) -> str:
@@ -562,55 +354,47 @@ class WorstBatchCheck(Callback):
         return _message(
             sampler,
             w,
-            f"needs {_gib(w.peak_bytes)} ({w.peak_bytes} bytes, {w.memory}), over "
-            f"memory_limit_bytes={limit} ({_gib(limit)})",
+            f"needs {gib(w.peak_bytes)} ({w.peak_bytes} bytes, {w.memory}), over "
+            f"memory_limit_bytes={limit} ({gib(limit)})",
             "",
         )
 
 
-def _with(w: WorstBatch, peak: int, source: str) -> WorstBatch:
-    d = w.to_dict()
-    d.update(peak_bytes=int(peak), memory=source)
-    return WorstBatch(**d)
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+def _step_once(
+    trainer: Trainer,
+    dataset: Any,
+    collate: Callable[[Any], Any] | None,
+    mb: Sequence[int],
+    w: WorstBatch,
+) -> None:
+    """Fetch, collate and move micro-batch ``mb``, run its step and backward, drop the grads."""
+    items = (
+        dataset.__getitems__(mb) if hasattr(dataset, "__getitems__") else [dataset[i] for i in mb]
+    )
+    batch = items if collate is None else collate(items)
+    batch = trainer.strategy.batch_to_device(batch)
+    output = trainer.strategy.training_step(batch, 0)
+    loss = output.get("loss") if isinstance(output, Mapping) else output
+    if not isinstance(loss, torch.Tensor):
+        raise RuntimeError(
+            "WorstBatchCheck: training_step returned no loss tensor for the check "
+            f"batch ({w.shape()}); return the loss (or a dict with 'loss')."
+        )
+    strategy = trainer.strategy
+    strategy.pre_backward(loss)
+    strategy.precision_plugin.backward(loss, trainer.lightning_module, None)
+    strategy.post_backward(loss)
+    for opt in trainer.optimizers:
+        opt.zero_grad(set_to_none=True)
 
 
 def _message(sampler: TokenBudgetBatchSampler, w: WorstBatch, what: str, detail: str) -> str:
-    cfg = sampler.config
     return (
         f"WorstBatchCheck: on rank {w.rank}, the micro-batch with the most {w.kind} "
         f"({w.shape()} = {w.padded_tokens} padded tokens, attention term {w.attention}; "
         f"micro-batch {w.position} of epoch {sampler.plan.epoch}) {what}{detail}. Training "
-        f"would fail when it reaches this batch. Lower {_SETTING.get(w.kind, 'max_tokens')} "
-        f"(now max_tokens="
-        f"{cfg.max_tokens}, max_examples={cfg.max_examples}) — find_max_tokens can pick "
-        "max_tokens for a memory limit — or use less memory per token (activation "
-        "checkpointing, a smaller model or precision, FSDP/DeepSpeed sharding)."
+        f"would fail when it reaches this batch: {advice(w.kind, sampler.config)} (a setting "
+        "of the DataModule or sampler; find_max_tokens can pick max_tokens for a memory "
+        "limit), or use less memory per token (activation checkpointing, a smaller model or "
+        "precision, FSDP/DeepSpeed sharding)."
     )
-
-
-def format_report(report: Sequence[Mapping[str, Any]], limit: int | None = None) -> str:
-    """The report of :class:`WorstBatchCheck` as a small table.
-
-    Example:
-        >>> print(format_report([{"kind": "examples", "examples": 4, "longest": 2,
-        ...     "padded_tokens": 8, "attention": 16, "peak_bytes": 2**30, "rank": 0,
-        ...     "memory": "cpu_vmhwm"}]))  # doctest: +NORMALIZE_WHITESPACE
-        worst micro-batches (rank 0, cpu_vmhwm):
-          examples       4 x 2 tokens   8 padded tokens   peak 1.00 GiB
-    """
-    if not report:
-        return "worst micro-batches: none (this rank has no micro-batches)"
-    head = f"worst micro-batches (rank {report[0]['rank']}, {report[0]['memory']}"
-    head += f", limit {_gib(limit)}):" if limit is not None else "):"
-    lines = [head]
-    for r in report:
-        peak = "?" if r["peak_bytes"] is None else _gib(int(r["peak_bytes"]))
-        lines.append(
-            f"  {r['kind']:<14} {r['examples']} x {r['longest']} tokens   "
-            f"{r['padded_tokens']} padded tokens   peak {peak}"
-        )
-    return "\n".join(lines)

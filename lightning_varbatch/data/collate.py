@@ -28,9 +28,10 @@ import torch
 from torch.utils.data import IterableDataset
 
 from lightning_varbatch import keys
+from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.data.columnar import ColumnarItems
 from lightning_varbatch.data.ragged import Ragged, arrow_list_problem
-from lightning_varbatch.planner.settings import check_flag
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.sources.arrow_lengths import is_arrow_table
 
 __all__ = [
@@ -46,6 +47,32 @@ __all__ = [
 ]
 
 TOKENS_KEY = "tokens"
+#: The token field of Hugging Face tokenizers' output, found when ``tokens_key`` is the default.
+HF_TOKENS_KEY = "input_ids"
+
+
+def check_key(name: str, key: object) -> str:
+    """Validate a collate's field-name setting: a non-empty string.
+
+    Raises:
+        SettingTypeError: for a value that is not a string.
+        SettingValueError: for an empty string.
+
+    Example:
+        >>> check_key("tokens_key", "input_ids")
+        'input_ids'
+    """
+    if not isinstance(key, str):
+        raise SettingTypeError(
+            f"{name} must be a non-empty string (an item key), got {key!r} ({type(key).__name__}).",
+            setting=name,
+            value=key,
+        )
+    if not key:
+        raise SettingValueError(
+            f"{name} must be a non-empty string (an item key), got ''.", setting=name, value=key
+        )
+    return key
 
 
 class _CollatedItems(list[Any]):
@@ -416,8 +443,14 @@ class PaddingCollate:
         loss_offset: loss tokens per example are its real loss-field tokens (after
             truncation) minus this, at least 0 (teacher forcing, predicting ``target[1:]``: 1);
             counted in ``NTOKENS`` and checked against the plan's ``loss_lengths``.
+        tokens_key: key of the single token field (``"input_ids"`` for Hugging Face
+            tokenizers' output). With the default ``"tokens"``, items that have no
+            ``"tokens"`` but an ``"input_ids"`` field use that one: a dataset tokenized by
+            Hugging Face works without renaming.
 
     Raises:
+        SettingTypeError: for a setting of the wrong type (also a ``TypeError``).
+        SettingValueError: for a setting out of range.
         ValueError: for bad settings, non 1-D fields, an item without the expected fields, or
             (when checking) a micro-batch that breaks the plan: the sampler's ``lengths`` do not
             match the dataset.
@@ -445,50 +478,31 @@ class PaddingCollate:
         check_ntokens: bool = True,
         check_widths: bool = True,
         loss_offset: int = 0,
+        tokens_key: str = TOKENS_KEY,
     ) -> None:
-        if isinstance(pad_id, bool) or not isinstance(pad_id, (int, np.integer)):
-            raise TypeError(
-                f"pad_id must be an integer token id, got {pad_id!r}: set pad_id to the "
-                "tokenizer's padding id."
-            )
-        if not -(2**63) <= int(pad_id) < 2**63:
-            raise ValueError(f"pad_id must fit a 64-bit token id, got {pad_id}.")
-        if isinstance(pad_to_multiple_of, bool) or not isinstance(
-            pad_to_multiple_of, (int, np.integer)
+        self.pad_id = check_count(
+            "pad_id", pad_id, minimum=-(2**63), what=" (the tokenizer's padding token id)"
+        )
+        self.pad_to_multiple_of = check_count("pad_to_multiple_of", pad_to_multiple_of)
+        self.truncate_to = check_count("truncate_to", truncate_to, allow_none=True)
+        for name, key in (
+            ("source_key", source_key),
+            ("target_key", target_key),
+            ("tokens_key", tokens_key),
         ):
-            raise ValueError(f"pad_to_multiple_of must be an integer, got {pad_to_multiple_of!r}.")
-        if pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}.")
-        if truncate_to is not None and (
-            isinstance(truncate_to, bool)
-            or not isinstance(truncate_to, (int, np.integer))
-            or truncate_to < 1
-        ):
-            raise ValueError(
-                f"truncate_to must be a positive integer or None, got {truncate_to!r}."
-            )
-        for name, key in (("source_key", source_key), ("target_key", target_key)):
-            if not isinstance(key, str) or not key:
-                raise TypeError(f"{name} must be a non-empty string, got {key!r}.")
+            check_key(name, key)
         if source_key == target_key:
-            raise ValueError(f"source_key and target_key must differ, both are {source_key!r}.")
-        self.pad_id = int(pad_id)
-        self.pad_to_multiple_of = int(pad_to_multiple_of)
+            raise SettingValueError(
+                f"source_key and target_key must differ, both are {source_key!r}.",
+                setting="target_key",
+                value=target_key,
+            )
         self.source_key = source_key
         self.target_key = target_key
-        self.truncate_to = None if truncate_to is None else int(truncate_to)
+        self.tokens_key = tokens_key
         self.check_ntokens = check_flag("check_ntokens", check_ntokens)
         self.check_widths = check_flag("check_widths", check_widths)
-        if (
-            isinstance(loss_offset, (bool, np.bool_))
-            or not isinstance(loss_offset, (int, np.integer))
-            or loss_offset < 0
-        ):
-            raise ValueError(
-                f"loss_offset must be an integer >= 0 (loss tokens per example = its target "
-                f"tokens minus loss_offset; 1 for teacher forcing), got {loss_offset!r}."
-            )
-        self.loss_offset = int(loss_offset)
+        self.loss_offset = check_count("loss_offset", loss_offset, minimum=0)
 
     def with_truncation(self, truncate_to: int | None) -> PaddingCollate:
         """A copy cutting fields to ``truncate_to`` (unless this one already cuts).
@@ -507,17 +521,20 @@ class PaddingCollate:
             raise TypeError(
                 f"PaddingCollate expects every item to be a mapping (dict) of fields, but "
                 f"{where} is a {type(first).__name__}: return e.g. {{{self.source_key!r}: "
-                f"ids, {self.target_key!r}: ids}} or {{{TOKENS_KEY!r}: ids}} from the "
+                f"ids, {self.target_key!r}: ids}} or {{{self.tokens_key!r}: ids}} from the "
                 "dataset, or pass your own collate."
             )
         if self.source_key in first and self.target_key in first:
             return (self.source_key, self.target_key), self.target_key
-        if TOKENS_KEY in first:
-            return (TOKENS_KEY,), TOKENS_KEY
+        if self.tokens_key in first:
+            return (self.tokens_key,), self.tokens_key
+        if self.tokens_key == TOKENS_KEY and HF_TOKENS_KEY in first:
+            return (HF_TOKENS_KEY,), HF_TOKENS_KEY
         raise ValueError(
             f"PaddingCollate expects items with {self.source_key!r} and {self.target_key!r} "
-            f"(pairs) or {TOKENS_KEY!r}; {where} has keys {sorted(map(str, first))}. Set "
-            "source_key/target_key to the dataset's field names."
+            f"(pairs) or {self.tokens_key!r}; {where} has keys {sorted(map(str, first))}. Set "
+            "source_key/target_key (pairs) or tokens_key (one field) to the dataset's field "
+            "names."
         )
 
     def check_item(

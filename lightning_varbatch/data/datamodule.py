@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,19 +42,31 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import ConcatDataset
 
+from lightning_varbatch.checks import check_choice, check_count, check_flag
 from lightning_varbatch.data.collate import check_map_style
 from lightning_varbatch.data.loader import TokenBudgetDataLoader
+from lightning_varbatch.data.pairing import collate_for_plan, dataset_column_keys
 from lightning_varbatch.data.sampler import (
     ON_MISMATCH,
     OnMismatch,
     TokenBudgetBatchSampler,
     plain_settings,
 )
+from lightning_varbatch.data.splits import (
+    STAGES,
+    STATE_VERSION,
+    check_evaluation,
+    check_position_restored,
+    check_state_version,
+    evaluation_config,
+    split_error,
+)
+from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import PlanConfig, check_count
+from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
 from lightning_varbatch.sources.arrow_lengths import (
     Columns,
@@ -64,7 +75,7 @@ from lightning_varbatch.sources.arrow_lengths import (
     source_with_column_lengths,
 )
 
-__all__ = ["TokenBudgetDataModule"]
+__all__ = ["TokenBudgetDataModule", "check_evaluation"]
 
 Lengths = npt.ArrayLike | Columns | Callable[[Any], npt.ArrayLike]
 _FIXED = {
@@ -77,7 +88,6 @@ _FIXED = {
     "loss_lengths",  # per stage: train_loss_lengths, val_loss_lengths, test_loss_lengths
     "_planner",
 }
-STAGES = ("train", "val", "test")
 _SAMPLER_KWARGS = frozenset(
     name
     for name, p in inspect.signature(TokenBudgetBatchSampler.__init__).parameters.items()
@@ -155,9 +165,7 @@ def _dataset_size(stage: str, dataset: Any) -> int:
 
 
 def _budget(name: str, value: object) -> int:
-    return check_count(
-        name, value, what=" (the padded tokens one micro-batch may hold on one device)"
-    )
+    return check_count(name, value)  # the planner's own check and message
 
 
 def check_ranks_agree(trainer: Any, digest: int, problem: str) -> None:
@@ -195,23 +203,6 @@ def _check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) 
         "planner settings, or they get different batches and hang. Check that the data is "
         "loaded and tokenized identically on every rank.",
     )
-
-
-def check_evaluation(stage: str, sampler: TokenBudgetBatchSampler) -> None:
-    """An evaluation plan must see every example exactly once across the ranks."""
-    n = sampler.planner.num_examples
-    if n < sampler.world_size:
-        raise ValueError(
-            f"{stage}_dataset has {n} examples for {sampler.world_size} ranks: every "
-            "rank needs at least one to evaluate each example exactly once; use fewer "
-            "devices for evaluation or a larger dataset."
-        )
-    plan = sampler.plan
-    if plan.num_duplicated or plan.num_dropped:
-        raise RuntimeError(
-            f"The {stage} plan repeats {plan.num_duplicated} and drops "
-            f"{plan.num_dropped} examples; evaluation must see each exactly once."
-        )
 
 
 class TokenBudgetDataModule(LightningDataModule):
@@ -316,24 +307,26 @@ class TokenBudgetDataModule(LightningDataModule):
     ) -> None:
         super().__init__()
         if "loss_lengths" in sampler_kwargs:
-            raise TypeError(
+            raise SettingTypeError(
                 "TokenBudgetDataModule takes loss lengths per split: pass train_loss_lengths= "
                 "(and val_loss_lengths= / test_loss_lengths= for the evaluation splits) instead "
-                "of loss_lengths=, which would describe the items of one split only."
+                "of loss_lengths=, which would describe the items of one split only.",
+                setting="loss_lengths",
+                value=sampler_kwargs["loss_lengths"],
             )
         unknown = sorted(set(sampler_kwargs) - _SAMPLER_KWARGS)
         if unknown:
-            raise TypeError(
+            raise SettingTypeError(
                 f"Unknown planner setting(s) {unknown} for TokenBudgetDataModule; valid: "
-                f"{sorted(_SAMPLER_KWARGS)}."
+                f"{sorted(_SAMPLER_KWARGS)}.",
+                setting=unknown[0],
+                value=sampler_kwargs[unknown[0]],
             )
-        if max_tokens is None:
-            raise TypeError("TokenBudgetDataModule needs max_tokens, the training budget.")
         if not isinstance(train_dataset, (list, tuple)) or not any(
             isinstance(d, DataSource) for d in train_dataset
         ):
             ignored = [
-                f"{name}={value!r}"
+                (name, value)
                 for name, value, default in (
                     ("mixing", mixing, "per_step"),
                     ("weights", weights, "size"),
@@ -349,31 +342,28 @@ class TokenBudgetDataModule(LightningDataModule):
                 )
             ]
             if ignored:
-                raise ValueError(
-                    f"{', '.join(ignored)} set how several training datasets are mixed, but "
-                    "train_dataset is a single dataset, so they would be ignored: pass a list "
-                    "of DataSource (one per dataset) as train_dataset, or leave them unset."
+                raise SettingValueError(
+                    f"{', '.join(f'{n}={v!r}' for n, v in ignored)} set how several training "
+                    "datasets are mixed, but train_dataset is a single dataset, so they would "
+                    "be ignored: pass a list of DataSource (one per dataset) as train_dataset, "
+                    "or leave them unset.",
+                    setting=ignored[0][0],
+                    value=ignored[0][1],
                 )
         max_tokens = _budget("max_tokens", max_tokens)
         if val_max_tokens is not None:
             val_max_tokens = _budget("val_max_tokens", val_max_tokens)
-        if isinstance(num_workers, bool) or not isinstance(num_workers, (int, np.integer)):
-            raise ValueError(f"num_workers must be an integer >= 0, got {num_workers!r}.")
-        if num_workers < 0:
-            raise ValueError(
-                f"num_workers must be >= 0 (0: load in the main process), got {num_workers}."
-            )
-        if not isinstance(pin_memory, bool):
-            raise TypeError(f"pin_memory must be True or False, got {pin_memory!r}.")
-        if on_resume_mismatch not in ON_MISMATCH:
-            raise ValueError(
-                f"on_resume_mismatch must be one of {', '.join(map(repr, ON_MISMATCH))}, got "
-                f"{on_resume_mismatch!r}."
-            )
+        num_workers = check_count(
+            "num_workers", num_workers, minimum=0, what=" (0: load in the main process)"
+        )
+        pin_memory = check_flag("pin_memory", pin_memory)
+        on_resume_mismatch = check_choice("on_resume_mismatch", on_resume_mismatch, ON_MISMATCH)
         if collate is not None and not callable(collate):
-            raise TypeError(
+            raise SettingTypeError(
                 f"collate must be callable (e.g. PaddingCollate(...)) or None, got "
-                f"{type(collate).__name__} {collate!r}."
+                f"{type(collate).__name__} {collate!r}.",
+                setting="collate",
+                value=collate,
             )
         self.sources: dict[str, list[DataSource] | None] = {}
         self.datasets = {}
@@ -384,14 +374,20 @@ class TokenBudgetDataModule(LightningDataModule):
         ):
             self.sources[name] = _as_sources(name, data, lengths)
             if self.sources[name] is None and data is not None and lengths is None:
-                raise ValueError(
+                raise SettingValueError(
                     f"{name}_dataset was given without {name}_lengths: pass {name}_lengths= "
                     "(one length per item, (n, 2) source/target lengths for pairs, or a "
-                    "callable dataset -> lengths)."
+                    "callable dataset -> lengths).",
+                    setting=f"{name}_lengths",
+                    value=None,
+                    stage=name,
                 )
             if data is None and lengths is not None:
-                raise ValueError(
-                    f"{name}_lengths was given without {name}_dataset: pass both or neither."
+                raise SettingValueError(
+                    f"{name}_lengths was given without {name}_dataset: pass both or neither.",
+                    setting=f"{name}_dataset",
+                    value=None,
+                    stage=name,
                 )
             sources = self.sources[name]
             if sources is None and data is not None:
@@ -428,6 +424,8 @@ class TokenBudgetDataModule(LightningDataModule):
             "val": val_lengths,
             "test": test_lengths,
         }
+        # the columns the lengths name: the default collate reads the same fields
+        self._columns = {k: v if is_column_spec(v) else None for k, v in self._lengths_in.items()}
         self.on_resume_mismatch: OnMismatch = on_resume_mismatch
         self.max_tokens = max_tokens
         self.val_max_tokens = max_tokens if val_max_tokens is None else val_max_tokens
@@ -438,12 +436,14 @@ class TokenBudgetDataModule(LightningDataModule):
         self.sampler_kwargs = sampler_kwargs
         self.samplers: dict[str, TokenBudgetBatchSampler] = {}
         self._pending_state: dict[str, Any] | None = None
+        self._restored = False  # whether a checkpoint gave this DataModule a state
         # Lengths, counts and settings are checked now, before any loader or Trainer exists;
         # the planners (with their sort) are reused by every sampler built later.
         self._planners: dict[str, Planner] = {}
         for name in ("train", "val", "test"):
             if self.datasets[name] is not None:
                 self._planner(name)
+                self.collate_for(name)  # a collate that disagrees with the plan fails now
 
     # -- building ------------------------------------------------------------------------
 
@@ -488,7 +488,27 @@ class TokenBudgetDataModule(LightningDataModule):
                     "loss length per item."
                 ) from error
             self._loss_in[stage] = given  # computed once
+        if given is None and self._packed_default(stage):
+            # the default PackingCollate counts each example's length minus one label
+            return np.maximum(self._lengths(stage).astype(np.int64) - 1, 0)
         return None if given is None else np.asarray(given)
+
+    def _longest(self, stage: str) -> int | None:
+        """The longest planning length of a plain split (``None`` for data sources)."""
+        if self.sources[stage] is not None:
+            return None
+        lengths = self._lengths(stage)
+        return int(lengths.max()) if lengths.size else None
+
+    def _packed_default(self, stage: str) -> bool:
+        """Whether ``stage`` is packed by the default collate (1-D lengths of one field)."""
+        settings = self.sampler_kwargs
+        return (
+            self.collate is None
+            and settings.get("layout") == "packed"
+            and settings.get("max_shapes") is None
+            and np.ndim(self._lengths(stage)) == 1
+        )
 
     def _topology(self, stage: str) -> tuple[int | None, int | None, int]:
         trainer = self._trainer
@@ -502,36 +522,28 @@ class TokenBudgetDataModule(LightningDataModule):
         planner = self._planners.get(stage)
         if planner is not None:
             return planner
-        kwargs = dict(self.sampler_kwargs)
-        budget = self.max_tokens
+        budget = self.max_tokens if stage == "train" else self.val_max_tokens
         mixing: dict[str, Any] = dict(self.mixing)
         if stage != "train":
-            # tail="pad" would evaluate some examples twice; "spread" evaluates each once.
-            kwargs.update(shuffle=False, tail="spread")
-            budget = self.val_max_tokens
             mixing = {"mixing": "per_batch"}  # one pass over every dataset
         sources = self.sources[stage]
         try:
-            config = PlanConfig(**plain_settings(max_tokens=budget, **kwargs))
+            if stage == "train":
+                config = PlanConfig(**plain_settings(max_tokens=budget, **self.sampler_kwargs))
+            else:  # the evaluation rule both DataModules share
+                config = evaluation_config(budget, self.sampler_kwargs)
             if sources is None:
                 lengths = self._lengths(stage)
                 planner = EpochPlanner(lengths, config, self._loss_lengths(stage))
             else:
                 planner = MixturePlanner(sources, config, **mixing)
-        except (ValueError, TypeError) as error:
-            text = str(error)
-            if text.startswith(("lengths", "loss_lengths")):  # name the DataModule's argument
-                text = f"{stage}_{text}"
-            if stage == "train" or isinstance(error, TypeError) or "max_tokens" not in text:
-                if text == str(error):
-                    raise
-                raise type(error)(text) from error
-            # The evaluation budget is val_max_tokens: name it, not max_tokens.
-            default = " (it defaults to max_tokens)" if self._val_budget_default else ""
-            text = re.sub(r"\bmax_tokens\b", "val_max_tokens", text)
-            raise ValueError(
-                f"{stage}_dataset cannot be planned with val_max_tokens={budget}, the budget "
-                f"of validation and test micro-batches{default}: {text}"
+        except SettingError as error:  # named after this DataModule's argument and split
+            raise split_error(
+                error,
+                stage,
+                budget,
+                budget_default=self._val_budget_default,
+                longest=self._longest(stage),
             ) from error
         self._planners[stage] = planner
         return planner
@@ -553,12 +565,39 @@ class TokenBudgetDataModule(LightningDataModule):
             check_evaluation(stage, sampler)
         return sampler
 
+    def collate_for(self, stage: str) -> Callable[[Any], Any]:
+        """The collate of ``stage``: the one given, or the plan's default for its columns.
+
+        The default follows the plan's layout (:func:`~lightning_varbatch.data.pairing.
+        collate_for_plan`) and reads the fields the lengths were read from: lengths given as
+        ``("src_ids", "tgt_ids")`` give ``PaddingCollate(source_key="src_ids",
+        target_key="tgt_ids")``, ``"input_ids"`` gives ``tokens_key="input_ids"``.
+
+        Raises:
+            SettingValueError: for a given collate that does not fit the plan's layout.
+
+        Example:
+            >>> data = [{"input_ids": [1] * n} for n in (3, 5)]
+            >>> dm = TokenBudgetDataModule(data, [3, 5], 8, layout="packed")
+            >>> type(dm.collate_for("train")).__name__
+            'PackingCollate'
+        """
+        planner = self.planner(stage)
+        columns = self._columns[stage]
+        return collate_for_plan(
+            planner.config,
+            self.collate,
+            keys=lambda: (
+                {} if columns is None else dataset_column_keys(self.datasets[stage], columns)
+            ),
+        )
+
     def _loader(self, stage: str) -> TokenBudgetDataLoader:
         sampler = self.samplers[stage]
-        return TokenBudgetDataLoader(  # the default collate and the truncation are the loader's
+        return TokenBudgetDataLoader(  # the truncation and the first-item check are the loader's
             self.datasets[stage],
             sampler,
-            collate_fn=self.collate,
+            collate_fn=self.collate_for(stage),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             evaluation=stage != "train",
@@ -609,7 +648,9 @@ class TokenBudgetDataModule(LightningDataModule):
 
         Raises:
             ValueError: for a bad topology or stage, or a stage that cannot be planned or
-                evaluated with it; the message names the stage's setting.
+                evaluated with it; the message names the stage's setting, and a
+                :class:`~lightning_varbatch.errors.SettingError` carries it in ``.setting``
+                and the stage in ``.stage``.
             RuntimeError: for an evaluation plan that would repeat or drop examples.
 
         Example:
@@ -657,6 +698,7 @@ class TokenBudgetDataModule(LightningDataModule):
         if self._pending_state is not None:
             sampler.load_state_dict(self._pending_state, on_mismatch=self.on_resume_mismatch)
             self._pending_state = None
+        check_position_restored(trainer, type(self).__name__, self._restored)
         sampler.plan  # noqa: B018  (plan now: a topology the data cannot serve fails here)
         return self._loader("train")
 
@@ -691,14 +733,17 @@ class TokenBudgetDataModule(LightningDataModule):
         before that hook), and it is not ahead like the loader's prefetching.
         """
         sampler = self.samplers.get("train")
+        version = {"version": STATE_VERSION}
         if sampler is None:
-            return {} if self._pending_state is None else {"train_sampler": self._pending_state}
+            if self._pending_state is None:
+                return version
+            return {**version, "train_sampler": self._pending_state}
         trainer = self._trainer
         if trainer is None:
-            return {"train_sampler": sampler.state_dict()}
+            return {**version, "train_sampler": sampler.state_dict()}
         trained = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
         consumed = sampler.consumed_from_epoch_count(trained)
-        return {"train_sampler": sampler.state_dict(consumed=consumed)}
+        return {**version, "train_sampler": sampler.state_dict(consumed=consumed)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep the saved position; it is applied when the training sampler is (re)built.
@@ -711,12 +756,15 @@ class TokenBudgetDataModule(LightningDataModule):
                 "TokenBudgetDataModule.load_state_dict expects the dict returned by its "
                 f"state_dict(), got {type(state_dict).__name__}: {str(state_dict)[:60]}."
             )
-        unknown = sorted(map(str, set(state_dict) - {"train_sampler"}))
+        unknown = sorted(map(str, set(state_dict) - {"train_sampler", "version"}))
         if unknown:
             raise ValueError(
-                f"Not a TokenBudgetDataModule state: unknown keys {unknown} (expected only "
-                "'train_sampler'); the checkpoint is from another DataModule or version."
+                f"Not a TokenBudgetDataModule state: unknown keys {unknown} (expected "
+                "'version' and 'train_sampler'); the checkpoint is from another DataModule or "
+                "version."
             )
+        check_state_version("TokenBudgetDataModule", state_dict)
+        self._restored = True
         state = state_dict.get("train_sampler")
         if state is None:
             return

@@ -30,10 +30,13 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.data.collate import PaddingCollate, attach_plan, check_map_style
 from lightning_varbatch.data.columnar import fetch_rows
 from lightning_varbatch.data.packed_collate import PackingCollate
+from lightning_varbatch.data.pairing import PLAN_COLLATES, collate_for_plan
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.errors import SettingTypeError
 
 __all__ = [
     "TokenBudgetDataLoader",
@@ -176,7 +179,11 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         dataset: a map-style dataset (wrapped so that each fetched micro-batch keeps the
             plan's counts for the collate).
         batch_sampler: the token-budget sampler, already set to this rank.
-        collate_fn: default :class:`PaddingCollate` (with the sampler's truncation).
+        collate_fn: default: the plan's (:func:`~lightning_varbatch.data.pairing.collate_for_plan`:
+            :class:`PaddingCollate` for padded and ``max_shapes`` plans,
+            :class:`PackingCollate` for ``layout="packed"``), with the sampler's padding and
+            truncation. A library collate that does not lay out the plan's micro-batches is
+            refused; a plain callable is used as it is (its budget is its own).
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         evaluation: start every iteration from the first micro-batch and keep the plan of
@@ -190,8 +197,10 @@ class TokenBudgetDataLoader(DataLoader[Any]):
     Raises:
         TypeError: for a batch sampler that is not a token-budget sampler, an iterable-style
             dataset, or a bad first item.
+        SettingValueError: for a collate that does not fit the plan (``setting`` is
+            ``"collate_fn"``) or a negative ``num_workers``.
         ValueError: when the dataset's size differs from the number of lengths the sampler
-            plans with, for a negative ``num_workers``, or a bad first item.
+            plans with, or a bad first item.
     """
 
     def __init__(
@@ -206,40 +215,26 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         **kwargs: Any,
     ) -> None:
         if not isinstance(batch_sampler, TokenBudgetBatchSampler):
-            raise TypeError(
+            raise SettingTypeError(
                 "batch_sampler must be a TokenBudgetBatchSampler, got "
-                f"{type(batch_sampler).__name__}."
+                f"{type(batch_sampler).__name__}: build one from the lengths "
+                "(TokenBudgetBatchSampler(lengths, max_tokens, ...)).",
+                setting="batch_sampler",
+                value=batch_sampler,
             )
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(
-                f"num_workers must be an integer >= 0 (0: load in the main process), got "
-                f"{num_workers!r}."
-            )
-        for name, flag in (("pin_memory", pin_memory), ("evaluation", evaluation)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}.")
+        num_workers = check_count(
+            "num_workers", num_workers, minimum=0, what=" (0: load in the main process)"
+        )
+        pin_memory = check_flag("pin_memory", pin_memory)
+        evaluation = check_flag("evaluation", evaluation)
         inner = dataset.dataset if isinstance(dataset, _BatchInfoDataset) else dataset
         check_map_style(inner, "dataset")
         check_dataset_size(inner, batch_sampler)
-        if collate_fn is None:
-            collate_fn = PaddingCollate(pad_to_multiple_of=batch_sampler.config.pad_to_multiple_of)
-        elif not callable(collate_fn):
-            raise TypeError(
-                f"collate_fn must be callable (e.g. PaddingCollate(...)) or None, got "
-                f"{type(collate_fn).__name__} {collate_fn!r}."
-            )
+        # the plan's layout decides the default and refuses a library collate that disagrees
+        collate_fn = collate_for_plan(batch_sampler.config, collate_fn, setting="collate_fn")
         ours = isinstance(collate_fn, PLAN_COLLATES)
         if isinstance(collate_fn, PLAN_COLLATES):
             collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
-            planned = batch_sampler.config.pad_to_multiple_of
-            if planned % collate_fn.pad_to_multiple_of:
-                raise ValueError(
-                    f"{type(collate_fn).__name__}(pad_to_multiple_of="
-                    f"{collate_fn.pad_to_multiple_of}) pads wider than the plan, made with "
-                    f"pad_to_multiple_of={planned}: its micro-batches would exceed max_tokens. "
-                    "Give the sampler (or TokenBudgetDataModule) the same pad_to_multiple_of "
-                    "as the collate."
-                )
         # Our collates read Arrow columns: a Hugging Face dataset's micro-batch is then one
         # batched read and a vectorised pad; any other collate gets the items it expects.
         wrapped = _BatchInfoDataset(inner, columnar=ours)
@@ -259,6 +254,11 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         self.__dict__["sampler"] = _EpochRelay(wrapped, batch_sampler, fixed=evaluation)
 
     @property
+    def max_tokens(self) -> int:
+        """The token budget of one micro-batch (the plan's ``max_tokens``)."""
+        return int(self.token_sampler.config.max_tokens)
+
+    @property
     def token_sampler(self) -> TokenBudgetBatchSampler:
         """The token-budget batch sampler."""
         sampler = self.batch_sampler
@@ -276,10 +276,6 @@ class TokenBudgetDataLoader(DataLoader[Any]):
             sampler.set_epoch(0)
         return super().__iter__()
 
-
-#: The collates that read the plan: they get the sampler's truncation, Arrow micro-batches
-#: from a Hugging Face dataset, and the first-item check.
-PLAN_COLLATES = (PaddingCollate, PackingCollate)
 
 _BATCHING = {"batch_size", "shuffle", "sampler", "drop_last", "batch_sampler"}
 
@@ -304,7 +300,9 @@ def token_budget_dataloader(
     Args:
         dataset: a map-style dataset of items for ``collate_fn``.
         sampler: the token-budget sampler of this rank.
-        collate_fn: default :class:`PaddingCollate` with the sampler's padding and truncation.
+        collate_fn: default: the plan's collate (:class:`PaddingCollate`, or
+            :class:`PackingCollate` for ``layout="packed"``) with the sampler's padding and
+            truncation; a library collate that disagrees with the plan is refused.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         **kwargs: other :class:`TokenBudgetDataLoader` / DataLoader arguments.
@@ -324,10 +322,12 @@ def token_budget_dataloader(
         {"batch_size", "shuffle", "sampler", "drop_last", "batch_sampler"} & set(kwargs)
     )
     if batching:
-        raise TypeError(
+        raise SettingTypeError(
             f"token_budget_dataloader does not take {batching}: the token-budget sampler "
             "decides every batch. Set max_tokens, shuffle, tail, ... on the "
-            "TokenBudgetBatchSampler instead and leave these out."
+            "TokenBudgetBatchSampler instead and leave these out.",
+            setting=batching[0],
+            value=kwargs[batching[0]],
         )
     return TokenBudgetDataLoader(
         dataset,

@@ -43,12 +43,15 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from lightning_varbatch import keys
+from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.data.collate import (
+    HF_TOKENS_KEY,
+    TOKENS_KEY,
     attach_plan,
+    check_key,
     count_entries,
     item_label,
     other_entries,
@@ -56,7 +59,7 @@ from lightning_varbatch.data.collate import (
 )
 from lightning_varbatch.data.columnar import ColumnarItems
 from lightning_varbatch.data.ragged import Ragged
-from lightning_varbatch.planner.settings import check_flag
+from lightning_varbatch.errors import SettingValueError
 
 __all__ = ["PACKED_KEYS", "PackingCollate"]
 
@@ -75,17 +78,6 @@ _COUNTS = (keys.NTOKENS, keys.NEXAMPLES, keys.PADDED_TOKENS, keys.INPUT_TOKENS)
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def _check_int(name: str, value: Any, minimum: int | None = None, what: str = "") -> int:
-    """``value`` as an int (numpy ints too, never a bool), at least ``minimum``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer{what}, got {value!r}.")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}{what}, got {value!r}.")
-    if not -(2**63) <= int(value) < 2**63:
-        raise ValueError(f"{name} must fit a 64-bit integer, got {value}.")
-    return int(value)
 
 
 class PackingCollate:
@@ -151,6 +143,10 @@ class PackingCollate:
         check_ntokens: compare ``NTOKENS`` with the plan's count.
         check_widths: compare the row's width with the plan's budget.
         ignore_index: the label of positions without a prediction (last tokens, padding).
+        tokens_key: the item key of the token ids (the name PaddingCollate uses; ``field`` is
+            its older name). ``"input_ids"`` is allowed (the packed ``input_ids`` replace
+            it). With the default ``"tokens"``, items that have no ``"tokens"`` but an
+            ``"input_ids"`` field are packed from that one.
 
     Raises:
         ValueError: for bad settings, an empty micro-batch, non 1-D token fields, an item
@@ -182,23 +178,55 @@ class PackingCollate:
         check_ntokens: bool = True,
         check_widths: bool = True,
         ignore_index: int = -100,
+        tokens_key: str | None = None,
     ) -> None:
-        if not isinstance(field, str) or not field:
-            raise TypeError(f"field must be a non-empty string (an item key), got {field!r}.")
-        if field in PACKED_KEYS:
-            raise ValueError(
-                f"field={field!r} is the name of a packed output; rename the dataset's token "
-                f"column (the batch's entries are {list(PACKED_KEYS)})."
+        check_key("field", field)
+        if tokens_key is not None:
+            check_key("tokens_key", tokens_key)
+            if field not in (TOKENS_KEY, tokens_key):
+                raise SettingValueError(
+                    f"field={field!r} and tokens_key={tokens_key!r} name two token fields: "
+                    "pass one of them (tokens_key; field is its older name).",
+                    setting="tokens_key",
+                    value=tokens_key,
+                )
+            field = tokens_key
+        if field in PACKED_KEYS and field != HF_TOKENS_KEY:
+            raise SettingValueError(
+                f"tokens_key={field!r} is the name of a packed output; rename the dataset's "
+                f"token column (the batch's entries are {list(PACKED_KEYS)}).",
+                setting="tokens_key",
+                value=field,
             )
         self.field = field
-        self.pad_id = _check_int("pad_id", pad_id, what=" (the padding token id)")
-        self.pad_to_multiple_of = _check_int("pad_to_multiple_of", pad_to_multiple_of, 1)
-        self.truncate_to = (
-            None if truncate_to is None else _check_int("truncate_to", truncate_to, 1)
+        self.pad_id = check_count(
+            "pad_id", pad_id, minimum=-(2**63), what=" (the padding token id)"
         )
+        self.pad_to_multiple_of = check_count("pad_to_multiple_of", pad_to_multiple_of)
+        self.truncate_to = check_count("truncate_to", truncate_to, allow_none=True)
         self.check_ntokens = check_flag("check_ntokens", check_ntokens)
         self.check_widths = check_flag("check_widths", check_widths)
-        self.ignore_index = _check_int("ignore_index", ignore_index)
+        self.ignore_index = check_count(
+            "ignore_index", ignore_index, minimum=-(2**63), what=" (the label of no prediction)"
+        )
+
+    @property
+    def tokens_key(self) -> str:
+        """The item key of the token ids (``field``'s newer name, as in PaddingCollate)."""
+        return self.field
+
+    def _field_of(self, items: Sequence[Any]) -> str:
+        """The token field of ``items``: ``field``, or ``"input_ids"`` found for the default."""
+        if self.field != TOKENS_KEY or not len(items):
+            return self.field
+        names: Any = ()
+        if isinstance(items, ColumnarItems):
+            names = items.column_names
+        elif isinstance(items[0], Mapping):
+            names = items[0]
+        if TOKENS_KEY not in names and HF_TOKENS_KEY in names:
+            return HF_TOKENS_KEY
+        return self.field
 
     def with_truncation(self, truncate_to: int | None) -> PackingCollate:
         """A copy cutting examples to ``truncate_to`` (unless this one already cuts).
@@ -240,8 +268,9 @@ class PackingCollate:
             ValueError: PackingCollate expects a 'tokens' field but dataset item 5 has keys ...
         """
         items = attach_plan([item], [int(index)])
-        self._check_items(items)
-        ragged = ragged_field(items, self.field).truncate(self._limit(None, truncate_to))
+        field = self._field_of(items)
+        self._check_items(items, field)
+        ragged = ragged_field(items, field).truncate(self._limit(None, truncate_to))
         got = int(ragged.values.numel())
         if planned_length is not None and self.check_widths and got > planned_length:
             raise ValueError(self._width_message(item_label(items, 0), got, int(planned_length)))
@@ -254,14 +283,15 @@ class PackingCollate:
                 "one index per micro-batch; use TokenBudgetBatchSampler, or check that your "
                 "own batch sampler never yields an empty list."
             )
-        self._check_items(items)
+        field = self._field_of(items)
+        self._check_items(items, field)
         info = getattr(items, "info", None)
-        batch = self._pack(ragged_field(items, self.field), self._limit(info, None))
+        batch = self._pack(ragged_field(items, field), self._limit(info, None))
         lengths: list[int] = batch.pop("_lengths")
         planned = getattr(items, "planned_lengths", None) if self.check_widths else None
         if planned is not None and len(planned) == len(items):
             self._check_width(items, lengths, planned, int(batch[keys.PADDED_TOKENS]))
-        others = other_entries(items, (self.field,))
+        others = other_entries(items, (field,))
         clash = sorted(set(others) & (set(PACKED_KEYS) | set(batch)))
         if clash:
             raise ValueError(
@@ -326,13 +356,13 @@ class PackingCollate:
             "_lengths": lengths.tolist(),
         }
 
-    def _check_items(self, items: Sequence[Any]) -> None:
+    def _check_items(self, items: Sequence[Any], field: str) -> None:
         """Every item a mapping with the token field (Arrow rows: the column exists)."""
         if isinstance(items, ColumnarItems):
-            if self.field not in items.column_names:
+            if field not in items.column_names:
                 raise ValueError(
-                    f"PackingCollate expects a {self.field!r} column but the dataset has "
-                    f"columns {items.column_names}: set PackingCollate(field=...) to the "
+                    f"PackingCollate expects a {field!r} column but the dataset has "
+                    f"columns {items.column_names}: set PackingCollate(tokens_key=...) to the "
                     "column of token ids."
                 )
             return
@@ -341,13 +371,13 @@ class PackingCollate:
                 raise TypeError(
                     f"PackingCollate expects every item to be a mapping (dict) of fields, but "
                     f"{item_label(items, position)} is a {type(item).__name__}: return e.g. "
-                    f"{{{self.field!r}: ids}} from the dataset, or pass your own collate."
+                    f"{{{field!r}: ids}} from the dataset, or pass your own collate."
                 )
-            if self.field not in item:
+            if field not in item:
                 raise ValueError(
-                    f"PackingCollate expects a {self.field!r} field but "
+                    f"PackingCollate expects a {field!r} field but "
                     f"{item_label(items, position)} has keys {sorted(map(str, item))}: set "
-                    "PackingCollate(field=...) to the key of the token ids."
+                    "PackingCollate(tokens_key=...) to the key of the token ids."
                 )
 
     def _width_message(self, where: str, got: int, planned: int, extra: str = "") -> str:

@@ -24,7 +24,9 @@ import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
+from lightning_varbatch.checks import check_choice, check_count
 from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 from lightning_varbatch.planner.costs import CostFn, CostName
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -36,13 +38,12 @@ from lightning_varbatch.planner.settings import (
     OversizePolicy,
     PlanConfig,
     TailPolicy,
-    check_count,
 )
 from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
 from lightning_varbatch.sources.arrow_lengths import source_with_column_lengths
 
 OnMismatch: TypeAlias = Literal["error", "restart_epoch"]
-ON_MISMATCH: tuple[str, ...] = ("error", "restart_epoch")
+ON_MISMATCH: tuple[OnMismatch, ...] = ("error", "restart_epoch")
 
 STATE_VERSION = 2
 _STATE_KEYS_V1 = frozenset(
@@ -99,6 +100,7 @@ def reject_unknown(owner: str, unknown: Iterable[str], valid: Iterable[str]) -> 
         >>> reject_unknown("f", ["max_tokens"], ["max_tokens", "seed"])  # all known: no error
     """
     valid = sorted(valid)
+    given = unknown
     unknown = sorted(set(unknown) - set(valid))
     if not unknown:
         return
@@ -107,9 +109,11 @@ def reject_unknown(owner: str, unknown: Iterable[str], valid: Iterable[str]) -> 
         for name in unknown
         for close in [difflib.get_close_matches(name, valid, n=1)]
     ]
-    raise TypeError(
+    raise SettingTypeError(
         f"{owner} got unknown setting(s) {', '.join(hints)}; valid settings: {valid}. "
-        "Check the spelling."
+        "Check the spelling.",
+        setting=unknown[0],
+        value=given[unknown[0]] if isinstance(given, Mapping) else None,
     )
 
 
@@ -119,12 +123,28 @@ def plain_settings(**settings: Any) -> dict[str, Any]:
     return {k: _plain(v) for k, v in settings.items()}
 
 
-def _check_accumulate(value: Any) -> None:
-    check_count(
+def _check_accumulate(value: Any) -> int:
+    return check_count(
         "accumulate_grad_batches",
         value,
         what=" (micro-batches per rank per optimizer step, as Trainer(accumulate_grad_batches))",
     )
+
+
+def _check_topology(rank: Any, world_size: Any) -> tuple[int | None, int | None]:
+    """``rank`` and ``world_size`` as given (``None``: found later), checked as settings."""
+    world = check_count("world_size", world_size, allow_none=True)
+    if rank is None:
+        return None, world
+    rank = check_count("rank", rank, minimum=0)
+    if world is not None and rank >= world:
+        raise SettingValueError(
+            f"rank must be in [0, world_size={world}), got {rank}; pass this process's rank "
+            "(in a LightningModule or DataModule: trainer.global_rank).",
+            setting="rank",
+            value=rank,
+        )
+    return rank, world
 
 
 def _state_int(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
@@ -135,6 +155,16 @@ def _state_int(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
             f">= {minimum}; the checkpoint is damaged or was not written by this sampler."
         )
     return int(value)
+
+
+def _difference(name: str, saved: Any, now: Any) -> str:
+    """One difference between a saved sampler state and the run, in words."""
+    if name == "lengths":
+        return (
+            "the lengths (or loss lengths) differ from those the saved plan was made from "
+            f"(lengths digest: saved {saved!r}, now {now!r})"
+        )
+    return f"{name}: saved {saved!r}, now {now!r}"
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -231,7 +261,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.planner = planner
         # Found in the environment (not given): re-read from the process group once it exists.
         self._inferred = rank is None or world_size is None
-        self.rank, self.world_size = resolve_rank_world(rank, world_size)
+        self.rank, self.world_size = resolve_rank_world(*_check_topology(rank, world_size))
         self.accumulate_grad_batches = 1
         self._epoch = 0
         self._consumed = 0
@@ -410,9 +440,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         Raises:
             ValueError: for a negative epoch.
         """
-        epoch = _plain(epoch)
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}.")
+        epoch = check_count("epoch", epoch, minimum=0)
         if epoch != self._epoch:
             self._epoch = epoch
             self._consumed = 0
@@ -434,11 +462,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         acc = (
             self.accumulate_grad_batches
             if accumulate_grad_batches is None
-            else _plain(accumulate_grad_batches)
+            else _check_accumulate(accumulate_grad_batches)
         )
-        if isinstance(acc, bool) or not isinstance(acc, int) or acc < 1:
-            raise ValueError(f"accumulate_grad_batches must be a positive integer, got {acc!r}.")
-        rank, world_size = resolve_rank_world(rank, world_size)
+        rank, world_size = resolve_rank_world(*_check_topology(rank, world_size))
         changed = (world_size, acc) != (self.world_size, self.accumulate_grad_batches)
         if changed and self._consumed:
             self._history.append((self.world_size, self.accumulate_grad_batches, self._consumed))
@@ -536,12 +562,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """
         consumed = self._consumed if consumed is None else consumed
         total = self.plan.num_micro_batches_per_rank
-        if (
-            isinstance(consumed, bool)
-            or not isinstance(consumed, (int, np.integer))
-            or not (0 <= consumed <= total)
-        ):
-            raise ValueError(f"consumed must be in [0, {total}] for this epoch, got {consumed!r}.")
+        consumed = check_count("consumed", consumed, minimum=0)
+        if consumed > total:
+            raise SettingValueError(
+                f"consumed must be in [0, {total}] for this epoch, got {consumed!r}.",
+                setting="consumed",
+                value=consumed,
+            )
         return {
             "version": STATE_VERSION,
             "epoch": self._epoch,
@@ -584,10 +611,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         under ``"restart_epoch"``.
 
         Raises:
-            TypeError: when ``state`` is not a mapping, or ``on_mismatch`` is unknown.
-            ValueError: when the state has missing, unknown or invalid entries, or (with
-                ``on_mismatch="error"``) was saved for other data or settings; the message
-                lists every mismatch and how to start the epoch afresh.
+            TypeError: when ``state`` is not a mapping.
+            SettingValueError: for an unknown ``on_mismatch`` (``SettingTypeError`` for one
+                that is not a string).
+            ValueError: when the state has missing, unknown or invalid entries.
+            ResumeMismatchError: (a ``ValueError``) with ``on_mismatch="error"``, when the
+                state was saved for other data or settings; ``.changed`` names what differs
+                (``"lengths"``, ``"seed"``, ``"num_examples"``, a setting's name, or
+                ``"fingerprint"`` for a state without its settings) and the message lists every
+                mismatch and how to start the epoch afresh.
 
         Example:
             >>> s = TokenBudgetBatchSampler([3, 4, 5, 6], 8, rank=0, world_size=1)
@@ -596,7 +628,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             >>> t.load_state_dict(state)  # doctest: +ELLIPSIS
             Traceback (most recent call last):
             ...
-            ValueError: The sampler state was saved for other data or settings (the lengths...
+            lightning_varbatch.errors.ResumeMismatchError: The sampler state was saved for other...
             >>> import warnings
             >>> with warnings.catch_warnings():
             ...     warnings.simplefilter("ignore")
@@ -604,11 +636,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             >>> len(t) == t.plan.num_micro_batches_per_rank, t.epoch_length - len(t)
             (True, 1)
         """
-        if on_mismatch not in ON_MISMATCH:
-            raise TypeError(
-                f"on_mismatch must be one of {', '.join(map(repr, ON_MISMATCH))}, got "
-                f"{on_mismatch!r}."
-            )
+        check_choice(
+            "on_mismatch",
+            on_mismatch,
+            ON_MISMATCH,
+            what=" (what to do with a state saved for other data or settings)",
+        )
         if not isinstance(state, Mapping):
             raise TypeError(
                 "load_state_dict expects the dict returned by TokenBudgetBatchSampler."
@@ -652,33 +685,30 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             "num_examples": self.planner.num_examples,
             "fingerprint": self.planner.fingerprint(),
         }
-        wrong = [
-            f"{k}: saved {state[k]!r}, now {v!r}" for k, v in expected.items() if state[k] != v
-        ]
-        saved_settings = state.get("settings")
-        if isinstance(saved_settings, Mapping) and state["fingerprint"] != expected["fingerprint"]:
-            now = self.config.plain()
-            changed = [
-                f"{k}: saved {saved_settings.get(k)!r}, now {v!r}"
-                for k, v in now.items()
-                if k != "seed" and saved_settings.get(k) != v
-            ]
-            if changed:
-                wrong = [w for w in wrong if not w.startswith("fingerprint")] + changed
+        # What differs, as data: name -> (saved, now); "lengths" compares the lengths digests.
+        differences: dict[str, tuple[Any, Any]] = {}
         if (
             version != 1
             and state["num_examples"] == expected["num_examples"]  # else implied by the count
             and state["lengths_digest"] != self.lengths_digest
         ):
-            wrong.insert(
-                0,
-                "the lengths (or loss lengths) differ from those the saved plan was made from "
-                f"(lengths digest: saved {state['lengths_digest']!r}, now "
-                f"{self.lengths_digest!r})",
-            )
+            differences["lengths"] = (state["lengths_digest"], self.lengths_digest)
+        differences.update((k, (state[k], v)) for k, v in expected.items() if state[k] != v)
+        saved_settings = state.get("settings")
+        if isinstance(saved_settings, Mapping) and "fingerprint" in differences:
+            # the saved settings say which ones changed: name them instead of the hash
+            changed = {
+                k: (saved_settings.get(k), v)
+                for k, v in self.config.plain().items()
+                if k != "seed" and saved_settings.get(k) != v
+            }
+            if changed:
+                del differences["fingerprint"]
+                differences.update(changed)
+        wrong = [_difference(k, saved, now) for k, (saved, now) in differences.items()]
         restart = on_mismatch == "restart_epoch"
         if wrong and not restart:
-            raise ValueError(
+            raise ResumeMismatchError(
                 "The sampler state was saved for other data or settings ("
                 + "; ".join(wrong)
                 + f"). Resuming epoch {epoch} from it would train some of its examples twice "
@@ -686,7 +716,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 "settings (max_tokens, cost, tail, ...), or start that epoch afresh: "
                 "load_state_dict(state, on_mismatch='restart_epoch') "
                 "(TokenBudgetDataModule(on_resume_mismatch='restart_epoch'); in the "
-                "translation example the data.on_resume_mismatch setting)."
+                "translation example the data.on_resume_mismatch setting).",
+                changed=list(differences),
             )
         if version == 1 and not wrong:
             reason = "cannot prove that the lengths are unchanged (it has no lengths digest)"
@@ -725,10 +756,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 if restart:
                     self._history, self._offset = [], counted
                     return
-                raise ValueError(
+                raise ResumeMismatchError(
                     f"The sampler state says {consumed} micro-batches were consumed but epoch "
                     f"{epoch} has {total}; the checkpoint does not match this data. Start the "
-                    "epoch afresh with load_state_dict(state, on_mismatch='restart_epoch')."
+                    "epoch afresh with load_state_dict(state, on_mismatch='restart_epoch').",
+                    changed=["consumed"],
                 )
             self._consumed = consumed
         elif consumed:

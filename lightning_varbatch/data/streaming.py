@@ -37,11 +37,13 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lightning_varbatch.data.collate import PaddingCollate, attach_plan
+from lightning_varbatch.data.collate import attach_plan
 from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
+from lightning_varbatch.data.pairing import collate_for_plan, source_column_keys
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError
 from lightning_varbatch.planner.settings import PlanConfig, check_count
 from lightning_varbatch.planner.windows import WindowedPlanner, WindowPlan
-from lightning_varbatch.sources.shards import ShardedSource
+from lightning_varbatch.sources.shards import ShardedSource, identity_changes
 
 __all__ = ["StreamingBatches"]
 
@@ -91,9 +93,11 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         **plan_settings: Any,
     ) -> None:
         if not isinstance(source, ShardedSource):
-            raise TypeError(
+            raise SettingTypeError(
                 f"source must be a ShardedSource (shards_from_files, shards_from_hf_iterable, "
-                f"shards_from_litdata), got {type(source).__name__}."
+                f"shards_from_litdata), got {type(source).__name__}: build one with them.",
+                setting="source",
+                value=source,
             )
         self.source = source
         self.planner = WindowedPlanner(
@@ -103,8 +107,15 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
             window=window,
             shuffle_shards=shuffle_shards,
             loss_offset=loss_offset,
+            shard_names=[shard.name for shard in source.shards],
         )
-        self.collate = PaddingCollate(loss_offset=loss_offset) if collate is None else collate
+        # the plan's layout picks the default collate and refuses one that disagrees
+        self.collate = collate_for_plan(
+            self.planner.config,
+            collate,
+            loss_offset=loss_offset,
+            keys=lambda: source_column_keys(source),
+        )
         self.rank, self.world_size = resolve_rank_world(rank, world_size)
         self.accumulate_grad_batches = check_count(
             "accumulate_grad_batches", accumulate_grad_batches
@@ -165,8 +176,12 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
     # -- progress and checkpoints ----------------------------------------------------------
 
     def fingerprint(self) -> str:
-        """The shards' and the plan settings' fingerprint (the same on every rank)."""
-        return f"{self.source.fingerprint()}-{self.planner.fingerprint()}"
+        """The shards' content and the plan settings' fingerprint (the same on every rank).
+
+        Content, not paths: ranks reading identical copies of the shards from their own
+        node-local folders agree.
+        """
+        return f"{self.source.content_fingerprint()}-{self.planner.fingerprint()}"
 
     def settings(self) -> dict[str, Any]:
         """The plan settings and the window settings as plain values (checked on resume)."""
@@ -235,17 +250,77 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
             "accumulate_grad_batches": self.accumulate_grad_batches,
             "settings": self.settings(),
             "shards": self.source.fingerprint(),
+            "shard_identity": self.source.identity(),
             "num_examples": self.planner.num_examples,
         }
+
+    def resume_changes(self, state: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """What differs between a saved state (:meth:`state_dict`) and this stream.
+
+        ``(name, description)`` per difference: each plan or window setting that changed,
+        then ``"shards"`` when the shards' content differs. Shards are compared by content
+        (:meth:`~lightning_varbatch.sources.shards.ShardedSource.identity`: file name, rows,
+        size and a digest of the lengths), so identical shards under another folder resume;
+        the description says whether the same shards were reordered (which moved) or which
+        files changed and how. A state saved before identities were saved is compared by
+        the shards' paths, as it was then.
+
+        Example:
+            >>> import numpy as np
+            >>> class Shard:
+            ...     def __init__(self, name, rows): self.name, self.rows = name, rows
+            ...     num_rows = property(lambda self: len(self.rows))
+            ...     def lengths(self): return np.array([len(r) for r in self.rows])
+            ...     def read(self, rows): return ({"tokens": np.array(self.rows[i])} for i in rows)
+            >>> from lightning_varbatch.sources.shards import ShardedSource
+            >>> a, b = Shard("a", [[1, 2], [3]]), Shard("b", [[4, 5, 6]])
+            >>> saved = StreamingBatches(ShardedSource([a, b]), 4, rank=0, world_size=1)
+            >>> now = StreamingBatches(ShardedSource([b, a]), 4, rank=0, world_size=1)
+            >>> now.resume_changes(saved.state_dict())  # doctest: +ELLIPSIS
+            [('shards', 'shards: the same 2 shards in another order: a was shards[0], ...')]
+        """
+        now = self.settings()
+        saved = dict(state.get("settings") or {})
+        changed = [
+            (k, f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}")
+            for k in sorted(set(now) | set(saved))
+            if saved.get(k) != now.get(k)
+        ]
+        identity = state.get("shard_identity")
+        if isinstance(identity, Mapping) and "shards" in identity:
+            ours = self.source.identity()
+            notes = []
+            if identity.get("columns") != ours["columns"]:
+                notes.append(f"columns saved {identity.get('columns')!r}, now {ours['columns']!r}")
+            moved = identity_changes(list(identity["shards"]), ours["shards"])
+            if moved:
+                notes.append(moved)
+            if notes:
+                changed.append(("shards", "shards: " + "; ".join(notes)))
+        elif state.get("shards") != self.source.fingerprint():
+            changed.append(
+                (
+                    "shards",
+                    f"shards: saved {state.get('num_examples')} examples (fingerprint "
+                    f"{state.get('shards')!r}), now {self.planner.num_examples} (fingerprint "
+                    f"{self.source.fingerprint()!r}): other files, rows, columns or paths (this "
+                    "position was saved by a version that identified shards by their paths: "
+                    "resume from the shards' original folder)",
+                )
+            )
+        return changed
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at a saved position (:meth:`state_dict`).
 
         Another world size or accumulation re-plans the rest of the interrupted window:
-        nothing is lost and nothing repeated.
+        nothing is lost and nothing repeated. The shards are compared by content
+        (:meth:`resume_changes`): the same files in another folder resume.
 
         Raises:
-            ValueError: when the state is not this stream's (other data or plan settings).
+            ResumeMismatchError: when the state is not this stream's (other shards or plan
+                settings); ``.changed`` names them and the message says what differs.
+            ValueError: for a dict that is not a :class:`StreamingBatches` state.
         """
         missing = [k for k in _STATE_KEYS if k not in state]
         if missing:
@@ -254,24 +329,13 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
                 "StreamingBatches.state_dict() returned (a checkpoint of another loader, or "
                 "a damaged one, cannot resume the stream)."
             )
-        now = self.settings()
-        saved = dict(state["settings"])
-        changed = [
-            f"{k}: saved {saved.get(k)!r}, now {now.get(k)!r}"
-            for k in sorted(set(now) | set(saved))
-            if saved.get(k) != now.get(k)
-        ]
-        if state["shards"] != self.source.fingerprint():
-            changed.append(
-                f"the shards: saved {state['num_examples']} examples (fingerprint "
-                f"{state['shards']!r}), now {self.planner.num_examples} (fingerprint "
-                f"{self.source.fingerprint()!r}): other files, rows or columns"
-            )
+        changed = self.resume_changes(state)
         if changed:
-            raise ValueError(
+            raise ResumeMismatchError(
                 "The stream position was saved for other data or settings; "
-                + "; ".join(changed)
-                + ". Resume with the same shards and settings (or start the epoch afresh)."
+                + "; ".join(text for _, text in changed)
+                + ". Resume with the same shards and settings (or start the epoch afresh).",
+                changed=[name for name, _ in changed],
             )
         self.epoch = check_count("epoch", state["epoch"], minimum=0)
         self._window = check_count("window", state["window"], minimum=0)

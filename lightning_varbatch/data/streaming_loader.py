@@ -14,6 +14,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
+from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.data.streaming import StreamingBatches
 
 __all__ = ["StreamingDataLoader"]
@@ -74,11 +75,10 @@ class StreamingDataLoader(DataLoader[Any]):
             )
         if epoch is not None and not callable(epoch):
             raise TypeError(f"epoch must be a callable returning an int or None, got {epoch!r}.")
-        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(
-                f"num_workers must be an integer >= 0 (0: load in the main process), got "
-                f"{num_workers!r}."
-            )
+        num_workers = check_count(
+            "num_workers", num_workers, minimum=0, what=" (0: load in the main process)"
+        )
+        pin_memory = check_flag("pin_memory", pin_memory)
         owned = sorted(
             k for k in ("batch_size", "sampler", "batch_sampler", "collate_fn") if k in kwargs
         )
@@ -96,6 +96,24 @@ class StreamingDataLoader(DataLoader[Any]):
             dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
         )
         self.epoch = epoch
+
+    def __len__(self) -> int:
+        """Refused: a stream's epoch ends when its shards do (Lightning counts it as ``inf``).
+
+        Raises:
+            TypeError: always, with what to use instead (Lightning reads it as "no length").
+        """
+        raise TypeError(
+            "A StreamingDataLoader has no len(): the stream is planned window by window while "
+            "it is read, so its micro-batch count is known only at the epoch's end. Limit "
+            "training with Trainer(max_steps=...), or use TokenBudgetDataModule (map-style "
+            "data) for a known epoch length."
+        )
+
+    @property
+    def max_tokens(self) -> int:
+        """The token budget of one micro-batch (the stream's ``max_tokens``)."""
+        return int(self.dataset.planner.config.max_tokens)  # type: ignore[attr-defined]
 
     def __iter__(self) -> _BaseDataLoaderIter:
         """Set the stream's epoch (if ``epoch`` was given), then iterate as a DataLoader."""

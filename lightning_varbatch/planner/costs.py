@@ -38,6 +38,9 @@ from typing import Literal, TypeAlias
 
 import numpy as np
 
+from lightning_varbatch.checks import check_choice, check_real
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+
 CostName: TypeAlias = Literal["padded", "sum", "quadratic", "packed"]
 CostFn: TypeAlias = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 COST_NAMES: tuple[str, ...] = ("padded", "sum", "quadratic", "packed")
@@ -111,8 +114,8 @@ def resolve_cost(
         The cost function.
 
     Raises:
-        ValueError: for an unknown name or a negative ``quadratic_coef``.
-        TypeError: when ``cost`` is neither a name nor callable.
+        SettingValueError: for an unknown name or a negative ``quadratic_coef``.
+        SettingTypeError: when ``cost`` is neither a name nor callable.
 
     Example:
         >>> import numpy as np
@@ -125,19 +128,20 @@ def resolve_cost(
         if cost == "sum":
             return sum_cost
         if cost == "quadratic":
-            if not quadratic_coef >= 0:
-                raise ValueError(f"quadratic_coef must be >= 0, got {quadratic_coef!r}.")
+            check_real("quadratic_coef", quadratic_coef, strict=False)
             return partial(quadratic_cost, coef=float(quadratic_coef))
         if cost == "packed":
             return sum_cost if multiple == 1 else partial(packed_cost, multiple=int(multiple))
-        raise ValueError(
-            f"Unknown cost model cost={cost!r}; choose one of {', '.join(COST_NAMES)} "
-            "or pass a callable (num_examples, longest, total) -> cost."
+        check_choice(
+            "cost", cost, COST_NAMES, what=" or a callable (num_examples, longest, total) -> cost"
         )
     if callable(cost):
         return cost
-    raise TypeError(
-        f"cost must be one of {', '.join(COST_NAMES)} or a callable, got {type(cost).__name__}."
+    raise SettingTypeError(
+        f"cost must be one of {', '.join(COST_NAMES)} or a callable, got {cost!r} "
+        f"({type(cost).__name__}); pass e.g. cost='padded'.",
+        setting="cost",
+        value=cost,
     )
 
 
@@ -147,32 +151,38 @@ def checked_cost(
     """The cost model on candidate micro-batches, checked for shape and finiteness.
 
     Raises:
-        ValueError: when a custom ``cost=`` returns the wrong number of values, or NaN /
+        SettingValueError: when a custom ``cost=`` returns the wrong number of values, or NaN /
             infinite / negative costs; the message names ``cost`` and the value.
     """
     raw = cost_fn(num_examples, longest, total)
     try:
         cost = np.asarray(raw, dtype=np.float64)
     except (TypeError, ValueError) as err:
-        raise ValueError(
+        raise SettingValueError(
             f"cost= returned {type(raw).__name__} {raw!r:.60}, not numbers: a cost model "
             "must return one float per candidate micro-batch (an array shaped like its "
-            f"num_examples argument) ({err})."
+            f"num_examples argument) ({err}).",
+            setting="cost",
+            value=cost_fn,
         ) from None
     shape = np.shape(num_examples)
     if cost.shape != shape:
-        raise ValueError(
+        raise SettingValueError(
             f"cost= returned shape {cost.shape} for {shape} candidate micro-batches: a cost "
             "model must return one value per candidate (compute it elementwise from "
-            "num_examples, longest and total, e.g. num_examples * longest)."
+            "num_examples, longest and total, e.g. num_examples * longest).",
+            setting="cost",
+            value=cost_fn,
         )
     bad = ~np.isfinite(cost) | (cost < 0)
     if bad.any():
         j = int(np.flatnonzero(bad.reshape(-1))[0])
-        raise ValueError(
+        raise SettingValueError(
             f"cost= returned {cost.reshape(-1)[j]} for a micro-batch of "
             f"{int(np.reshape(num_examples, -1)[j])} examples (longest "
             f"{int(np.reshape(longest, -1)[j])}): costs must be finite and >= 0; fix the "
-            "cost model."
+            "cost model.",
+            setting="cost",
+            value=cost_fn,
         )
     return cost

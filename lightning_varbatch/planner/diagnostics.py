@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from lightning_varbatch.checks import check_choice
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.flops import work
 from lightning_varbatch.planner.mixture import MixturePlanner
@@ -301,7 +302,8 @@ def _tile_load(planner: Planner, tiles: TileFigures, model: LoadModel) -> np.nda
         return slots + cfg.quadratic_coef * squares
     if model == "flops":
         return work(slots, squares, cfg.flop_attention)
-    raise ValueError(f"Unknown load model={model!r}; choose 'linear', 'quadratic' or 'flops'.")
+    check_choice("model", model, ("linear", "quadratic", "flops"), what=" (the load model)")
+    raise AssertionError(model)  # unreachable: check_choice raised
 
 
 def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -> np.ndarray:

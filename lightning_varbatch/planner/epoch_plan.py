@@ -16,6 +16,8 @@ from functools import cached_property
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
+
 __all__ = ["EpochPlan"]
 
 
@@ -113,14 +115,15 @@ class EpochPlan:
         Raises:
             ValueError: when ``rank`` is not in ``[0, world_size)``.
         """
-        if (
-            isinstance(rank, (bool, np.bool_))
-            or not isinstance(rank, (int, np.integer))
-            or not 0 <= rank < self.world_size
-        ):
-            raise ValueError(
+        kind: type[SettingError] = SettingValueError
+        if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)):
+            kind = SettingTypeError
+        if kind is SettingTypeError or not 0 <= rank < self.world_size:
+            raise kind(
                 f"rank must be an integer in [0, {self.world_size}) (world_size="
-                f"{self.world_size}), got {rank!r}; pass this process's rank."
+                f"{self.world_size}), got {rank!r}; pass this process's rank.",
+                setting="rank",
+                value=rank,
             )
         return self.assign[:, rank, :].reshape(-1)
 
@@ -145,14 +148,17 @@ class EpochPlan:
             ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
         """
         total = self.num_micro_batches_per_rank
-        if (
-            isinstance(micro_batches, (bool, np.bool_))
-            or not isinstance(micro_batches, (int, np.integer))
-            or not 0 <= micro_batches <= total
+        kind: type[SettingError] = SettingValueError
+        if isinstance(micro_batches, (bool, np.bool_)) or not isinstance(
+            micro_batches, (int, np.integer)
         ):
-            raise ValueError(
+            kind = SettingTypeError
+        if kind is SettingTypeError or not 0 <= micro_batches <= total:
+            raise kind(
                 f"consumed micro-batches must be in [0, {total}] for this epoch, "
-                f"got {micro_batches}."
+                f"got {micro_batches}.",
+                setting="consumed micro-batches",
+                value=micro_batches,
             )
         steps, micros = divmod(micro_batches, self.accumulate_grad_batches)
         done, rest = self.assign[:steps].reshape(-1), self.assign[steps + 1 :].reshape(-1)

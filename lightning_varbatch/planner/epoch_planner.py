@@ -32,11 +32,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from lightning_varbatch.checks import check_count
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.dealing import deal_steps
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.layout import Layout, SortedGroups
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
-from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_count
+from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 from lightning_varbatch.planner.shapes import choose_shape_lengths, shape_rows
 from lightning_varbatch.planner.tail import effective_tail, select_tiles, tail_layout
 
@@ -76,20 +78,24 @@ class EpochPlanner:
         rotate_ranks: bool = False,
     ) -> None:
         if not isinstance(config, PlanConfig):
-            raise TypeError(
+            raise SettingTypeError(
                 f"config must be a PlanConfig, got {type(config).__name__} {config!r:.60}; "
                 "pass config=PlanConfig(max_tokens=...) (e.g. PlanConfig(**settings) for a "
-                "dict)."
+                "dict).",
+                setting="config",
+                value=config,
             )
         self.config = config
         self.rotate_ranks = bool(rotate_ranks)
         self.prepared: PreparedLengths = prepare_lengths(lengths, config, loss_lengths)
         if config.layout == "packed" and self.prepared.pairs:
-            raise ValueError(
+            raise SettingValueError(
                 "layout='packed' concatenates each example's tokens into one row, so it needs "
                 "one length per example, got (source, target) pairs: pass the length of the "
                 "packed sequence (e.g. source + target for a decoder-only model), or use "
-                "layout='padded' for pairs."
+                "layout='padded' for pairs.",
+                setting="layout",
+                value=config.layout,
             )
         self._exact_totals = (
             not self.prepared.pairs
@@ -178,9 +184,11 @@ class EpochPlanner:
         limit = self.config.max_shapes
         lengths = np.unique(np.asarray(lengths, dtype=np.int64))
         if limit is None or lengths.size > limit or lengths.size == 0:
-            raise ValueError(
+            raise SettingValueError(
                 f"use_shape_lengths needs PlanConfig(max_shapes=...) and 1 to max_shapes="
-                f"{limit} lengths, got {lengths.size}."
+                f"{limit} lengths, got {lengths.size}.",
+                setting="shape lengths",
+                value=lengths,
             )
         kept = self.prepared.kept
         key = self.prepared.key if kept is None else self.prepared.key[kept]
@@ -255,15 +263,19 @@ class EpochPlanner:
         else:
             exclude = np.asarray(exclude)
             if exclude.dtype != np.bool_:
-                raise TypeError(
+                raise SettingTypeError(
                     f"exclude must be a boolean mask over the {self.num_examples} examples, "
                     f"got dtype {exclude.dtype}; build it with np.zeros(n, dtype=bool) and set "
-                    "the excluded ids to True (a list of ids is not a mask)."
+                    "the excluded ids to True (a list of ids is not a mask).",
+                    setting="exclude",
+                    value=exclude,
                 )
             if exclude.shape != (self.num_examples,):
-                raise ValueError(
+                raise SettingValueError(
                     f"exclude must be a boolean mask of {self.num_examples} examples, "
-                    f"got shape {exclude.shape}."
+                    f"got shape {exclude.shape}.",
+                    setting="exclude",
+                    value=exclude,
                 )
             kept = self.prepared.kept
             keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
@@ -386,9 +398,11 @@ def check_history(history: object) -> list[tuple[int, int, int]]:
         ValueError: naming the bad entry and what it should be.
     """
     if isinstance(history, (str, bytes)) or not isinstance(history, (Sequence, np.ndarray)):
-        raise ValueError(
+        raise SettingTypeError(
             f"history must be a sequence of (world_size, accumulate_grad_batches, consumed "
-            f"micro-batches per rank) triples, got {type(history).__name__} {history!r:.60}."
+            f"micro-batches per rank) triples, got {type(history).__name__} {history!r:.60}.",
+            setting="history",
+            value=history,
         )
     out = []
     for i, entry in enumerate(history):
@@ -397,9 +411,11 @@ def check_history(history: object) -> list[tuple[int, int, int]]:
             or not isinstance(entry, (Sequence, np.ndarray))
             or len(entry) != 3
         ):
-            raise ValueError(
+            raise SettingValueError(
                 f"history[{i}] is {entry!r}: each entry must be a (world_size, "
-                "accumulate_grad_batches, consumed micro-batches per rank) triple."
+                "accumulate_grad_batches, consumed micro-batches per rank) triple.",
+                setting="history",
+                value=history,
             )
         world, acc, consumed = entry
         out.append(

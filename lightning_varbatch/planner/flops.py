@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_varbatch.checks import check_count
+
 __all__ = ["FlopModel", "transformer_flops", "work"]
 
 
@@ -83,15 +85,15 @@ def transformer_flops(
         The model; ``.flop_attention`` is the planner setting.
 
     Raises:
-        ValueError: for a width or layer count below 1.
+        SettingTypeError: for a width or layer count that is not an integer.
+        SettingValueError: for a width or layer count below 1.
 
     Example:
         >>> round(transformer_flops(256, 4).flop_attention * 12 * 256, 6)
         1.0
     """
-    for name, value in (("d_model", d_model), ("num_layers", num_layers)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+    d_model = check_count("d_model", d_model, what=" (the model's width)")
+    num_layers = check_count("num_layers", num_layers, what=" (the number of layers)")
     ffn = 4 * d_model if ffn_dim is None else ffn_dim
     kv = d_model if kv_dim is None else kv_dim
     per_token = 2.0 * (2 * d_model * d_model + 2 * d_model * kv + 2 * d_model * ffn)

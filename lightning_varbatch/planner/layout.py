@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.costs import checked_cost
 from lightning_varbatch.planner.flops import work
+from lightning_varbatch.planner.search import largest_true
 from lightning_varbatch.planner.settings import PlanConfig
 
 
@@ -231,10 +233,12 @@ class Layout:
         over = np.flatnonzero(cost > config.max_tokens)
         if over.size:
             j = int(over[0])
-            raise ValueError(
+            raise SettingValueError(
                 f"The cost model gave a micro-batch of {int(sizes[j])} examples cost "
                 f"{cost[j]:g} > max_tokens={config.max_tokens} although smaller batches fit: "
-                "a custom cost= must be non-decreasing in num_examples, longest and total."
+                "a custom cost= must be non-decreasing in num_examples, longest and total.",
+                setting="cost",
+                value=config.cost,
             )
         load = cost
         if config.layout == "packed":
@@ -281,14 +285,12 @@ def full_batch_sizes(longest: np.ndarray, cap: int, config: PlanConfig) -> np.nd
     """Largest count of examples of each length (at most ``cap``) that fits, by bisection."""
     p = config.pad_to_multiple_of
     padded = -(-longest // p) * p
-    lo = np.ones_like(longest)
-    hi = np.full_like(longest, cap)
-    while (lo < hi).any():
-        mid = (lo + hi + 1) // 2
-        ok = checked_cost(config.cost_fn, mid, padded, mid * longest) <= config.max_tokens
-        lo = np.where(ok, mid, lo)
-        hi = np.where(ok, hi, mid - 1)
-    return _round_down(lo, config.batch_size_multiple)
+    fits = largest_true(
+        lambda k: checked_cost(config.cost_fn, k, padded, k * longest) <= config.max_tokens,
+        np.ones_like(longest),
+        cap,
+    )
+    return _round_down(fits, config.batch_size_multiple)
 
 
 def _largest_fitting(
@@ -299,15 +301,9 @@ def _largest_fitting(
     padded = np.array([-(-longest // p) * p])
     base = groups.prefix(np.array([pos]))
 
-    def fits(size: int) -> bool:
-        total = groups.prefix(np.array([pos + size])) - base
-        return bool(config.cost_fn(np.array([size]), padded, total)[0] <= config.max_tokens)
+    def fits(size: np.ndarray) -> np.ndarray:
+        total = groups.prefix(pos + size.reshape(1)) - base
+        return config.cost_fn(size.reshape(1), padded, total)[0] <= config.max_tokens
 
-    lo = max(lo, 1)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return int(_round_down(np.array([lo]), config.batch_size_multiple)[0])
+    size = largest_true(fits, max(lo, 1), hi)
+    return int(_round_down(size.reshape(1), config.batch_size_multiple)[0])

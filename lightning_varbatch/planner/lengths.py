@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.planner.search import largest_true
 from lightning_varbatch.planner.settings import PlanConfig
 
 
@@ -111,17 +113,23 @@ def _ragged_message(lengths: object, name: str, err: Exception) -> str:
     )
 
 
-def as_int_lengths(lengths: npt.ArrayLike, name: str, minimum: int = 1) -> np.ndarray:
+def as_int_lengths(
+    lengths: npt.ArrayLike, name: str, minimum: int = 1, *, setting: str | None = None
+) -> np.ndarray:
     """``lengths`` (``(n,)`` or ``(n, 2)``) as an integer array, or an error naming ``name``.
 
     ``minimum`` is the smallest allowed value (0 for loss lengths: an example may carry no
-    loss token, e.g. a one-token document under next-token prediction).
+    loss token, e.g. a one-token document under next-token prediction). ``name`` is how the
+    message names the lengths (``"train_lengths (column 'n')"``); ``setting`` is the setting
+    the error carries as ``.setting`` (default: ``name``; e.g. ``"train_lengths"``).
 
     Raises:
-        TypeError: for something that is not an array of numbers.
-        ValueError: for a ragged, empty or badly shaped array, or lengths that are not whole
-            numbers >= 1.
+        SettingTypeError: for something that is not an array of numbers (``.setting`` is
+            ``setting``; also a ``TypeError``).
+        SettingValueError: for a ragged, empty or badly shaped array, or lengths that are not
+            whole numbers >= 1.
     """
+    setting = name if setting is None else setting
     if lengths is None or isinstance(lengths, (str, bytes, dict, set)):
         column = (
             " (to read a column of a Hugging Face dataset or pyarrow table, pass the name to "
@@ -130,14 +138,18 @@ def as_int_lengths(lengths: npt.ArrayLike, name: str, minimum: int = 1) -> np.nd
             if isinstance(lengths, str)
             else ""
         )
-        raise TypeError(
+        raise SettingTypeError(
             f"{name} must be {_ALLOWED}, got {type(lengths).__name__} {lengths!r:.60}; pass "
-            f"e.g. a numpy array of token counts{column}."
+            f"e.g. a numpy array of token counts{column}.",
+            setting=setting,
+            value=lengths,
         )
     try:
         arr = np.asarray(lengths)
     except (ValueError, TypeError) as err:
-        raise ValueError(_ragged_message(lengths, name, err)) from None
+        raise SettingValueError(
+            _ragged_message(lengths, name, err), setting=setting, value=lengths
+        ) from None
     if arr.dtype == np.bool_ or not (
         np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
     ):
@@ -154,10 +166,12 @@ def as_int_lengths(lengths: npt.ArrayLike, name: str, minimum: int = 1) -> np.nd
             )
             row = i // (arr.size // arr.shape[0]) if arr.shape[0] else 0
             where = f"; {name}[{row}] is {arr.reshape(arr.shape[0], -1)[row].tolist()!r}"
-        raise TypeError(
+        raise SettingTypeError(
             f"{name} must be an integer array, got dtype {arr.dtype}{where}; "
             f"{name} must be {_ALLOWED} (convert token ids to lengths with len(), and strings "
-            "to numbers)."
+            "to numbers).",
+            setting=setting,
+            value=lengths,
         )
     if arr.ndim not in (1, 2) or (arr.ndim == 2 and arr.shape[1] != 2):
         hint = (
@@ -166,28 +180,36 @@ def as_int_lengths(lengths: npt.ArrayLike, name: str, minimum: int = 1) -> np.nd
             else "for (source, target) pairs pass two columns; for other costs reduce the "
             "columns to one planning length per example first (e.g. their maximum)"
         )
-        raise ValueError(
+        raise SettingValueError(
             f"{name} must have shape (num_examples,) or (num_examples, 2) for "
-            f"(source, target) pairs, got shape {arr.shape} ({arr.ndim}-d): {hint}."
+            f"(source, target) pairs, got shape {arr.shape} ({arr.ndim}-d): {hint}.",
+            setting=setting,
+            value=lengths,
         )
     if arr.shape[0] == 0:
-        raise ValueError(
-            f"{name} is empty: the dataset has no examples; check the data path or split."
+        raise SettingValueError(
+            f"{name} is empty: the dataset has no examples; check the data path or split.",
+            setting=setting,
+            value=lengths,
         )
     if np.issubdtype(arr.dtype, np.floating):
         bad = ~np.isfinite(arr)
         if bad.any():
             i = _first_bad(bad)
-            raise ValueError(
+            raise SettingValueError(
                 f"{name}[{i}] is {_shown(arr[i])}: lengths must be finite integers >= 1 "
-                "(token counts); fix or drop that example."
+                "(token counts); fix or drop that example.",
+                setting=setting,
+                value=lengths,
             )
         frac = arr != np.floor(arr)
         if frac.any():
             i = _first_bad(frac)
-            raise ValueError(
+            raise SettingValueError(
                 f"{name}[{i}] = {_shown(arr[i])} is not an integer: lengths are token counts "
-                "(whole numbers >= 1); pass the number of tokens of each example."
+                "(whole numbers >= 1); pass the number of tokens of each example.",
+                setting=setting,
+                value=lengths,
             )
     low = arr < minimum
     if low.any():
@@ -197,15 +219,19 @@ def as_int_lengths(lengths: npt.ArrayLike, name: str, minimum: int = 1) -> np.nd
             if minimum
             else "a loss length counts the example's loss tokens, 0 or more"
         )
-        raise ValueError(
-            f"{name}[{i}] = {_shown(arr[i])}: every length must be >= {minimum} ({hint})."
+        raise SettingValueError(
+            f"{name}[{i}] = {_shown(arr[i])}: every length must be >= {minimum} ({hint}).",
+            setting=setting,
+            value=lengths,
         )
     high = arr >= 2**31
     if high.any():
         i = _first_bad(high)
-        raise ValueError(
+        raise SettingValueError(
             f"{name}[{i}] = {_shown(arr[i])}: lengths must be < 2**31 = 2147483648 tokens "
-            "(they are token counts; check that you passed lengths, not token ids or bytes)."
+            "(they are token counts; check that you passed lengths, not token ids or bytes).",
+            setting=setting,
+            value=lengths,
         )
     if np.issubdtype(arr.dtype, np.floating) or arr.dtype in (np.uint32, np.uint64):
         return arr.astype(np.int32)
@@ -220,30 +246,34 @@ def _shown(value: np.ndarray) -> str:
     return str(listed)
 
 
-def _single_cost(config: PlanConfig, length: int) -> float:
+def single_cost(config: PlanConfig, length: int) -> float:
+    """The cost of a micro-batch holding one example of ``length`` (padded as planned).
+
+    Example:
+        >>> single_cost(PlanConfig(max_tokens=64, pad_to_multiple_of=8), 5)
+        8.0
+    """
     p = config.pad_to_multiple_of
     padded = np.array([-(-length // p) * p], dtype=np.int64)
     return float(config.cost_fn(np.ones(1), padded, np.array([length], dtype=np.int64))[0])
 
 
-def _largest_fitting_length(config: PlanConfig, upper: int) -> int:
+def largest_fitting_length(config: PlanConfig, upper: int) -> int:
     """Longest length ``<= upper`` whose single example fits the budget (0 if none).
 
     Bisection, so any length a budget can hold is allowed (the cost is assumed
     non-decreasing in the length, as :mod:`lightning_varbatch.planner.costs` requires).
+
+    Example:
+        >>> largest_fitting_length(PlanConfig(max_tokens=20, pad_to_multiple_of=8), 100)
+        16
     """
     if isinstance(config.cost, str):
         upper = min(upper, config.max_tokens)  # every built-in costs at least its length
-    if _single_cost(config, 1) > config.max_tokens:
+    if single_cost(config, 1) > config.max_tokens:
         return 0
-    lo, hi = 1, max(upper, 1)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if _single_cost(config, mid) <= config.max_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    fits = largest_true(lambda n: single_cost(config, int(n)) <= config.max_tokens, 1, upper)
+    return int(fits)
 
 
 #: Old private name, kept until ``lightning_varbatch/plan.py`` imports :func:`as_int_lengths`.
@@ -265,10 +295,11 @@ def prepare_lengths(
         The prepared lengths.
 
     Raises:
-        ValueError: for empty, negative, zero, NaN, non-integer or mis-shaped lengths, and for an
-            example over the budget under ``oversize="error"``; the message names the example,
-            its length, the budget and the setting to change.
-        TypeError: for a non-numeric array.
+        SettingValueError: for empty, negative, zero, NaN, non-integer or mis-shaped lengths
+            (``.setting``: ``"lengths"`` or ``"loss_lengths"``), and for an example over the
+            budget under ``oversize="error"`` (``.setting``: ``"max_tokens"``); the message
+            names the example, its length, the budget and the setting to change.
+        SettingTypeError: for a non-numeric array.
 
     Example:
         >>> import numpy as np
@@ -285,23 +316,27 @@ def prepare_lengths(
     else:
         loss = as_int_lengths(loss_lengths, "loss_lengths", minimum=0)
         if loss.shape != key.shape:
-            raise ValueError(
+            raise SettingValueError(
                 f"loss_lengths has shape {loss.shape} but lengths describe {key.shape[0]} "
-                "examples; pass one loss length per example."
+                "examples; pass one loss length per example.",
+                setting="loss_lengths",
+                value=loss_lengths,
             )
         more = loss > key
         if more.any():
             i = int(np.flatnonzero(more)[0])
-            raise ValueError(
+            raise SettingValueError(
                 f"loss_lengths[{i}] = {int(loss[i])} is more than the {int(key[i])} tokens "
                 f"the planner budgets for example {i} (lengths[{i}] = {_shown(arr[i])}): an "
                 "example cannot have more loss tokens than tokens, so the lengths understate "
                 "it and its micro-batch would exceed the budget. Pass the padded widths the "
-                f"collate produces as lengths ({int(more.sum())} example(s) affected)."
+                f"collate produces as lengths ({int(more.sum())} example(s) affected).",
+                setting="loss_lengths",
+                value=loss_lengths,
             )
     p = config.pad_to_multiple_of
     kmax = int(key.max())
-    fit_len = _largest_fitting_length(config, kmax)
+    fit_len = largest_fitting_length(config, kmax)
     over = key > fit_len
     num_skipped = num_truncated = 0
     truncate_to: int | None = None
@@ -311,11 +346,13 @@ def prepare_lengths(
         if config.oversize == "error" or fit_len == 0:
             longest = np.array([-(-int(key[i]) // p) * p])
             single = float(config.cost_fn(np.ones(1), longest, key[i : i + 1])[0])
-            raise ValueError(
+            raise SettingValueError(
                 f"Example {i} has length {int(key[i])} (cost {single:g} on its own) but the "
                 f"budget is max_tokens={config.max_tokens}: raise max_tokens, or set "
                 "oversize='skip' to leave such examples out or oversize='truncate' to cut "
-                f"them ({int(over.sum())} example(s) are over the budget)."
+                f"them ({int(over.sum())} example(s) are over the budget).",
+                setting="max_tokens",
+                value=config.max_tokens,
             )
         num_over = int(over.sum())
         _check_oversize_share(config, key, num_over, fit_len)
@@ -353,19 +390,23 @@ def _check_oversize_share(config: PlanConfig, key: np.ndarray, num_over: int, fi
         f"example has length {int(key.max())}, the shortest {int(key.min())})"
     )
     if num_over == n and config.oversize == "skip":
-        raise ValueError(
+        raise SettingValueError(
             f"Every example is over the budget max_tokens={config.max_tokens} (the shortest "
             f"has length {int(key.min())}), so oversize='skip' would leave nothing to train "
-            "on: raise max_tokens."
+            "on: raise max_tokens.",
+            setting="max_tokens",
+            value=config.max_tokens,
         )
     if num_over > MAX_OVERSIZE_FRACTION * n:
-        raise ValueError(
+        raise SettingValueError(
             f"oversize={config.oversize!r} would leave {num_over} of {n} examples "
             f"{action}, more than the {MAX_OVERSIZE_FRACTION:.0%} this library allows: "
             f"{counts}. max_tokens={config.max_tokens} is probably too small for this data: "
             f"raise max_tokens (to at least the cost of one example of length "
             f"{int(np.sort(key)[n // 2])} to keep half of them), or cut the data to a shorter "
-            "max_length before planning."
+            "max_length before planning.",
+            setting="max_tokens",
+            value=config.max_tokens,
         )
     warnings.warn(
         f"oversize={config.oversize!r}: {counts}; they are {action} "

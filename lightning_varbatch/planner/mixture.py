@@ -55,10 +55,12 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
+from lightning_varbatch.checks import check_choice, check_count
+from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
 from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, check_history
 from lightning_varbatch.planner.interleave import MIX_TAG, Part, compose_parts
 from lightning_varbatch.planner.lengths import PreparedLengths
-from lightning_varbatch.planner.settings import PlanConfig, check_count
+from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.shapes import choose_shape_lengths
 from lightning_varbatch.planner.sources import (
     MIXING_POLICIES,
@@ -122,23 +124,24 @@ class MixturePlanner:
         steps_per_epoch: int | None = None,
     ) -> None:
         if not isinstance(config, PlanConfig):
-            raise TypeError(
+            raise SettingTypeError(
                 f"config must be a PlanConfig, got {type(config).__name__}; pass "
-                "config=PlanConfig(max_tokens=...)."
+                "config=PlanConfig(max_tokens=...).",
+                setting="config",
+                value=config,
             )
-        if not isinstance(mixing, str) or mixing not in MIXING_POLICIES:
-            raise ValueError(
-                f"Unknown mixing={mixing!r}; choose one of {', '.join(MIXING_POLICIES)}."
-            )
+        check_choice("mixing", mixing, MIXING_POLICIES)
         mixture_probabilities(np.ones(1), "size", temperature)  # validates the temperature
         if steps_per_epoch is not None:
             steps_per_epoch = check_count("steps_per_epoch", steps_per_epoch)
         elif not (isinstance(weights, str) and weights == "size" and temperature == 1):
-            raise ValueError(
+            raise SettingValueError(
                 "weights and temperature set the datasets' shares of an epoch of a fixed "
                 "length: set steps_per_epoch (optimizer steps per epoch). With "
                 "steps_per_epoch=None an epoch is one pass over every dataset, so each "
-                "dataset's share is its size."
+                "dataset's share is its size.",
+                setting="steps_per_epoch",
+                value=steps_per_epoch,
             )
         self.sources = as_sources(sources)
         self.config = config
@@ -153,11 +156,13 @@ class MixturePlanner:
                 if src.max_tokens is not None or src.max_examples is not None
             ]
             if own:
-                raise ValueError(
+                raise SettingValueError(
                     f"max_shapes={config.max_shapes} with a budget of its own for dataset(s) "
                     f"{own}: a shape's rows follow from the budget, so per-dataset max_tokens "
                     "or max_examples would multiply the shapes. Give every dataset the common "
-                    "budget (drop the DataSource max_tokens/max_examples) or unset max_shapes."
+                    "budget (drop the DataSource max_tokens/max_examples) or unset max_shapes.",
+                    setting="max_shapes",
+                    value=config.max_shapes,
                 )
             # One set of shape lengths for all datasets: at most max_shapes lengths in all.
             keys = [
@@ -193,6 +198,8 @@ class MixturePlanner:
                     "the same dataset, in the same order)."
                 )
             return planner
+        except SettingError as error:
+            raise error.renamed(error.setting, f"{self._which(index)}: {error}") from error
         except ValueError as error:
             raise ValueError(f"{self._which(index)}: {error}") from error
         except TypeError as error:
@@ -254,9 +261,11 @@ class MixturePlanner:
             or not isinstance(dataset, (int, np.integer))
             or not 0 <= dataset < n
         ):
-            raise ValueError(
+            raise SettingValueError(
                 f"dataset must be a dataset index in [0, {n}) ({', '.join(self.names)}), got "
-                f"{dataset!r}."
+                f"{dataset!r}.",
+                setting="dataset",
+                value=dataset,
             )
         return int(dataset)
 
@@ -348,6 +357,8 @@ class MixturePlanner:
     def _pass(self, dataset: int, k: int, world: int, acc: int, salt: int = 0) -> EpochPlan:
         try:
             return self.planners[dataset].plan(k, world, acc, salt=salt)
+        except SettingError as error:
+            raise error.renamed(error.setting, f"{self._which(dataset)}: {error}") from error
         except ValueError as error:
             raise ValueError(f"{self._which(dataset)}: {error}") from error
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.diagnostics import check_plan_of
 from lightning_varbatch.planner.epoch_planner import EpochPlan
 from lightning_varbatch.planner.mixture import MixturePlanner
@@ -75,10 +76,12 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
     if plan.tile_dataset is None or (
         plan.tile_dataset.size and int(plan.tile_dataset.max()) >= planner.num_datasets
     ):
-        raise ValueError(
+        raise SettingValueError(
             f"plan is not a plan of this mixture of {planner.num_datasets} datasets (it has "
             f"{'no' if plan.tile_dataset is None else 'other'} dataset labels): pass a plan "
-            "made by this MixturePlanner's plan(...)."
+            "made by this MixturePlanner's plan(...).",
+            setting="plan",
+            value=plan,
         )
     check_plan_of(planner, plan)
     run = plan.assign.reshape(-1)

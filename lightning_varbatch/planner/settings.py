@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import textwrap
 import warnings
 from dataclasses import asdict, dataclass, field, fields
@@ -18,7 +17,8 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 
-from lightning_varbatch.checks import check_count, check_flag
+from lightning_varbatch.checks import check_choice, check_count, check_flag, check_real
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
@@ -37,22 +37,27 @@ def _probe_cost(fn: CostFn) -> None:
     """Call a custom cost model once on two candidates and check what comes back.
 
     Raises:
-        ValueError: when it fails, returns the wrong shape, or non-finite / negative costs.
+        SettingValueError: when it fails, returns the wrong shape, or non-finite / negative
+            costs.
     """
     n, longest, total = np.array([1, 2]), np.array([8, 8]), np.array([8, 16])
     try:
         out = np.asarray(fn(n, longest, total), dtype=np.float64)
     except Exception as err:  # any failure of user code is reported the same way
-        raise ValueError(
+        raise SettingValueError(
             f"cost= raised {type(err).__name__}: {err} when called as cost(num_examples, "
             "longest, total) on numpy arrays of two candidates; a cost model must work "
-            "elementwise on arrays (e.g. lambda n, longest, total: n * longest)."
+            "elementwise on arrays (e.g. lambda n, longest, total: n * longest).",
+            setting="cost",
+            value=fn,
         ) from err
     if out.shape != n.shape or not np.isfinite(out).all() or (out < 0).any():
-        raise ValueError(
+        raise SettingValueError(
             f"cost= returned {out.tolist()!r} (shape {out.shape}) for two candidate "
             "micro-batches: a cost model must return one finite cost >= 0 per candidate, an "
-            "array shaped like num_examples (e.g. lambda n, longest, total: n * longest)."
+            "array shaped like num_examples (e.g. lambda n, longest, total: n * longest).",
+            setting="cost",
+            value=fn,
         )
 
 
@@ -74,7 +79,9 @@ class PlanConfig:
         {fields}
 
     Raises:
-        ValueError: for a setting out of range; the message names it.
+        SettingTypeError: for a setting of the wrong type (also a ``ValueError``).
+        SettingValueError: for a setting out of range or a combination that cannot work;
+            ``.setting`` names it and the message says what to change.
 
     Example:
         >>> PlanConfig(max_tokens=16384, cost="quadratic", tail="drop").tail
@@ -171,8 +178,9 @@ class PlanConfig:
         metadata=_help(
             """the shape budget for ``torch.compile`` and CUDA graphs: every micro-batch is
             padded to one of at most this many static ``(rows, length)`` shapes, the lengths
-            chosen to pad least (:mod:`lightning_varbatch.planner.shapes`), short micro-batches
-            filled with masked rows that count in no total (``None``: free shapes); needs
+            chosen to pad least (:mod:`lightning_varbatch.planner.shapes`); each micro-batch
+            takes the shape of its longest example, and only the tail's micro-batches have
+            masked rows, which count in no total (``None``: free shapes); needs
             ``layout="padded"``, ``cost`` ``"padded"`` or ``"quadratic"``, ``bucket_width=1``
             and ``batch_size_multiple=1``"""
         ),
@@ -187,19 +195,6 @@ class PlanConfig:
     )
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_tokens, (bool, np.bool_)) or not isinstance(
-            self.max_tokens, (int, np.integer)
-        ):
-            raise ValueError(
-                f"max_tokens must be a positive integer token budget, got {self.max_tokens!r} "
-                f"({type(self.max_tokens).__name__}); pass a whole number of (padded) tokens "
-                "one micro-batch may hold on one device, e.g. max_tokens=4096."
-            )
-        if self.max_tokens < 1:
-            raise ValueError(
-                f"max_tokens must be > 0, got {self.max_tokens}; set max_tokens to the number "
-                "of (padded) tokens one micro-batch may hold on one device."
-            )
         counts = {
             "max_tokens": check_count("max_tokens", self.max_tokens),
             "max_examples": check_count("max_examples", self.max_examples, allow_none=True),
@@ -219,66 +214,73 @@ class PlanConfig:
                 UserWarning,
                 stacklevel=3,
             )
-        if not isinstance(self.tail, str) or self.tail not in TAIL_POLICIES:
-            raise ValueError(
-                f"Unknown tail={self.tail!r}; choose one of {', '.join(TAIL_POLICIES)}."
+        check_choice(
+            "tail", self.tail, TAIL_POLICIES, what=" (what to do with a partial last step)"
+        )
+        check_choice(
+            "oversize",
+            self.oversize,
+            OVERSIZE_POLICIES,
+            what=" (what to do with an example over the budget)",
+        )
+        coef = check_real(
+            "quadratic_coef",
+            self.quadratic_coef,
+            strict=False,
+            what="; pass e.g. quadratic_coef=1/64 (0 makes the quadratic cost the padded one)",
+        )
+        object.__setattr__(self, "quadratic_coef", coef)
+        check_choice(
+            "layout",
+            self.layout,
+            LAYOUTS,
+            what=" (padded batches, or packed rows of whole examples)",
+        )
+        if isinstance(self.cost, str):
+            check_choice(
+                "cost",
+                self.cost,
+                COST_NAMES,
+                what=" or a callable (num_examples, longest, total) -> cost",
             )
-        if not isinstance(self.oversize, str) or self.oversize not in OVERSIZE_POLICIES:
-            raise ValueError(
-                f"Unknown oversize={self.oversize!r}; choose one of {', '.join(OVERSIZE_POLICIES)}."
-            )
-        coef = self.quadratic_coef
-        if isinstance(coef, (bool, np.bool_)) or not isinstance(coef, (int, float, np.number)):
-            raise ValueError(
-                f"quadratic_coef must be a finite number >= 0, got {coef!r} "
-                f"({type(coef).__name__}); pass e.g. quadratic_coef=1/64."
-            )
-        if not (math.isfinite(float(coef)) and coef >= 0):
-            raise ValueError(
-                f"quadratic_coef must be >= 0 and finite, got {coef!r}; pass e.g. "
-                "quadratic_coef=1/64 (0 makes the quadratic cost the padded one)."
-            )
-        object.__setattr__(self, "quadratic_coef", float(coef))
-        if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
-            raise ValueError(
-                f"Unknown layout={self.layout!r}; choose one of {', '.join(LAYOUTS)} "
-                "(padded batches, or packed rows of whole examples)."
+        elif not callable(self.cost):
+            raise SettingTypeError(
+                f"cost must be one of {', '.join(repr(c) for c in COST_NAMES)} or a callable "
+                f"(num_examples, longest, total) -> cost, got {self.cost!r} "
+                f"({type(self.cost).__name__}); pass e.g. cost='padded'.",
+                setting="cost",
+                value=self.cost,
             )
         if self.layout == "packed":
             if self.cost not in ("padded", "packed"):
-                raise ValueError(
+                raise SettingValueError(
                     f"layout='packed' budgets the real tokens of a packed row itself, so "
                     f"cost={self.cost!r} cannot apply: leave cost unset with layout='packed' "
-                    "(or use layout='padded' for another cost model)."
+                    "(or use layout='padded' for another cost model).",
+                    setting="cost",
+                    value=self.cost,
                 )
             object.__setattr__(self, "cost", "packed")
         elif self.cost == "packed":
-            raise ValueError(
+            raise SettingValueError(
                 "cost='packed' is the budget of packed rows: set layout='packed' instead of "
-                "cost='packed' (the collate and the rank balance change with it)."
+                "cost='packed' (the collate and the rank balance change with it).",
+                setting="cost",
+                value=self.cost,
             )
-        flops = self.flop_attention
-        if isinstance(flops, (bool, np.bool_)) or not isinstance(flops, (int, float, np.number)):
-            raise ValueError(
-                f"flop_attention must be a finite number >= 0, got {flops!r} "
-                f"({type(flops).__name__}); pass e.g. "
-                "flop_attention=transformer_flops(d_model=1024).flop_attention."
-            )
-        if not (math.isfinite(float(flops)) and flops >= 0):
-            raise ValueError(
-                f"flop_attention must be >= 0 and finite, got {flops!r}; pass e.g. "
-                "flop_attention=transformer_flops(d_model=1024).flop_attention (0: balance "
-                "ranks by tokens only)."
-            )
+        flops = check_real(
+            "flop_attention",
+            self.flop_attention,
+            strict=False,
+            what="; pass e.g. flop_attention=transformer_flops(d_model=1024).flop_attention "
+            "(0: balance ranks by tokens only)",
+        )
         object.__setattr__(self, "flop_attention", float(flops))
         if self.max_shapes is not None:
             object.__setattr__(self, "max_shapes", check_count("max_shapes", self.max_shapes))
             self._check_shape_budget()
-        if isinstance(self.cost, str) and self.cost not in COST_NAMES:
-            resolve_cost(self.cost)  # raises with the list of valid names
-        fn = self.cost_fn
         if not isinstance(self.cost, str):
-            _probe_cost(fn)
+            _probe_cost(self.cost)
 
     def _check_shape_budget(self) -> None:
         """Refuse the settings a shape budget cannot keep (``max_shapes`` is set)."""
@@ -298,10 +300,12 @@ class PlanConfig:
         }
         for name, (clash, why) in clashes.items():
             if clash:
-                raise ValueError(
+                raise SettingValueError(
                     f"max_shapes={self.max_shapes} cannot be combined with {name}="
                     f"{getattr(self, name)!r}: {why}. Leave {name} at its default or unset "
-                    "max_shapes."
+                    "max_shapes.",
+                    setting="max_shapes",
+                    value=self.max_shapes,
                 )
 
     @property

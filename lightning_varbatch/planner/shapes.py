@@ -3,20 +3,23 @@
 ``torch.compile`` (and CUDA graphs) specialise on tensor shapes: free token-budget batches
 give a new ``(rows, length)`` nearly every step, hence a recompile (or a re-record) nearly
 every step. Under ``PlanConfig(max_shapes=K)`` the planner picks ``K`` padded lengths
-``L_1 < ... < L_K`` from the length distribution (:func:`choose_shape_lengths`), sends every
-example to the shortest one that holds it, and gives length ``L_k`` the most rows ``B_k``
-that fit the budget (:func:`shape_rows`): every micro-batch is then padded to exactly
-``(B_k, L_k)``, a short one with masked rows that count in no token total and no loss. The
-shapes are the buckets of :class:`~lightning_varbatch.planner.layout.SortedGroups`, so the
-cut, the tail policy, the dealing to ranks and resume work unchanged.
+``L_1 < ... < L_K`` from the length distribution (:func:`choose_shape_lengths`) and gives
+length ``L_k`` the most rows ``B_k`` that fit the budget (:func:`shape_rows`). An example's
+own shape is the shortest that holds it; the shapes are the buckets of
+:class:`~lightning_varbatch.planner.layout.SortedGroups`, so the examples are ordered by own
+shape, longest first, and cut into consecutive micro-batches, each padded to exactly the
+shape ``(B_k, L_k)`` of its first (longest) example. When a shape's examples run out partway
+through a micro-batch, the examples of the next shorter shape fill it (padded to the longer
+length): an example runs in its own shape or a longer one. Only the tail's micro-batches
+(the tail policy's even re-cut) have masked rows, which count in no token total and no loss.
+The cut, the tail policy, the dealing to ranks and resume work unchanged.
 
 Choosing the lengths is a 1-D optimal partition: minimise ``sum over examples of the padded
 length`` over the choice of ``K`` lengths, solved exactly by dynamic programming over the
 distinct (``pad_to_multiple_of``-rounded) lengths, in ``O(K V^2)`` vectorised steps for ``V``
 distinct lengths (above :data:`MAX_CANDIDATES` distinct lengths, over that many quantiles).
 No set of ``K`` lengths pads less: the report's real-token share is the best any ``K``
-padded shapes can do on those lengths (the masked rows of each shape's last micro-batch
-aside).
+padded shapes can do on those lengths (the masked rows of the tail aside).
 
 Example:
     >>> import numpy as np

@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
@@ -22,7 +21,9 @@ from typing import Any, Literal, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from lightning_varbatch.planner.settings import PlanConfig, check_count
+from lightning_varbatch.checks import check_count, check_real
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.planner.settings import PlanConfig
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
 MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
@@ -71,17 +72,19 @@ class DataSource:
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
-            raise ValueError(
+            raise SettingTypeError(
                 f"DataSource name must be a non-empty string or None, got {self.name!r} "
-                f"({type(self.name).__name__}); pass e.g. name='wmt' (None: the index)."
+                f"({type(self.name).__name__}); pass e.g. name='wmt' (None: the index).",
+                setting="name",
+                value=self.name,
             )
         label = "DataSource" if self.name is None else f"DataSource {self.name!r}"
         for setting in ("max_tokens", "max_examples"):
             value = check_count(
-                f"{label}: {setting}",
+                setting,
                 getattr(self, setting),
                 allow_none=True,
-                what=" (None: use the common setting)",
+                what=f" for {label} (None: use the common setting)",
             )
             object.__setattr__(self, setting, value)
 
@@ -109,37 +112,40 @@ def mixture_probabilities(
         [0.75, 0.25]
     """
     n = len(sizes)
-    if isinstance(temperature, (bool, np.bool_)) or not isinstance(
-        temperature, (int, float, np.integer, np.floating)
-    ):
-        raise ValueError(
-            f"temperature must be a positive number, got {temperature!r} "
-            f"({type(temperature).__name__}); pass e.g. temperature=2.0 (1: shares by weight)."
-        )
-    if not (math.isfinite(temperature) and temperature > 0):
-        raise ValueError(
-            f"temperature must be a positive finite number, got {temperature!r}; pass e.g. "
-            "temperature=2.0 to flatten the shares, 1 to keep them."
-        )
+    temperature = check_real(
+        "temperature",
+        temperature,
+        what="; pass e.g. temperature=2.0 to flatten the shares, 1 to keep them",
+    )
     if isinstance(weights, str):
         if weights != "size":
-            raise ValueError(f"Unknown weights={weights!r}; pass 'size' or one number per dataset.")
+            raise SettingValueError(
+                f"Unknown weights={weights!r}; pass 'size' or one number per dataset.",
+                setting="weights",
+                value=weights,
+            )
         raw = np.asarray(sizes, dtype=np.float64)
     else:
         raw = _weights_array(weights, n)
         if raw.shape != (n,):
-            raise ValueError(
+            raise SettingValueError(
                 f"weights has {raw.size} entries but there are {n} datasets: pass one weight "
-                "per dataset, or weights='size'."
+                "per dataset, or weights='size'.",
+                setting="weights",
+                value=weights,
             )
         if not np.isfinite(raw).all() or (raw < 0).any():
-            raise ValueError(
+            raise SettingValueError(
                 f"weights must be finite and >= 0, got {raw.tolist()}; a weight of 0 leaves "
-                "that dataset out."
+                "that dataset out.",
+                setting="weights",
+                value=weights,
             )
     if not (raw > 0).any():
-        raise ValueError(
-            f"weights are all zero ({raw.tolist()}): give at least one dataset a positive weight."
+        raise SettingValueError(
+            f"weights are all zero ({raw.tolist()}): give at least one dataset a positive weight.",
+            setting="weights",
+            value=weights,
         )
     scaled = np.where(raw > 0, raw / raw.max(), 0.0) ** (1.0 / temperature)
     return scaled / scaled.sum()
@@ -148,18 +154,22 @@ def mixture_probabilities(
 def _weights_array(weights: object, n: int) -> np.ndarray:
     """``weights`` as floats, or a ValueError that names the bad entry."""
     if isinstance(weights, (Mapping, bytes)) or not isinstance(weights, Iterable):
-        raise ValueError(
+        raise SettingTypeError(
             f"weights must be 'size' or a sequence of {n} numbers (one per dataset), got "
-            f"{type(weights).__name__} {weights!r:.60}."
+            f"{type(weights).__name__} {weights!r:.60}.",
+            setting="weights",
+            value=weights,
         )
     listed = list(weights)
     for i, w in enumerate(listed):
         if isinstance(w, (bool, np.bool_)) or not isinstance(
             w, (int, float, np.integer, np.floating)
         ):
-            raise ValueError(
+            raise SettingTypeError(
                 f"weights[{i}] is {w!r} ({type(w).__name__}); weights must be numbers >= 0, "
-                f"one per dataset ({n} datasets)."
+                f"one per dataset ({n} datasets).",
+                setting="weights",
+                value=weights,
             )
     return np.asarray(listed, dtype=np.float64).reshape(-1)
 
@@ -200,14 +210,20 @@ def as_sources(sources: object) -> list[DataSource]:
     if isinstance(sources, (DataSource, np.ndarray, str, bytes, Mapping)) or not isinstance(
         sources, Iterable
     ):
-        raise TypeError(
+        raise SettingTypeError(
             f"sources must be a list of datasets (DataSource objects or lengths arrays), got "
             f"{type(sources).__name__}; pass e.g. [DataSource(lengths_a), DataSource(lengths_b)]"
-            " (a single lengths array is one dataset: wrap it in a list, or use EpochPlanner)."
+            " (a single lengths array is one dataset: wrap it in a list, or use EpochPlanner).",
+            setting="sources",
+            value=sources,
         )
     sources = list(sources)
     if not sources:
-        raise ValueError("sources is empty: pass at least one dataset.")
+        raise SettingValueError(
+            "sources is empty: pass at least one dataset.",
+            setting="sources",
+            value=sources,
+        )
     return [s if isinstance(s, DataSource) else DataSource(s) for s in sources]
 
 
@@ -220,10 +236,12 @@ def source_names(sources: Sequence[DataSource]) -> list[str]:
     names = [str(i) if s.name is None else s.name for i, s in enumerate(sources)]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(
+        raise SettingValueError(
             f"Dataset names must be unique, got {names} ({', '.join(twice)} more than "
             "once; an unnamed dataset is named by its index): give each DataSource its "
-            "own name."
+            "own name.",
+            setting="name",
+            value=names,
         )
     return names
 

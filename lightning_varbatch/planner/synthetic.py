@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from lightning_varbatch.checks import check_count
+
 #: Source subword lengths of WMT14 en-de after BPE, roughly: median 24, 99th percentile 110.
 WMT_MEDIAN = 24.0
 WMT_P99 = 110.0
@@ -41,15 +43,9 @@ def wmt_like_lengths(num_examples: int, seed: int = 0) -> np.ndarray:
         >>> float(abs(np.median(wmt_like_lengths(100_000)[:, 0]) - 24)) <= 1
         True
     """
-    if (
-        isinstance(num_examples, (bool, np.bool_))
-        or not isinstance(num_examples, (int, np.integer))
-        or num_examples < 1
-    ):
-        raise ValueError(
-            f"num_examples must be an integer >= 1, got {num_examples!r}; pass the number of "
-            "(source, target) pairs to draw."
-        )
+    num_examples = check_count(
+        "num_examples", num_examples, what=" (the number of (source, target) pairs to draw)"
+    )
     rng = np.random.default_rng(seed)
     sigma = math.log(WMT_P99 / WMT_MEDIAN) / _Z99
     out = np.empty((num_examples, 2), dtype=np.int16)

@@ -34,8 +34,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.costs import checked_cost
 from lightning_varbatch.planner.layout import Layout, SortedGroups
+from lightning_varbatch.planner.search import largest_true, smallest_true
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 
 __all__ = [
@@ -234,13 +236,12 @@ class _TailCut:
     def fit(self, budget: float) -> list[int]:
         """Per group: the most examples (<= cap) of its padded length within ``budget``."""
         if budget not in self._fit:
-            lo = np.zeros(self.padded.size, dtype=np.int64)
-            hi = np.full(self.padded.size, self.cap, dtype=np.int64)
-            while (lo < hi).any():
-                mid = (lo + hi + 1) // 2
-                ok = checked_cost(self.cost_fn, mid, self.padded, mid * self.padded) <= budget
-                lo, hi = np.where(ok, mid, lo), np.where(ok, hi, mid - 1)
-            self._fit[budget] = lo.tolist()
+            most = largest_true(
+                lambda k: checked_cost(self.cost_fn, k, self.padded, k * self.padded) <= budget,
+                np.zeros(self.padded.size, dtype=np.int64),
+                self.cap,
+            )
+            self._fit[budget] = most.tolist()
         return self._fit[budget]
 
     def need(self, low: float) -> list[int]:
@@ -249,13 +250,12 @@ class _TailCut:
         ``cap + 1`` stands for "no micro-batch reaches ``low``".
         """
         if low not in self._need:
-            lo = np.ones(self.padded.size, dtype=np.int64)
-            hi = np.full(self.padded.size, self.cap + 1, dtype=np.int64)
-            while (lo < hi).any():
-                mid = (lo + hi) // 2
-                ok = checked_cost(self.cost_fn, mid, self.padded, mid * self.padded) >= low
-                lo, hi = np.where(ok, lo, mid + 1), np.where(ok, mid, hi)
-            self._need[low] = lo.tolist()
+            fewest = smallest_true(
+                lambda k: checked_cost(self.cost_fn, k, self.padded, k * self.padded) >= low,
+                np.ones(self.padded.size, dtype=np.int64),
+                self.cap + 1,
+            )
+            self._need[low] = fewest.tolist()
         return self._need[low]
 
     def end_within(self, a: int, budget: float) -> int:
@@ -280,14 +280,7 @@ class _TailCut:
             return e if e - a <= room else self.n + 1
         if self.cost(a, room) < low:
             return self.n + 1
-        lo, hi = 1, room
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.cost(a, mid) >= low:
-                hi = mid
-            else:
-                lo = mid + 1
-        return a + lo
+        return a + int(smallest_true(lambda s: self.cost(a, int(s)) >= low, 1, room))
 
     def start_within(self, b: int, budget: float) -> int:
         """The earliest start ``a`` of a micro-batch ``[a, b)`` costing at most ``budget``."""
@@ -303,14 +296,7 @@ class _TailCut:
     @staticmethod
     def _largest(ok: Callable[[int], bool], most: int) -> int:
         """Largest ``s`` in ``[0, most]`` with ``ok(s)`` (``ok`` monotone, ``ok(0)`` assumed)."""
-        lo, hi = 0, most
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if ok(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return int(largest_true(lambda s: ok(int(s)), 0, most))
 
 
 #: Halvings of the last unit of budget for fractional cost models (2**-24: below any cost
@@ -346,12 +332,8 @@ def even_cuts(sub: SortedGroups, parts: int, config: PlanConfig) -> np.ndarray:
 
     single = max(cut.cost(int(a), 1) for a in sub.starts[:-1].tolist())
     lo_b, hi_b = max(1, int(np.ceil(single))), int(config.max_tokens)
-    while lo_b < hi_b:
-        mid_b = (lo_b + hi_b) // 2
-        if greedy_fits(mid_b):
-            hi_b = mid_b
-        else:
-            lo_b = mid_b + 1
+    # the smallest integer budget whose greedy cut needs at most ``parts`` micro-batches
+    hi_b = int(smallest_true(lambda b: greedy_fits(int(b)), min(lo_b, hi_b), hi_b))
     budget = float(hi_b)
     integral = config.cost in ("padded", "sum")  # integer costs: the integer search is exact
     if not integral:  # fractional costs (quadratic, custom): refine within (B - 1, B]
@@ -383,18 +365,15 @@ def even_cuts(sub: SortedGroups, parts: int, config: PlanConfig) -> np.ndarray:
 
     best = walk(0)
     if best is None:  # only a cost that shrinks as a micro-batch grows gets here
-        raise ValueError(
+        raise SettingValueError(
             "The cost model gave a larger micro-batch a smaller cost: a custom cost= must be "
-            "non-decreasing in num_examples, longest and total."
+            "non-decreasing in num_examples, longest and total.",
+            setting="cost",
+            value=config.cost,
         )
-    lo_l, hi_l = 0, int(budget)
-    while lo_l < hi_l:
-        mid_l = (lo_l + hi_l + 1) // 2
-        cuts = walk(mid_l)
-        if cuts is None:
-            hi_l = mid_l - 1
-        else:
-            lo_l, best = mid_l, cuts
+    # the largest integer floor L that every micro-batch of a cut can reach under ``budget``
+    lo_l = int(largest_true(lambda low: walk(int(low)) is not None, 0, int(budget)))
+    best = walk(lo_l) or best
     if not integral:
         low, above = float(lo_l), float(lo_l + 1)
         for _ in range(_REFINE_STEPS):

@@ -43,9 +43,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from lightning_varbatch.checks import check_count
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
-from lightning_varbatch.planner.settings import PlanConfig, check_count
+from lightning_varbatch.planner.lengths import largest_fitting_length, single_cost
+from lightning_varbatch.planner.settings import PlanConfig
 
 __all__ = ["MIN_WINDOW", "WINDOW_BATCHES", "WindowPlan", "WindowedPlanner", "auto_window"]
 
@@ -122,6 +125,8 @@ class WindowedPlanner:
         shuffle_shards: read the shards in a new random order each epoch (else in order).
         loss_offset: loss tokens per example are its length (the target's for pairs) minus
             this, at least 0 (1 for teacher forcing, as ``PaddingCollate(loss_offset=1)``).
+        shard_names: each shard's name (its file), for errors that point at a row of a
+            shard (``None``: ``shard 3``).
 
     Raises:
         ValueError: for no shards, a negative row count, a bad ``window`` or ``max_shapes``.
@@ -142,13 +147,21 @@ class WindowedPlanner:
         window: int | None = None,
         shuffle_shards: bool = True,
         loss_offset: int = 0,
+        shard_names: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(config, PlanConfig):
-            raise TypeError(f"config must be a PlanConfig, got {type(config).__name__}.")
+            raise SettingTypeError(
+                f"config must be a PlanConfig, got {type(config).__name__}.",
+                setting="config",
+                value=config,
+            )
         if config.max_shapes is not None:
-            raise ValueError(
+            raise SettingValueError(
                 "max_shapes cannot be used with streamed (windowed) data yet: a shape budget "
-                "chooses its lengths from the whole data set. Unset max_shapes."
+                "chooses its lengths from the whole data set. Unset max_shapes (or plan the "
+                "data in memory with TokenBudgetDataModule).",
+                setting="max_shapes",
+                value=config.max_shapes,
             )
         rows = [check_count(f"shard_rows[{i}]", r, minimum=0) for i, r in enumerate(shard_rows)]
         if not rows or sum(rows) == 0:
@@ -158,6 +171,7 @@ class WindowedPlanner:
         self.loss_offset = check_count("loss_offset", loss_offset, minimum=0)
         self.shard_rows = np.array(rows, dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(self.shard_rows)))
+        self.shard_names = None if shard_names is None else [str(n) for n in shard_names]
         self._shard_lengths = shard_lengths
         self._cache: dict[int, np.ndarray] = {}
         if window is None:
@@ -228,6 +242,17 @@ class WindowedPlanner:
             self._cache[shard] = lengths
         return self._cache[shard]
 
+    def shard_name(self, shard: int) -> str:
+        """How errors name shard ``shard`` (its file when ``shard_names`` were given)."""
+        if self.shard_names is not None and 0 <= shard < len(self.shard_names):
+            return f"shard {shard} ({self.shard_names[shard]})"
+        return f"shard {shard}"
+
+    def where(self, global_id: int) -> str:
+        """``shard s (file), row r``: where a global example id lives."""
+        shard = int(np.searchsorted(self.offsets, global_id, side="right") - 1)
+        return f"{self.shard_name(shard)}, row {global_id - int(self.offsets[shard])}"
+
     def window_planner(self, epoch: int, window: int) -> tuple[EpochPlanner, np.ndarray]:
         """The offline planner of ``window``'s examples and their global ids."""
         spans = self.window_spans(epoch, window)
@@ -240,8 +265,79 @@ class WindowedPlanner:
         if self.loss_offset:
             counted = lengths[:, 1] if lengths.ndim == 2 else lengths
             loss = np.maximum(counted.astype(np.int64) - self.loss_offset, 0)
-        planner = EpochPlanner(lengths, replace(self.config, seed=seed), loss, rotate_ranks=True)
+        config = replace(self.config, seed=seed)
+        try:
+            planner = EpochPlanner(lengths, config, loss, rotate_ranks=True)
+        except SettingValueError as error:
+            if error.setting == "max_tokens" and self.config.oversize == "error":
+                self._over_budget(window, lengths, ids)
+            raise
         return planner, ids
+
+    def _over_budget(self, window: int, lengths: np.ndarray, ids: np.ndarray) -> None:
+        """Raise naming the shard and row of the window's first example over the budget."""
+        lengths = np.asarray(lengths)
+        key = lengths.max(axis=1) if lengths.ndim == 2 else lengths
+        fit = largest_fitting_length(self.config, int(key.max()))
+        over = np.flatnonzero(key > fit)
+        if not over.size:
+            return
+        first = int(over[0])
+        length = int(key[first])
+        needed = int(np.ceil(single_cost(self.config, length)))
+        raise SettingValueError(
+            f"{self.where(int(ids[first]))} (window {window} of the stream) has length "
+            f"{length}, over the budget max_tokens={self.config.max_tokens} on its own "
+            f"({over.size} example(s) of this window are over it): set max_tokens >= "
+            f"{needed}, or oversize='skip' to leave such examples out or oversize='truncate' "
+            "to cut them.",
+            setting="max_tokens",
+            value=self.config.max_tokens,
+        )
+
+    def _too_few(self, examples: int, world_size: int, acc: int) -> None:
+        """Refuse a window with fewer examples than a step has micro-batches, naming the fix."""
+        needed = world_size * acc
+        if self.config.tail != "spread" or examples >= needed:
+            return
+        total = self.num_examples
+        if total >= needed:  # the window is the problem: the smallest window that works
+            smallest = -(-total // (total // needed))
+            raise SettingValueError(
+                f"window={self.window} gives windows of only {examples} examples, but "
+                f"world_size={world_size} x accumulate_grad_batches={acc} = {needed} "
+                f"micro-batches are needed per optimizer step (tail='spread'): set window >= "
+                f"{smallest} (this stream has {total} examples), or tail='pad'.",
+                setting="window",
+                value=self.window,
+            )
+        raise SettingValueError(
+            f"the stream has only {total} examples, but world_size={world_size} x "
+            f"accumulate_grad_batches={acc} = {needed} micro-batches are needed per "
+            f"optimizer step (tail='spread'): set tail='pad', or accumulate_grad_batches <= "
+            f"{max(total // world_size, 1)}"
+            + (f" with world_size <= {total}" if total < world_size else "")
+            + ".",
+            setting="tail",
+            value=self.config.tail,
+        )
+
+    def _too_few_to_drop(self, planner: EpochPlanner, world_size: int, acc: int) -> None:
+        """Refuse ``tail="drop"`` on a window of fewer micro-batches than one step needs."""
+        needed = world_size * acc
+        if self.config.tail != "drop" or planner.num_micro_batches >= needed:
+            return
+        have = planner.num_micro_batches
+        larger = -(-self.window * needed // max(have, 1))
+        raise SettingValueError(
+            f"tail='drop' with window={self.window}: a window holds only {have} "
+            f"micro-batch(es) of max_tokens={self.config.max_tokens}, fewer than the {needed} "
+            f"one optimizer step needs (world_size={world_size} x accumulate_grad_batches="
+            f"{acc}), so it would drop them all: set window to about {larger} or more, or "
+            "tail='spread' or tail='pad'.",
+            setting="window",
+            value=self.window,
+        )
 
     def window_plan(
         self,
@@ -254,10 +350,15 @@ class WindowedPlanner:
         """Plan ``window`` of ``epoch`` (its remainder after ``history``, see ``plan_resumed``).
 
         Raises:
-            ValueError: for a window out of range or a window too small for the ranks (fewer
-                examples than ``world_size * accumulate_grad_batches`` under
-                ``tail="spread"``).
+            SettingValueError: for a window too small for the ranks (fewer examples than
+                ``world_size * accumulate_grad_batches`` under ``tail="spread"``: names
+                ``window`` and the smallest that works, or ``tail`` when the whole stream is
+                too small), and for an example over ``max_tokens`` (names its shard and row).
+            ValueError: for a window out of range.
         """
         planner, ids = self.window_planner(epoch, window)
+        if not history:
+            self._too_few(int(ids.size), world_size, accumulate_grad_batches)
+            self._too_few_to_drop(planner, world_size, accumulate_grad_batches)
         plan = planner.plan_resumed(epoch, world_size, accumulate_grad_batches, history)
         return WindowPlan(window=window, plan=plan, ids=ids, planner=planner)

@@ -16,6 +16,6 @@ Example:
 """
 
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
-from lightning_varbatch.sources.tokenized_lengths import tokenized_lengths
+from lightning_varbatch.sources.tokenized_lengths import LengthCacheWarning, tokenized_lengths
 
-__all__ = ["Columns", "column_lengths", "tokenized_lengths"]
+__all__ = ["Columns", "LengthCacheWarning", "column_lengths", "tokenized_lengths"]

@@ -24,6 +24,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.lengths import as_int_lengths
 from lightning_varbatch.planner.sources import DataSource
 
@@ -114,43 +115,73 @@ def is_arrow_table(value: object) -> bool:
 
 def _column_names(columns: object, name: str) -> list[str]:
     names = [columns] if isinstance(columns, str) else columns
-    if (
-        not isinstance(names, (list, tuple))
-        or not names
-        or not all(isinstance(c, str) and c for c in names)
-    ):
-        raise TypeError(
-            f"{name} must name one column or a (source, target) pair of columns, got {columns!r}."
+    if not isinstance(names, (list, tuple)) or not all(isinstance(c, str) for c in names):
+        raise SettingTypeError(
+            f"{name} must name one column or a (source, target) pair of columns (strings), "
+            f"got {columns!r}: pass a column name (or two).",
+            setting=name,
+            value=columns,
+        )
+    if not names or not all(names):
+        raise SettingValueError(
+            f"{name} must name one column or a (source, target) pair of columns, got "
+            f"{columns!r}: pass a column name (or two).",
+            setting=name,
+            value=columns,
         )
     if len(names) > 2:
-        raise ValueError(
+        raise SettingValueError(
             f"{name} names {len(names)} columns {list(names)}: give one column (lengths or "
             "token ids) or two, (source, target); for more fields reduce them to one length "
-            "per example first (e.g. their maximum)."
+            "per example first (e.g. their maximum).",
+            setting=name,
+            value=columns,
         )
     if len(names) == 2 and names[0] == names[1]:
-        raise ValueError(f"{name} names the column {names[0]!r} twice; give two columns.")
+        raise SettingValueError(
+            f"{name} names the column {names[0]!r} twice; give two different columns.",
+            setting=name,
+            value=columns,
+        )
     return list(names)
 
 
-def _one_column(table: Any, column: str, where: str) -> np.ndarray:
+def _one_column(
+    table: Any, column: str, where: str, rows: np.ndarray | None, setting: str
+) -> np.ndarray:
+    """The lengths of ``column`` in the dataset's row order (``rows``: its indices mapping)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if column not in table.column_names:
-        raise ValueError(
+        raise SettingValueError(
             f"{where}: the dataset has no column {column!r}; its columns are "
-            f"{table.column_names}: pass one of them (a column of lengths or of token ids)."
+            f"{table.column_names}: pass one of them (a column of lengths or of token ids).",
+            setting=setting,
+            value=column,
         )
     col = table.column(column)
-    kind = col.type
     if col.null_count:
-        first = int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
-        raise ValueError(
-            f"{where}: column {column!r} has {col.null_count} null value(s) (the first at row "
-            f"{first} of the table): every example needs a length; fill or filter them "
-            "(ds.filter(lambda r: r[...] is not None))."
-        )
+        nulls = pc.is_null(col).to_numpy(zero_copy_only=False)
+        mine = nulls if rows is None else nulls[rows]  # the dataset's own rows
+        if mine.any():
+            first = int(np.flatnonzero(mine)[0])
+            raise ValueError(
+                f"{where}: row {first} of column {column!r} is null ({int(mine.sum())} null "
+                "row(s)): every example needs a length; fill them or filter them out "
+                "(ds.filter(lambda r: r[...] is not None))."
+            )
+        # the nulls lie in rows the dataset left out (filtered): read only its own rows
+        col, rows = col.take(pa.array(rows)), None
+    values = _column_values(col, column, where)
+    return values if rows is None else values[rows]
+
+
+def _column_values(col: Any, column: str, where: str) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    kind = col.type
     if (
         pa.types.is_list(kind)
         or pa.types.is_large_list(kind)
@@ -214,13 +245,11 @@ def column_lengths(data: Any, columns: Columns, name: str = "lengths") -> np.nda
         >>> column_lengths(pa.table({"n": [2, 0]}), "n", "train_lengths")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: train_lengths (column 'n')[1] = 0: every length must be >= 1 ...
+        lightning_varbatch.errors.SettingValueError: train_lengths (column 'n')[1] = 0: ...
     """
     names = _column_names(columns, name)
     table, rows = arrow_table_of(data, f"the dataset of {name}")
-    per_column = [_one_column(table, c, f"{name} (column {c!r})") for c in names]
-    if rows is not None:
-        per_column = [values[rows] for values in per_column]
+    per_column = [_one_column(table, c, f"{name} (column {c!r})", rows, name) for c in names]
     checked = [
         as_int_lengths(values, f"{name} (column {column!r})")
         for column, values in zip(names, per_column, strict=True)
@@ -250,9 +279,11 @@ def source_with_column_lengths(source: DataSource, name: str) -> DataSource:
         if not is_column_spec(given):
             continue
         if source.dataset is None:
-            raise ValueError(
+            raise SettingValueError(
                 f"{name}: {field}={given!r} names columns, but the DataSource has no dataset "
-                "to read them from: pass DataSource(..., dataset=ds)."
+                "to read them from: pass DataSource(..., dataset=ds).",
+                setting=field,
+                value=given,
             )
         changes[field] = column_lengths(source.dataset, given, f"{name} {field}")
     return dataclasses.replace(source, **changes) if changes else source

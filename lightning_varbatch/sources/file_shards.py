@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
 from lightning_varbatch.sources.shard_index import (
     CacheDir,
@@ -67,7 +68,12 @@ class _FileShard:
     ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise ValueError(f"paths: {str(path)!r} does not exist or is not a file.")
+            raise SettingValueError(
+                f"paths: {str(path)!r} does not exist or is not a file: check the path (or "
+                "copy the shard there).",
+                setting="paths",
+                value=path,
+            )
         self.columns = column_names(columns)
         if fields is not None and (isinstance(fields, str) or not fields):
             raise TypeError(f"fields must be a non-empty list of column names, got {fields!r}.")
@@ -82,6 +88,27 @@ class _FileShard:
         """The file's absolute path."""
         return os.path.abspath(self.path)
 
+    @property
+    def content_name(self) -> str:
+        """The file's name without its folder (part of the shard's content identity).
+
+        With the size and the lengths it identifies the shard for a resume, so identical
+        shards copied to another folder (node-local disk) still resume.
+        """
+        return self.path.name
+
+    @property
+    def size_bytes(self) -> int:
+        """The file's size in bytes."""
+        return int(os.path.getsize(self.path))
+
+    def _corrupt(self, error: BaseException, what: str) -> ValueError:
+        return ValueError(
+            f"paths: {self.name} is damaged or not a valid {self.kind} file: {what} failed "
+            f"({type(error).__name__}: {error}). Re-write or re-copy it, or remove it from "
+            "paths."
+        )
+
     def _where(self) -> str:
         return f"columns ({self.name})"
 
@@ -89,17 +116,24 @@ class _FileShard:
         for setting, names in (("columns", self.columns), ("fields", self.fields or ())):
             missing = [c for c in names if c not in available]
             if missing:
-                raise ValueError(
+                raise SettingValueError(
                     f"{setting}: {self.name} has no column {missing[0]!r}; its columns are "
-                    f"{list(available)}: change {setting} to name one of them."
+                    f"{list(available)}: change {setting} to name one of them.",
+                    setting=setting,
+                    value=list(names),
                 )
+
+    def _known_rows(self) -> int | None:
+        """The rows the file's metadata gives (``None``: known from the index only)."""
+        return None
 
     def _index(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:
         key = file_key(self.path, self.kind, self.columns)
-        cached = load_index(self.cache_dir, key, names)
+        cached = load_index(self.cache_dir, key, names, self._known_rows())
         if cached is None:
             cached = self._build_index()
-            save_index(self.cache_dir, key, cached)
+            if not save_index(self.cache_dir, key, cached):
+                self.cache_dir = None  # unwritable (warned): keep the index in memory
         return cached
 
     def _build_index(self) -> dict[str, np.ndarray]:
@@ -143,6 +177,9 @@ class _BlockShard(_FileShard):
         """Rows in the file (from its metadata)."""
         return int(self._block_rows.sum())
 
+    def _known_rows(self) -> int | None:
+        return self.num_rows
+
     def _blocks(self, needed: list[int]) -> Iterator[tuple[int, Any]]:
         raise NotImplementedError
 
@@ -154,7 +191,10 @@ class _BlockShard(_FileShard):
         self.stats.rows_decoded += self.num_rows
         if self.num_rows == 0:
             return {"lengths": np.zeros((0,) if len(self.columns) == 1 else (0, 2), np.int32)}
-        table = self._table()
+        try:
+            table = self._table()
+        except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+            raise self._corrupt(error, f"reading columns {list(self.columns)}") from None
         return {"lengths": column_lengths(table, _spec(self.columns), self._where())}
 
     def read(self, rows: Any) -> Iterator[dict[str, Any]]:
@@ -169,7 +209,14 @@ class _BlockShard(_FileShard):
         block_of = np.searchsorted(starts, rows, side="right") - 1
         needed = np.unique(block_of).tolist()
         self.stats.opens += 1
-        for block, data in self._blocks(needed):
+        blocks = self._blocks(needed)
+        while True:
+            try:
+                block, data = next(blocks)
+            except StopIteration:
+                return
+            except (OSError, ValueError) as error:
+                raise self._corrupt(error, f"reading rows {rows[0]}..{rows[-1]}") from None
             local = rows[block_of == block] - starts[block]
             self.stats.rows_decoded += len(data)
             items = table_items(data.take(local))
@@ -212,7 +259,10 @@ class ParquetShard(_BlockShard):
         import pyarrow.parquet as pq
 
         super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
-        meta = pq.ParquetFile(self.path).metadata  # footer only: no data is read
+        try:
+            meta = pq.ParquetFile(self.path).metadata  # footer only: no data is read
+        except (OSError, ValueError) as error:
+            raise self._corrupt(error, "reading its footer") from None
         self._block_rows = np.array(
             [meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64
         )
@@ -266,17 +316,24 @@ class ArrowShard(_BlockShard):
         try:
             reader = pa.ipc.open_file(source)
             self._stream = False
-            sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+            try:
+                sizes = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+            except (OSError, ValueError) as error:
+                raise self._corrupt(error, "reading its record batches") from None
         except pa.ArrowInvalid:
             try:
                 reader = pa.ipc.open_stream(pa.memory_map(str(self.path)))
             except pa.ArrowInvalid as error:
                 raise ValueError(
-                    f"paths: {self.name} is not an Arrow IPC file or stream ({error}): write "
-                    "it with pyarrow.ipc.new_file or pyarrow.feather.write_feather."
+                    f"paths: {self.name} is damaged or not an Arrow IPC file or stream "
+                    f"({error}): re-copy it if it was cut short, else write it with "
+                    "pyarrow.ipc.new_file or pyarrow.feather.write_feather."
                 ) from None
             self._stream = True
-            sizes = [batch.num_rows for batch in reader]  # memory-mapped: no copy
+            try:
+                sizes = [batch.num_rows for batch in reader]  # memory-mapped: no copy
+            except (OSError, ValueError) as error:  # a truncated stream
+                raise self._corrupt(error, "reading its record batches") from None
         self._block_rows = np.array(sizes, dtype=np.int64)
         self._check_names(reader.schema.names)
 

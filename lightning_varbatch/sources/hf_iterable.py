@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns
 from lightning_varbatch.sources.shard_index import (
     CacheDir,
@@ -103,6 +104,11 @@ class HFIterableShard:
         return self._name
 
     @property
+    def content_name(self) -> str:
+        """The shard's name without folders (its files' names): part of its content identity."""
+        return ",".join(part.rsplit("/", 1)[-1] for part in self._name.split(","))
+
+    @property
     def num_rows(self) -> int:
         """Rows in the shard (known after the lengths pass)."""
         if self._num_rows is None:
@@ -120,8 +126,8 @@ class HFIterableShard:
         cached = load_index(self.cache_dir, self._key or "", ("lengths",))
         if cached is None:
             cached = {"lengths": self._build()}
-            if self._key:
-                save_index(self.cache_dir, self._key, cached)
+            if self._key and not save_index(self.cache_dir, self._key, cached):
+                self.cache_dir = None  # unwritable (warned): keep the lengths in memory
         if not (self._key and self.cache_dir is not None):
             self._lengths = cached["lengths"]
         return cached["lengths"]
@@ -131,9 +137,11 @@ class HFIterableShard:
         features = getattr(self.dataset, "features", None)
         missing = [c for c in self.columns if features is not None and c not in features]
         if missing:
-            raise ValueError(
+            raise SettingValueError(
                 f"{where}: the dataset has no column {missing[0]!r}; its columns are "
-                f"{list(features or [])}: change columns to name one of them."
+                f"{list(features or [])}: change columns to name one of them.",
+                setting="columns",
+                value=list(self.columns),
             )
         data = (
             self.dataset.select_columns(list(self.columns))
@@ -142,7 +150,18 @@ class HFIterableShard:
         )
         self.stats.opens += 1
         per_row: list[tuple[int, ...]] = []
-        for batch in data.iter(batch_size=1000):
+        batches = data.iter(batch_size=1000)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except (OSError, ValueError, RuntimeError) as error:  # a damaged file
+                raise ValueError(
+                    f"{where}: reading the shard failed after {len(per_row)} rows "
+                    f"({type(error).__name__}: {error}); a file of it is damaged or not in "
+                    "its format: re-write or re-copy it, or leave it out of data_files."
+                ) from None
             items = [
                 dict(zip(batch, row, strict=True)) for row in zip(*batch.values(), strict=True)
             ]

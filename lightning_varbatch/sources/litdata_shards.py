@@ -104,6 +104,16 @@ class LitdataShard:
         return os.path.abspath(self.chunk)
 
     @property
+    def content_name(self) -> str:
+        """The chunk file's name without its folder (part of its content identity)."""
+        return self.chunk.name
+
+    @property
+    def size_bytes(self) -> int:
+        """The chunk file's size in bytes."""
+        return int(os.path.getsize(self.chunk))
+
+    @property
     def num_rows(self) -> int:
         """Items in the chunk (from ``index.json``)."""
         return self._num_rows
@@ -131,13 +141,21 @@ class LitdataShard:
         if self._lengths is not None:
             return self._lengths
         key = file_key(self.chunk, "litdata", self.columns, self.offset)
-        cached = load_index(self.cache_dir, key, ("lengths",))
+        cached = load_index(self.cache_dir, key, ("lengths",), self.num_rows)
         if cached is None:
             where = f"columns ({self.name})"
             items = self._items(list(range(self.num_rows)))
-            per_row = row_lengths(items, self.columns, where)
+            try:
+                per_row = row_lengths(items, self.columns, where)
+            except (OSError, RuntimeError, EOFError) as error:  # a damaged chunk
+                raise ValueError(
+                    f"input_dir: the chunk {self.name} is damaged: reading its items failed "
+                    f"({type(error).__name__}: {error}). Re-run litdata.optimize or re-copy "
+                    "the folder."
+                ) from None
             cached = {"lengths": lengths_array(per_row, self.columns, where)}
-            save_index(self.cache_dir, key, cached)
+            if not save_index(self.cache_dir, key, cached):
+                self.cache_dir = None  # unwritable (warned): keep the lengths in memory
         if self.cache_dir is None:
             self._lengths = cached["lengths"]
         return cached["lengths"]

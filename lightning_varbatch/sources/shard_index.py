@@ -4,12 +4,19 @@ A shard's index (its per-row lengths, and for JSON lines the byte offset of ever
 built once and saved as ``.npy`` files in a cache folder, keyed by the file's absolute path,
 size and modification time and by the columns spec, so a fresh shard object over the same
 unchanged file loads it without reading the data. Files are written to a temporary name and
-moved into place (``os.replace``), so a reader never sees a half-written index.
+moved into place (``os.replace``), so a reader never sees a half-written index. A cache file
+that cannot be read, or that does not describe the file's rows, gives a
+:class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` and is rebuilt; a
+cache folder that cannot be written gives one and the run goes on uncached. Shards copied to
+another folder (node-local disk) get a new key, so their index is built again there: the cache
+never refuses data, and a stream's resume checks the shards' content, not their paths (see
+:meth:`~lightning_varbatch.sources.shards.ShardedSource.identity`).
 
 Example:
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
     >>> save_index(folder, "k", {"lengths": np.array([3, 1])})
+    True
     >>> load_index(folder, "k", ("lengths",))["lengths"].tolist()
     [3, 1]
     >>> load_index(folder, "other", ("lengths",)) is None
@@ -18,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -28,9 +36,14 @@ from typing import Any
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.lengths import as_int_lengths
 from lightning_varbatch.sources.arrow_lengths import Columns, is_column_spec
-from lightning_varbatch.sources.tokenized_lengths import default_cache_dir
+from lightning_varbatch.sources.tokenized_lengths import (
+    default_cache_dir,
+    warn_damaged,
+    warn_unwritable,
+)
 
 __all__ = [
     "CacheDir",
@@ -158,9 +171,17 @@ def text_key(parts: Sequence[Any]) -> str:
 
 
 def load_index(
-    folder: str | os.PathLike[str] | None, key: str, names: Sequence[str]
+    folder: str | os.PathLike[str] | None,
+    key: str,
+    names: Sequence[str],
+    rows: int | None = None,
 ) -> dict[str, np.ndarray] | None:
-    """The cached arrays ``names`` under ``key``, or ``None`` when any is missing or unreadable.
+    """The cached arrays ``names`` under ``key``, or ``None`` when any is missing or damaged.
+
+    A file that exists but cannot be read, holds no integers, or whose arrays disagree on
+    the number of rows (or with ``rows``, when the shard knows it) is damaged: a
+    :class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` names it and
+    ``None`` is returned, so the caller rebuilds the index and overwrites it.
 
     Example:
         >>> load_index(None, "k", ("lengths",)) is None
@@ -171,29 +192,65 @@ def load_index(
     out = {}
     for name in names:
         path = Path(folder) / f"{key}.{name}.npy"
+        if not path.exists():
+            return None
         try:
             out[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError) as error:
+            warn_damaged(path, f"unreadable: {error}", "shard index")
             return None
+    sizes = {name: array.shape[0] if array.ndim else -1 for name, array in out.items()}
+    for name, array in out.items():
+        path = Path(folder) / f"{key}.{name}.npy"
+        problem = f"it holds {array.dtype} of shape {array.shape}"
+        if array.dtype.kind not in "iu" or array.ndim not in (1, 2):
+            warn_damaged(path, f"{problem}, expected integers", "shard index")
+            return None
+        if rows is not None and sizes[name] != rows:
+            warn_damaged(path, f"{problem}, expected the file's {rows} rows", "shard index")
+            return None
+    if len(set(sizes.values())) > 1:  # the arrays of one index disagree: name them all
+        files = " and ".join(f"{key}.{n}.npy ({sizes[n]} rows)" for n in names)
+        warn_damaged(Path(folder) / f"{key}.*.npy", f"{files} disagree", "shard index")
+        return None
     return out
 
 
 def save_index(
     folder: str | os.PathLike[str] | None, key: str, arrays: Mapping[str, np.ndarray]
-) -> None:
+) -> bool:
     """Save ``arrays`` under ``key`` atomically (temporary file, then ``os.replace``).
+
+    Returns:
+        Whether they were saved. A folder that cannot be written gives one
+        :class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` per folder
+        and ``False``: the caller keeps the index in memory instead.
 
     Example:
         >>> save_index(None, "k", {"lengths": np.array([1])})  # no folder: nothing is saved
+        False
     """
     if folder is None:
-        return
-    Path(folder).mkdir(parents=True, exist_ok=True)
+        return False
     for name, values in arrays.items():
         path = Path(folder) / f"{key}.{name}.npy"
         tmp = Path(folder) / f"{key}.{name}.{os.getpid()}.tmp.npy"
-        np.save(tmp, np.asarray(values))
-        os.replace(tmp, path)
+        try:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            np.save(tmp, np.asarray(values))
+            os.replace(tmp, path)
+        except OSError as error:
+            if str(folder) not in _UNWRITABLE:
+                _UNWRITABLE.add(str(folder))
+                warn_unwritable(Path(folder), error, "shard indexes")
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            return False
+    return True
+
+
+#: Cache folders already warned about (one warning per folder, not one per shard).
+_UNWRITABLE: set[str] = set()
 
 
 def check_rows(rows: Any, num_rows: int, where: str) -> np.ndarray:
@@ -236,14 +293,34 @@ def check_rows(rows: Any, num_rows: int, where: str) -> np.ndarray:
     return array
 
 
-def _length_of(value: Any, column: str, where: str) -> int:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+def _length_of(value: Any, column: str, where: str, row: int) -> int:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return int(value)
+    if value is None:
+        raise ValueError(
+            f"{where}: row {row} has a null {column!r}, not a length or token ids; every "
+            "example needs a length: fill or filter that row out of the shard."
+        )
     if isinstance(value, (list, tuple, np.ndarray)):
+        first = value[0] if len(value) else 0
+        bad = isinstance(first, (bool, np.bool_)) or not isinstance(first, (int, np.integer))
+        if bad or (isinstance(value, list) and None in value):
+            shown = "a null" if first is not None and None in list(value) else repr(first)
+            raise TypeError(
+                f"{where}: row {row} field {column!r} is a list holding {shown}, not token ids "
+                "(integers): write integer token ids (tokenize text first), or name a length "
+                "or token-id field in columns."
+            )
         return len(value)
+    if isinstance(value, str):
+        raise TypeError(
+            f"{where}: row {row} field {column!r} is text ({value[:30]!r}), not token ids or a "
+            "length: tokenize it first (write the token ids), or name a length or token-id "
+            "field in columns."
+        )
     raise TypeError(
-        f"{where}: field {column!r} is {type(value).__name__}, not a length (int) or a list "
-        "of token ids: name a length or token-id field in columns."
+        f"{where}: row {row} field {column!r} is {type(value).__name__}, not a length (int) or "
+        "a list of token ids: name a length or token-id field in columns."
     )
 
 
@@ -253,21 +330,26 @@ def row_lengths(
     """Per-item lengths of python items (dicts): an int field as it is, a list field's len.
 
     Raises:
-        ValueError: when an item lacks a named field (its fields are listed).
-        TypeError: when a named field is neither an int nor a list/array.
+        ValueError: when an item lacks a named field (its fields are listed) or it is null;
+            the row is named.
+        TypeError: when a named field is neither an int nor a list/array of integers (text,
+            floats); the row is named.
 
     Example:
         >>> row_lengths([{"ids": [1, 2], "n": 5}], ("ids", "n"), "shard")
         [(2, 5)]
     """
-    out = []
+    out: list[tuple[int, ...]] = []
     for item in items:
+        row = len(out)
         try:
-            out.append(tuple(_length_of(item[c], c, where) for c in names))
+            out.append(tuple(_length_of(item[c], c, where, row) for c in names))
         except KeyError as error:
-            raise ValueError(
-                f"{where}: row {len(out)} has no field {error.args[0]!r}; its fields are "
-                f"{sorted(item)}: change columns to name one of them."
+            raise SettingValueError(
+                f"{where}: row {row} has no field {error.args[0]!r}; its fields are "
+                f"{sorted(item)}: change columns to name one of them.",
+                setting="columns",
+                value=list(names),
             ) from None
     return out
 

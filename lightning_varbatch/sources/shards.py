@@ -30,16 +30,25 @@ import glob
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns
 from lightning_varbatch.sources.shard_index import CacheDir, ReadStats, column_names
 
-__all__ = ["SHARD_SUFFIXES", "ReadStats", "Shard", "ShardedSource", "shards_from_files"]
+__all__ = [
+    "SHARD_SUFFIXES",
+    "ReadStats",
+    "Shard",
+    "ShardedSource",
+    "identity_changes",
+    "shard_identity",
+    "shards_from_files",
+]
 
 #: File suffixes :func:`shards_from_files` reads, and the shard class of each.
 SHARD_SUFFIXES = {
@@ -89,6 +98,109 @@ class Shard(Protocol):
         ...
 
 
+def _digest(lengths: np.ndarray) -> str:
+    """A 64-bit digest of a shard's lengths (shape and values)."""
+    array = np.ascontiguousarray(lengths, dtype=np.int64)
+    digest = hashlib.blake2b(str(array.shape).encode(), digest_size=8)
+    digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def shard_identity(shard: Shard, lengths: np.ndarray | None = None) -> dict[str, Any]:
+    """What identifies a shard's content for a resume, wherever the shard lies.
+
+    ``file``: its ``content_name`` (the file's name without its folder; a shard without one
+    gives its ``name``), ``rows``, ``bytes`` (its ``size_bytes``, ``None`` when unknown) and
+    ``lengths``: a digest of its per-row lengths. The same file copied to another folder has
+    the same identity; a file whose rows, lengths or size changed does not.
+
+    Example:
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> from lightning_varbatch.sources.file_shards import ParquetShard
+        >>> path = tempfile.mkdtemp() + "/a.parquet"
+        >>> pq.write_table(pa.table({"n": [3, 1]}), path)
+        >>> ident = shard_identity(ParquetShard(path, "n", cache_dir=None))
+        >>> ident["file"], ident["rows"], len(ident["lengths"])
+        ('a.parquet', 2, 16)
+    """
+    values = np.asarray(shard.lengths() if lengths is None else lengths)
+    size = getattr(shard, "size_bytes", None)
+    return {
+        "file": str(getattr(shard, "content_name", None) or shard.name),
+        "rows": int(shard.num_rows),
+        "bytes": None if size is None else int(size),
+        "lengths": _digest(values),
+    }
+
+
+def _ident_key(ident: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (ident.get("file"), ident.get("rows"), ident.get("bytes"), ident.get("lengths"))
+
+
+def _what_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    parts = []
+    if old.get("rows") != new.get("rows"):
+        parts.append(f"{old.get('rows')} rows saved, {new.get('rows')} now")
+    elif old.get("lengths") != new.get("lengths"):
+        parts.append("the same number of rows with other lengths")
+    if old.get("bytes") != new.get("bytes"):
+        parts.append(f"{old.get('bytes')} bytes saved, {new.get('bytes')} now")
+    return ", ".join(parts) or "other content"
+
+
+def identity_changes(saved: Sequence[Mapping[str, Any]], now: Sequence[Mapping[str, Any]]) -> str:
+    """How the shards ``now`` differ from ``saved`` (:func:`shard_identity` lists), or ``""``.
+
+    Says whether the same shards were reordered (which moved), or which files changed (and
+    what: rows, lengths, size), were added or are missing. Paths do not matter.
+
+    Example:
+        >>> a = {"file": "a.jsonl", "rows": 2, "bytes": 30, "lengths": "x"}
+        >>> b = {"file": "b.jsonl", "rows": 1, "bytes": 9, "lengths": "y"}
+        >>> identity_changes([a, b], [a, b])
+        ''
+        >>> identity_changes([a, b], [b, a])
+        'the same 2 shards in another order: a.jsonl was shards[0], now shards[1]; b.jsonl was shards[1], now shards[0]'
+    """  # noqa: E501
+    old_keys = [_ident_key(i) for i in saved]
+    new_keys = [_ident_key(i) for i in now]
+    if old_keys == new_keys:
+        return ""
+    if sorted(old_keys, key=repr) == sorted(new_keys, key=repr):
+        moved = []
+        for i, key in enumerate(old_keys):
+            if new_keys[i] != key:
+                j = new_keys.index(key)
+                moved.append(f"{key[0]} was shards[{i}], now shards[{j}]")
+        more = f" (and {len(moved) - 5} more)" if len(moved) > 5 else ""
+        return f"the same {len(old_keys)} shards in another order: " + "; ".join(moved[:5]) + more
+    old_by_name = {str(i.get("file")): i for i in saved}
+    new_by_name = {str(i.get("file")): i for i in now}
+    notes = []
+    if len(old_by_name) == len(saved) and len(new_by_name) == len(now):
+        for name, old in old_by_name.items():
+            new = new_by_name.get(name)
+            if new is None:
+                notes.append(f"{name} is missing")
+            elif _ident_key(new) != _ident_key(old):
+                notes.append(f"{name} changed ({_what_changed(old, new)})")
+        notes += [f"{name} was added" for name in new_by_name if name not in old_by_name]
+        if not notes:
+            notes.append("the same files in another order")
+    else:  # names repeat (chunks of several folders): compare position by position
+        for i in range(max(len(saved), len(now))):
+            old_i = saved[i] if i < len(saved) else None
+            new_i = now[i] if i < len(now) else None
+            if old_i is None:
+                notes.append(f"shards[{i}] ({new_i and new_i.get('file')}) was added")
+            elif new_i is None:
+                notes.append(f"shards[{i}] ({old_i.get('file')}) is missing")
+            elif _ident_key(old_i) != _ident_key(new_i):
+                notes.append(f"shards[{i}] ({old_i.get('file')}) changed")
+    more = f" (and {len(notes) - 5} more)" if len(notes) > 5 else ""
+    return "; ".join(notes[:5]) + more
+
+
 class ShardedSource:
     """A dataset as an ordered sequence of shards, rows numbered globally shard after shard.
 
@@ -121,6 +233,7 @@ class ShardedSource:
             )
         ndim = None
         counts = []
+        identity = []
         for i, shard in enumerate(shards):
             if not isinstance(shard, Shard):
                 raise TypeError(
@@ -148,8 +261,10 @@ class ShardedSource:
                     "(one column, or the same pair)."
                 )
             counts.append(rows)
+            identity.append(shard_identity(shard, lengths))
         self.shards = shards
         self.columns = columns
+        self._identity = identity
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
     @property
@@ -187,8 +302,47 @@ class ShardedSource:
             total = total.merge(getattr(shard, "stats", ReadStats()))
         return total
 
+    def identity(self) -> dict[str, Any]:
+        """The shards' content identity: the columns spec and :func:`shard_identity` per shard.
+
+        Computed once, from the lengths read when the source is built. Saved with a stream's
+        position: a resume compares it (not paths), so shards copied to another folder resume
+        and reordered, changed, added or missing shards are named.
+
+        Example:
+            >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+            >>> from lightning_varbatch.sources.file_shards import ParquetShard
+            >>> path = tempfile.mkdtemp() + "/a.parquet"
+            >>> pq.write_table(pa.table({"n": [3, 1]}), path)
+            >>> ShardedSource([ParquetShard(path, "n", cache_dir=None)], "n").identity()["columns"]
+            'n'
+        """
+        spec = list(self.columns) if isinstance(self.columns, (list, tuple)) else self.columns
+        return {"columns": spec, "shards": [dict(i) for i in self._identity]}
+
+    def content_fingerprint(self) -> str:
+        """A sha1 of :meth:`identity`: equal for the same shard contents in any folder.
+
+        Example:
+            >>> import os, tempfile, shutil, pyarrow as pa, pyarrow.parquet as pq
+            >>> from lightning_varbatch.sources.file_shards import ParquetShard
+            >>> a, b = tempfile.mkdtemp(), tempfile.mkdtemp()
+            >>> pq.write_table(pa.table({"n": [3, 1]}), a + "/x.parquet")
+            >>> _ = shutil.copy(a + "/x.parquet", b)
+            >>> one, two = (ShardedSource([ParquetShard(f + "/x.parquet", "n", cache_dir=None)])
+            ...             for f in (a, b))
+            >>> one.content_fingerprint() == two.content_fingerprint(), one.fingerprint() == two.fingerprint()
+            (True, False)
+        """  # noqa: E501
+        text = json.dumps(self.identity(), sort_keys=True, default=str)
+        return hashlib.sha1(text.encode()).hexdigest()
+
     def fingerprint(self) -> str:
-        """A sha1 of the shard names, their row counts and the columns spec."""
+        """A sha1 of the shard names (paths), their row counts and the columns spec.
+
+        Saved with a stream's position as before (a position saved without
+        :meth:`identity` is checked against it); a resume compares :meth:`identity`.
+        """
         spec = [self.columns] if isinstance(self.columns, str) else self.columns
         text = json.dumps([[s.name for s in self.shards], self.offsets.tolist(), spec], default=str)
         return hashlib.sha1(text.encode()).hexdigest()
@@ -213,24 +367,31 @@ def _expand(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) ->
                 p for p in Path(given).iterdir() if p.is_file() and p.suffix in SHARD_SUFFIXES
             )
             if not found:
-                raise ValueError(
+                raise SettingValueError(
                     f"paths={given!r} is a folder with no {sorted(SHARD_SUFFIXES)} files: "
-                    "point paths at the shards (a folder, a glob or a list of files)."
+                    "point paths at the shards (a folder, a glob or a list of files).",
+                    setting="paths",
+                    value=paths,
                 )
             return found
         if glob.has_magic(given):
             found = sorted(Path(p) for p in glob.glob(given, recursive=True) if Path(p).is_file())
             if not found:
-                raise ValueError(
+                raise SettingValueError(
                     f"paths={given!r} matches no files: check the glob pattern (relative "
-                    f"to {os.getcwd()})."
+                    f"to {os.getcwd()}).",
+                    setting="paths",
+                    value=paths,
                 )
             return found
         return [Path(given)]
     if isinstance(paths, Sequence) and not isinstance(paths, bytes):
         return [Path(p) for p in paths]
-    raise TypeError(
-        f"paths must be a folder, a glob or a list of files, got {type(paths).__name__}."
+    raise SettingTypeError(
+        f"paths must be a folder, a glob or a list of files, got {type(paths).__name__}: "
+        "pass one of those.",
+        setting="paths",
+        value=paths,
     )
 
 
@@ -255,32 +416,43 @@ def shards_from_files(
             ``~/.cache/lightning_varbatch``; ``None``/``False``: no cache).
 
     Raises:
-        ValueError: for no files, a missing file, or an unknown suffix (the supported ones
-            are listed), and for columns or fields a file does not have.
+        SettingValueError: for no files, a missing file, or an unknown suffix (the supported
+            ones are listed), and for columns or fields a file does not have.
+        ValueError: for a damaged file (named, with what failed), nulls in its lengths.
+        TypeError: for text or floats where token ids belong (the file and row are named).
 
     Example:
         >>> import tempfile
         >>> shards_from_files(tempfile.mkdtemp() + "/*.parquet", "n")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        ValueError: paths='...*.parquet' matches no files: check the glob pattern ...
+        lightning_varbatch.errors.SettingValueError: paths='...*.parquet' matches no files: ...
     """
     from lightning_varbatch.sources import file_shards
 
     column_names(columns)
     files = _expand(paths)
     if not files:
-        raise ValueError("paths is an empty list: give at least one shard file.")
+        raise SettingValueError(
+            "paths is an empty list: give at least one shard file.", setting="paths", value=paths
+        )
     shards: list[Shard] = []
     for path in files:
         kind = SHARD_SUFFIXES.get(path.suffix.lower())
         if kind is None:
-            raise ValueError(
+            raise SettingValueError(
                 f"paths: {str(path)!r} has suffix {path.suffix!r}; supported are "
-                f"{sorted(SHARD_SUFFIXES)}: convert it or implement the Shard protocol."
+                f"{sorted(SHARD_SUFFIXES)}: convert it or implement the Shard protocol.",
+                setting="paths",
+                value=paths,
             )
         if not path.is_file():
-            raise ValueError(f"paths: {str(path)!r} does not exist or is not a file.")
+            raise SettingValueError(
+                f"paths: {str(path)!r} does not exist or is not a file: check the path (or "
+                "copy the shard there).",
+                setting="paths",
+                value=paths,
+            )
         cls = getattr(file_shards, kind)
         shards.append(cls(path, columns, fields=fields, cache_dir=cache_dir))
     return ShardedSource(shards, columns)

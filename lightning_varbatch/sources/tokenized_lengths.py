@@ -11,7 +11,12 @@ milliseconds. To keep them as a column instead:
 The tokenizer may be a Hugging Face ``tokenizers.Tokenizer`` (``encode_batch``), a
 ``transformers`` tokenizer (called on the batch, ``input_ids``), or any callable taking a list
 of strings and returning one token sequence (or one count) per string. Counts include whatever
-special tokens the tokenizer adds, which is what the collate will pad.
+special tokens the tokenizer adds, which is what the collate will pad. A padded result (a
+``BatchEncoding`` of ``tok(texts, padding=True)``, a ``Tokenizer`` with padding enabled) is
+counted by its attention mask, never by its width; results ``len()`` would miscount (strings,
+a padded array without a mask), floats, ``None`` and null texts are refused naming the row and
+column. A cache that cannot be written, or a damaged cache file, gives a
+:class:`LengthCacheWarning` naming it (and the counts are computed).
 
 Example:
     >>> import datasets
@@ -24,19 +29,40 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from lightning_varbatch.planner.settings import check_count, check_flag
+from lightning_varbatch.checks import check_count, check_flag
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
 
-__all__ = ["default_cache_dir", "tokenized_lengths"]
+__all__ = ["LengthCacheWarning", "default_cache_dir", "tokenized_lengths"]
 
 _CACHE_VERSION = "1"
+
+#: What a tokenizer must return, for messages.
+_WANTED = (
+    "one token sequence (a list/array of token ids) or one integer count per string, or a "
+    "BatchEncoding/dict with 'input_ids' (and 'attention_mask' when it pads)"
+)
+
+
+class LengthCacheWarning(UserWarning):
+    """A lengths cache could not be written (the run goes on uncached) or was damaged (rebuilt).
+
+    The lengths returned are right either way; the warning says which file or folder and how
+    to change the cache (``cache_dir=...``, ``$LIGHTNING_VARBATCH_CACHE``).
+
+    Example:
+        >>> issubclass(LengthCacheWarning, UserWarning)
+        True
+    """
 
 
 def default_cache_dir() -> Path:
@@ -53,33 +79,255 @@ def default_cache_dir() -> Path:
     return Path(base) / "lightning_varbatch" / "lengths"
 
 
-def _counter(tokenizer: Any) -> Callable[[list[str]], list[int]]:
-    """A function from a batch of strings to their token counts."""
-    encode_batch = getattr(tokenizer, "encode_batch", None)
-    if callable(encode_batch) and type(tokenizer).__module__.startswith("tokenizers"):
-        return lambda texts: [len(e.ids) for e in encode_batch(texts)]
-    if not callable(tokenizer):
-        raise TypeError(
-            f"tokenizer must be a tokenizers.Tokenizer, a transformers tokenizer or a callable "
-            f"list[str] -> token sequences, got {type(tokenizer).__name__}."
+def warn_unwritable(path: Path, error: OSError, what: str = "the lengths") -> None:
+    """Warn that a cache file could not be written: the run goes on without caching it.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_unwritable(Path("/ro/x.npy"), PermissionError(13, "Permission denied"))
+        >>> "cache_dir" in str(caught[0].message)
+        True
+    """
+    warnings.warn(
+        f"could not write the cache of {what} to {str(path)!r} ({type(error).__name__}: "
+        f"{error.strerror or error}); they are not cached and will be computed again next "
+        "run. Pass cache_dir= a writable folder (or set $LIGHTNING_VARBATCH_CACHE), or "
+        "cache_dir=None to turn the cache off and silence this.",
+        LengthCacheWarning,
+        stacklevel=3,
+    )
+
+
+def warn_damaged(path: Path, problem: str, what: str = "lengths") -> None:
+    """Warn that a cache file was unreadable or inconsistent and is rebuilt.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_damaged(Path("/c/x.npy"), "truncated")
+        >>> "rebuilding" in str(caught[0].message)
+        True
+    """
+    warnings.warn(
+        f"the cached {what} {str(path)!r} is damaged ({problem}); rebuilding it from the "
+        "data (delete the file, or pass another cache_dir, if this repeats).",
+        LengthCacheWarning,
+        stacklevel=3,
+    )
+
+
+def _is_text(value: object) -> bool:
+    return isinstance(value, (str, bytes))
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    """``value`` as a numpy array when it is a numpy array or a tensor, else ``None``."""
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith(("torch", "tensorflow", "jax")) and hasattr(
+        value, "shape"
+    ):
+        detach = getattr(value, "detach", None)
+        value = detach().cpu() if callable(detach) else value
+        return np.asarray(value)
+    return None
+
+
+class _Rows:
+    """Turns one tokenizer result into counts, naming the dataset row and column when wrong."""
+
+    def __init__(self, column: str, rows: Sequence[int], size: int) -> None:
+        self.column, self.rows, self.size = column, rows, size
+
+    def where(self, i: int) -> str:
+        return f"row {self.rows[i]} of column {self.column!r}"
+
+    def bad(self, i: int, got: str, fix: str) -> TypeError:
+        return TypeError(
+            f"tokenizer: for {self.where(i)} the tokenizer returned {got}; it must return "
+            f"{_WANTED}. {fix}"
         )
 
-    def count(texts: list[str]) -> list[int]:
-        out = tokenizer(texts)
-        if isinstance(out, Mapping):  # transformers BatchEncoding
-            out = out["input_ids"]
-        if not isinstance(out, Sequence) and not isinstance(out, np.ndarray):
+    def count(self, i: int, row: Any) -> int:
+        """The token count of one row of the result."""
+        if row is None:
+            return self._null(i)
+        if isinstance(row, (bool, np.bool_)):
+            raise self.bad(i, f"a bool ({row!r})", "Return integer counts or token-id lists.")
+        if isinstance(row, (int, np.integer)):
+            return int(row)
+        if isinstance(row, (float, np.floating)):
+            raise self.bad(
+                i,
+                f"a float ({row!r})",
+                "Counts must be integers: return int counts (or the token ids themselves).",
+            )
+        if _is_text(row):
+            raise self.bad(
+                i,
+                f"a string ({str(row)[:40]!r})",
+                "Counting its length would count characters, not tokens: return the token "
+                "ids (e.g. tok.encode(text).ids or tok(texts)['input_ids']).",
+            )
+        mask = getattr(row, "attention_mask", None)
+        if mask is not None and hasattr(row, "ids"):  # a tokenizers.Encoding (maybe padded)
+            return int(sum(mask))
+        if isinstance(row, Mapping):
+            return self._mapping_row(i, row)
+        array = _as_array(row)
+        if array is not None:
+            if array.ndim == 0:
+                return self.count(i, array.item())
+            if array.ndim != 1:
+                raise self.bad(
+                    i,
+                    f"an array of shape {array.shape}",
+                    "Each string's tokens must be one flat sequence (was "
+                    "return_overflowing_tokens or a nested list returned?).",
+                )
+            if array.dtype.kind not in "iu" and array.size:
+                raise self.bad(
+                    i,
+                    f"an array of dtype {array.dtype}",
+                    "Token ids must be integers.",
+                )
+            return int(array.shape[0])
+        if isinstance(row, Sequence):
+            if row and isinstance(row[0], (list, tuple, np.ndarray, Mapping)):
+                raise self.bad(
+                    i,
+                    f"a nested sequence (its first element is a {type(row[0]).__name__})",
+                    "Each string's tokens must be one flat sequence of token ids (was "
+                    "return_overflowing_tokens on, or a pair of texts given?).",
+                )
+            if row and isinstance(row[0], (float, np.floating)):
+                raise self.bad(
+                    i, f"a sequence of floats ({row[0]!r}, ...)", "Token ids must be integers."
+                )
+            if None in row:
+                raise ValueError(
+                    f"tokenizer: for {self.where(i)} the tokenizer returned token ids with a "
+                    f"null at position {list(row).index(None)}; every token must be an "
+                    "integer id: fix the tokenizer (or its vocabulary) for that text."
+                )
+            return len(row)
+        raise self.bad(i, f"a {type(row).__name__}", "")
+
+    def _null(self, i: int) -> int:
+        raise ValueError(
+            f"tokenizer: for {self.where(i)} the tokenizer returned None instead of token ids "
+            "or a count; it must return one result per string: check how it handles that "
+            "text (or filter the row out)."
+        )
+
+    def _mapping_row(self, i: int, row: Mapping[str, Any]) -> int:
+        if "attention_mask" in row:
+            return int(np.asarray(row["attention_mask"]).sum())
+        if "input_ids" in row:
+            return self.count(i, row["input_ids"])
+        raise self.bad(i, f"a dict with keys {sorted(map(str, row))}", "")
+
+    def counts(self, out: Any) -> list[int]:
+        """Counts of a whole batch result (one per string)."""
+        if out is None:
             raise TypeError(
-                f"the tokenizer returned {type(out).__name__} for a batch of {len(texts)} "
-                "strings; it must return one token sequence (or one count) per string."
+                f"tokenizer: the tokenizer returned None for a batch of {self.size} strings "
+                f"(rows {self.rows[0]}..{self.rows[-1]} of column {self.column!r}); it must "
+                f"return {_WANTED} (does it modify its input instead of returning?)."
             )
-        if len(out) != len(texts):
+        if _is_text(out):
+            raise TypeError(
+                f"tokenizer: the tokenizer returned one string for a batch of {self.size} "
+                f"strings (rows {self.rows[0]}..{self.rows[-1]} of column {self.column!r}); "
+                f"it must return {_WANTED}."
+            )
+        if isinstance(out, Mapping):
+            return self._mapping(out)
+        array = _as_array(out)
+        if array is not None:
+            return self._array(array, "token ids")
+        if not isinstance(out, Sequence):
+            if not isinstance(out, Iterable):
+                raise TypeError(
+                    f"tokenizer: the tokenizer returned {type(out).__name__} for a batch of "
+                    f"{self.size} strings (column {self.column!r}); it must return {_WANTED}."
+                )
+            out = list(out)
+        self._check_rows(len(out))
+        return [self.count(i, row) for i, row in enumerate(out)]
+
+    def _check_rows(self, got: int) -> None:
+        if got != self.size:
             raise ValueError(
-                f"the tokenizer returned {len(out)} results for a batch of {len(texts)} "
-                "strings; it must return one per string (is it tokenizing one string at a "
-                "time? wrap it: lambda texts: [tok(t) for t in texts])."
+                f"tokenizer: the tokenizer returned {got} results for a batch of {self.size} "
+                f"strings (rows {self.rows[0]}..{self.rows[-1]} of column {self.column!r}); "
+                "it must return one per string (is it tokenizing one string at a time? wrap "
+                "it: lambda texts: [tok(t) for t in texts])."
             )
-        return [int(x) if isinstance(x, (int, np.integer)) else len(x) for x in out]
+
+    def _array(self, array: np.ndarray, what: str) -> list[int]:
+        if array.ndim == 1 and array.dtype.kind in "iu":  # one count per string
+            self._check_rows(array.shape[0])
+            return [self.count(i, int(x)) for i, x in enumerate(array.tolist())]
+        if array.ndim == 1 and array.dtype == object:
+            self._check_rows(array.shape[0])
+            return [self.count(i, row) for i, row in enumerate(array)]
+        if array.ndim == 1:
+            raise self.bad(0, f"an array of dtype {array.dtype}", "Counts must be integers.")
+        self._check_rows(array.shape[0])
+        raise TypeError(
+            f"tokenizer: the tokenizer returned {what} as one {array.shape} array for rows "
+            f"{self.rows[0]}..{self.rows[-1]} of column {self.column!r}: a rectangular batch "
+            "is padded, and its width is not each text's token count. Return the "
+            "attention_mask with it (a BatchEncoding: tok(texts, padding=True)), or call the "
+            "tokenizer without padding and return_tensors (tok(texts)['input_ids'])."
+        )
+
+    def _mapping(self, out: Mapping[str, Any]) -> list[int]:
+        if "input_ids" not in out:
+            raise TypeError(
+                f"tokenizer: the tokenizer returned a {type(out).__name__} with keys "
+                f"{sorted(map(str, out))} for column {self.column!r}; it must return "
+                f"{_WANTED}."
+            )
+        mask = out.get("attention_mask")
+        if mask is None:
+            ids = out["input_ids"]
+            array = _as_array(ids)
+            return self._array(array, "input_ids") if array is not None else self.counts(ids)
+        array = _as_array(mask)
+        if array is not None and array.ndim == 2:  # padded to a rectangle: count the mask
+            self._check_rows(array.shape[0])
+            return array.astype(np.int64).sum(axis=1).tolist()
+        rows = list(mask)
+        self._check_rows(len(rows))
+        counts = []
+        for i, row in enumerate(rows):
+            if row is None:
+                self._null(i)
+            counts.append(int(np.asarray(row, dtype=np.int64).sum()))
+        return counts
+
+
+def _counter(tokenizer: Any) -> Callable[[list[Any], str, Sequence[int]], list[int]]:
+    """A function from a batch of strings (column, dataset rows) to their token counts."""
+    encode_batch = getattr(tokenizer, "encode_batch", None)
+    if callable(encode_batch) and type(tokenizer).__module__.startswith("tokenizers"):
+        # a padding Tokenizer pads ids to the batch width: count the attention mask
+        return lambda texts, column, rows: [int(sum(e.attention_mask)) for e in encode_batch(texts)]
+    if not callable(tokenizer):
+        raise SettingTypeError(
+            f"tokenizer must be a tokenizers.Tokenizer, a transformers tokenizer or a callable "
+            f"list[str] -> token sequences, got {type(tokenizer).__name__}: pass one of those.",
+            setting="tokenizer",
+            value=tokenizer,
+        )
+
+    def count(texts: list[str], column: str, rows: Sequence[int]) -> list[int]:
+        return _Rows(column, rows, len(texts)).counts(tokenizer(texts))
 
     return count
 
@@ -91,6 +339,49 @@ def _cache_key(dataset: Any, names: list[str], tokenizer: Any) -> str | None:
     from datasets.fingerprint import Hasher
 
     return Hasher.hash([_CACHE_VERSION, fingerprint, names, tokenizer])
+
+
+def _cache_folder(cache_dir: object) -> Path | None:
+    if cache_dir is True:
+        return default_cache_dir()
+    if cache_dir is None or cache_dir is False:
+        return None
+    if not isinstance(cache_dir, (str, os.PathLike)):
+        raise SettingTypeError(
+            f"cache_dir must be a folder (str or Path), True (the default folder) or None "
+            f"(no cache), got {cache_dir!r} ({type(cache_dir).__name__}).",
+            setting="cache_dir",
+            value=cache_dir,
+        )
+    return Path(cache_dir)
+
+
+def _read_cache(path: Path, rows: int, pairs: bool) -> np.ndarray | None:
+    """The cached lengths at ``path``, or ``None`` (missing; damaged: warned and rebuilt)."""
+    if not path.exists():
+        return None
+    try:
+        cached = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as error:
+        warn_damaged(path, f"unreadable: {error}")
+        return None
+    shape = (rows, 2) if pairs else (rows,)
+    if cached.shape != shape or cached.dtype.kind not in "iu" or (cached.size and cached.min() < 1):
+        warn_damaged(path, f"it holds {cached.dtype} of shape {cached.shape}, expected {shape}")
+        return None
+    return cached
+
+
+def _write_cache(path: Path, lengths: np.ndarray) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp, lengths)
+        tmp.replace(path)
+    except OSError as error:
+        warn_unwritable(path, error, "the token counts")
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def tokenized_lengths(
@@ -108,25 +399,34 @@ def tokenized_lengths(
     Args:
         dataset: a ``datasets.Dataset``.
         tokenizer: a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer, or a callable
-            ``list[str] -> list[token sequence | count]``.
+            taking a list of strings and returning one result per string: a token sequence
+            (list, numpy array or tensor of ids), an integer count, or a
+            ``BatchEncoding``/dict with ``input_ids``. A padded result is counted by its
+            ``attention_mask`` (not its width); a padded rectangle without a mask, strings,
+            floats, ``None`` and nested sequences are refused, naming the row and column.
         columns: a text column, or a (source, target) pair for ``(n, 2)`` lengths.
         batch_size: strings per tokenizer call.
         num_proc: worker processes for ``Dataset.map`` (``None``: this process; a Rust
             tokenizer already uses several threads).
         cache_dir: where the counts are cached (``True``: :func:`default_cache_dir`;
             ``None``/``False``: no cache). The key is the dataset's fingerprint, the columns
-            and a hash of the tokenizer, so new data or another tokenizer recomputes.
+            and a hash of the tokenizer, so new data or another tokenizer recomputes. A cache
+            that cannot be written gives a :class:`LengthCacheWarning` (the counts are still
+            returned); a damaged cache file gives one and is rebuilt.
         progress: show ``Dataset.map``'s progress bar.
 
     Returns:
         ``(n,)`` or ``(n, 2)`` lengths, checked with the planner's rules.
 
     Raises:
-        TypeError: for a dataset that is not a ``datasets.Dataset``, a bad tokenizer, a
-            column that is not text, or a non-integer ``batch_size``/``num_proc``.
-        ValueError: for an unknown column, ``batch_size``/``num_proc`` below 1, or a text
-            whose count is 0 (an empty string with a
-            tokenizer that adds no special tokens); the row is named.
+        SettingTypeError: for a tokenizer that is not callable, a ``cache_dir`` of another
+            type, or a non-integer ``batch_size``/``num_proc``.
+        SettingValueError: for an unknown column or ``batch_size``/``num_proc`` below 1.
+        TypeError: for a dataset that is not a ``datasets.Dataset``, a column that is not
+            text, or a tokenizer result of the wrong kind (the row and column are named).
+        ValueError: for a null text, a tokenizer returning ``None``, the wrong number of
+            results or a count of 0 (an empty string with a tokenizer that adds no special
+            tokens); the row is named.
 
     Example:
         >>> import datasets
@@ -155,9 +455,12 @@ def tokenized_lengths(
     names = [columns] if isinstance(columns, str) else list(columns)
     for column in names:
         if column not in dataset.column_names:
-            raise ValueError(
-                f"tokenized_lengths: the dataset has no column {column!r}; its columns are "
-                f"{dataset.column_names}: pass one of them (a text column)."
+            raise SettingValueError(
+                f"tokenized_lengths: columns names {column!r}, but the dataset has no such "
+                f"column; its columns are {dataset.column_names}: pass one of them (a text "
+                "column).",
+                setting="columns",
+                value=columns,
             )
         feature = dataset.features[column]
         if getattr(feature, "dtype", None) not in ("string", "large_string"):
@@ -166,16 +469,29 @@ def tokenized_lengths(
                 "lengths use column_lengths(ds, column) (no tokenizer needed)."
             )
     count = _counter(tokenizer)
-    folder = default_cache_dir() if cache_dir is True else (cache_dir or None)
+    folder = _cache_folder(cache_dir)
     key = _cache_key(dataset, names, tokenizer) if folder else None
     path = Path(folder) / f"{key}.npy" if folder and key else None
-    if path is not None and path.exists():
-        cached = np.load(path)
-        if cached.shape[0] == len(dataset):
+    if path is not None:
+        cached = _read_cache(path, len(dataset), len(names) == 2)
+        if cached is not None:
             return cached
 
-    def batch_counts(batch: Mapping[str, list[str]]) -> dict[str, list[int]]:
-        return {c: count(list(batch[c])) for c in names}  # the counts replace the texts
+    def batch_counts(batch: Mapping[str, list[Any]], rows: list[int]) -> dict[str, list[int]]:
+        out = {}
+        for c in names:
+            texts = list(batch[c])
+            if None in texts:
+                row = rows[texts.index(None)]
+                nulls = sum(t is None for t in texts)
+                raise ValueError(
+                    f"tokenized_lengths: row {row} of column {c!r} is null (None), not text "
+                    f"({nulls} null(s) in rows {rows[0]}..{rows[-1]}); every example needs a "
+                    f"text to count: filter them out first (ds.filter(lambda r: r[{c!r}] is "
+                    "not None)) or fill them."
+                )
+            out[c] = count(texts, c, rows)  # the counts replace the texts
+        return out
 
     was_enabled = datasets.utils.logging.is_progress_bar_enabled()
     if not progress:
@@ -184,6 +500,7 @@ def tokenized_lengths(
         counted = dataset.select_columns(names).map(
             batch_counts,
             batched=True,
+            with_indices=True,
             batch_size=batch_size,
             num_proc=num_proc,
             remove_columns=names,
@@ -203,8 +520,5 @@ def tokenized_lengths(
             "adds BOS/EOS)"
         ) from None
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")
-        np.save(tmp, lengths)
-        tmp.replace(path)
+        _write_cache(path, lengths)
     return lengths

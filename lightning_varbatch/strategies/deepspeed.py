@@ -53,6 +53,9 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from typing_extensions import override
 
+from lightning_varbatch.checks import check_flag
+from lightning_varbatch.errors import SettingValueError
+
 if TYPE_CHECKING:
     import deepspeed
 
@@ -67,9 +70,11 @@ def _setting(config: Mapping[str, Any], key: str) -> int | None:
     if value is None or value == "auto":
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(
+        raise SettingValueError(
             f"The DeepSpeed config sets {key}={value!r}; it must be a positive integer "
-            f"(or leave it out and VarBatchDeepSpeedStrategy sets it)."
+            f"(or leave it out and VarBatchDeepSpeedStrategy sets it).",
+            setting=key,
+            value=value,
         )
     return int(value)  # a numpy integer as a plain int: DeepSpeed writes the config as JSON
 
@@ -107,11 +112,13 @@ def resolve_deepspeed_batch_config(
     acc, world = accumulate_grad_batches, world_size
     gas = _setting(config, "gradient_accumulation_steps")
     if gas is not None and gas != acc:
-        raise ValueError(
+        raise SettingValueError(
             f"The DeepSpeed config sets gradient_accumulation_steps={gas} but the Trainer has "
             f"accumulate_grad_batches={acc}. Remove gradient_accumulation_steps from the DeepSpeed "
             f"config (VarBatchDeepSpeedStrategy sets it from the Trainer) or set "
-            f"Trainer(accumulate_grad_batches={gas})."
+            f"Trainer(accumulate_grad_batches={gas}).",
+            setting="gradient_accumulation_steps",
+            value=gas,
         )
     micro = _setting(config, "train_micro_batch_size_per_gpu")
     total = _setting(config, "train_batch_size")
@@ -119,22 +126,26 @@ def resolve_deepspeed_batch_config(
         if total is None:
             micro = 1  # nominal: DeepSpeed never checks it against the real batches
         elif total % (acc * world):
-            raise ValueError(
+            raise SettingValueError(
                 f"The DeepSpeed config sets train_batch_size={total}, which is not a multiple of "
                 f"accumulate_grad_batches ({acc}) * world size ({world}) = {acc * world}. With "
                 "variable-size batches it is nominal: remove train_batch_size from the DeepSpeed "
-                f"config, or set it to a multiple of {acc * world}."
+                f"config, or set it to a multiple of {acc * world}.",
+                setting="train_batch_size",
+                value=total,
             )
         else:
             micro = total // (acc * world)
     expected = micro * acc * world
     if total is not None and total != expected:
-        raise ValueError(
+        raise SettingValueError(
             f"The DeepSpeed config sets train_batch_size={total} but expected "
             f"train_micro_batch_size_per_gpu ({micro}) * accumulate_grad_batches ({acc}) * "
             f"world size ({world}) = {expected}. With variable-size batches both values are "
             "nominal (DeepSpeed never checks them against the real batches): remove "
-            f"train_batch_size from the DeepSpeed config, or set it to {expected}."
+            f"train_batch_size from the DeepSpeed config, or set it to {expected}.",
+            setting="train_batch_size",
+            value=total,
         )
     config["gradient_accumulation_steps"] = acc
     config["train_micro_batch_size_per_gpu"] = micro
@@ -222,9 +233,7 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
 
     def __init__(self, *args: Any, cpu_shm_comm: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if not isinstance(cpu_shm_comm, bool):
-            raise TypeError(f"cpu_shm_comm must be True or False, got {cpu_shm_comm!r}.")
-        self.cpu_shm_comm = cpu_shm_comm
+        self.cpu_shm_comm = check_flag("cpu_shm_comm", cpu_shm_comm)
         if isinstance(self.config, dict):
             # Our own copy: the batch settings are filled in place at fit time, and a user's
             # dict (possibly shared by several strategies) must not change under them.

@@ -1,14 +1,18 @@
 """The record of one bad input (or fault) and the outcome a user needs from it.
 
 A :class:`Case` names the input in words, performs it with a small callable and states the
-outcome: an exception of a given type whose message contains every listed piece (the setting,
-file, item or environment variable, and the value received), or "accepted" for inputs that
-must work (numpy integers, huge lengths within the budget, ...).
+outcome: an exception of exactly one type (``type(raised) is raises``: a subclass is another
+outcome) whose message contains every listed piece (the setting, file, item or environment
+variable, and the value received), or "accepted" for inputs that must work (numpy integers,
+huge lengths within the budget, ...). A bad setting's case also names the setting, which the
+error must carry as ``.setting`` (a :class:`~lightning_varbatch.errors.SettingError`).
 
 Example:
-    >>> c = error("demo", "planner API", "max_tokens=0", lambda tmp: None, "max_tokens", "0")
+    >>> from lightning_varbatch.errors import SettingValueError
+    >>> c = error("demo", "planner API", "max_tokens=0", lambda tmp: None, "max_tokens", "0",
+    ...           raises=SettingValueError, setting="max_tokens")
     >>> c.outcome
-    'ValueError/TypeError naming `max_tokens`, `0`'
+    'SettingValueError (setting `max_tokens`) naming `max_tokens`, `0`'
 """
 
 from __future__ import annotations
@@ -34,17 +38,11 @@ AREAS = (
     "mixing/DataSource",
     "plan CLI",
     "callbacks",
+    "memory tools",
     "strategies",
     "environment",
     "multi-process",
 )
-
-#: Bad arguments: the design allows either (ValueError for a value, TypeError for a type).
-BAD_ARG: tuple[type[BaseException], ...] = (ValueError, TypeError)
-#: Items of the dataset: a bare KeyError is fine only when its message says what to fix.
-BAD_ITEM: tuple[type[BaseException], ...] = (ValueError, TypeError, KeyError)
-#: Bad state (checkpoints, process groups): RuntimeError or ValueError.
-BAD_STATE: tuple[type[BaseException], ...] = (ValueError, RuntimeError)
 
 #: A message shorter than this cannot say what was got, what is allowed and what to change.
 MIN_MESSAGE = 30
@@ -113,26 +111,30 @@ class Case:
         area: one of :data:`AREAS`.
         input: the input in words (for the table).
         run: performs it; gets a fresh temporary directory.
-        raises: the exception type(s) expected, ``None`` when the input must be accepted.
+        raises: the exact exception type expected (``type(raised) is raises``), ``None`` when
+            the input must be accepted.
         match: pieces the message must contain (case-insensitive); a tuple means any one.
         env: environment variables to set (``None``: unset) while it runs.
         warn_ok: a warning whose message contains every piece is also a right outcome.
         fix_in: the library file that most likely owns the check (for triage).
         note: the outcome in words, when the callable itself judges it (shown in the table).
         not_blame: settings the message must not mention (blaming the wrong setting misleads).
+        setting: the setting the error must name as ``.setting`` (it must then be a
+            :class:`~lightning_varbatch.errors.SettingError`); ``None``: not checked.
     """
 
     id: str
     area: str
     input: str
     run: Callable[[Path], Any]
-    raises: tuple[type[BaseException], ...] | None
+    raises: type[BaseException] | None
     match: tuple[Match, ...] = ()
     env: Mapping[str, str | None] = field(default_factory=dict)
     warn_ok: bool = False
     fix_in: str = ""
     note: str = ""
     not_blame: tuple[str, ...] = ()
+    setting: str | None = None
 
     @property
     def outcome(self) -> str:
@@ -141,7 +143,9 @@ class Case:
             return self.note
         if self.raises is None:
             return "accepted"
-        names = "/".join(t.__name__ for t in self.raises)
+        names = self.raises.__name__
+        if self.setting is not None:
+            names += f" (setting `{self.setting}`)"
         pieces = ", ".join(
             " or ".join(f"`{p}`" for p in m) if isinstance(m, tuple) else f"`{m}`"
             for m in self.match
@@ -158,16 +162,40 @@ def error(
     input: str,
     run: Callable[[Path], Any],
     *match: Match,
-    raises: type[BaseException] | tuple[type[BaseException], ...] = BAD_ARG,
+    raises: type[BaseException],
+    setting: str | None = None,
     env: Mapping[str, str | None] | None = None,
     warn_ok: bool = False,
     fix_in: str = "",
     not_blame: tuple[str, ...] = (),
 ) -> Case:
-    """A case that must raise ``raises`` with every piece of ``match`` in its message."""
-    types = raises if isinstance(raises, tuple) else (raises,)
+    """A case that must raise exactly ``raises`` with every piece of ``match`` in its message.
+
+    Args:
+        raises: ONE exception class; the raised error's type must be it, not a subclass (a
+            tuple of "acceptable" types is refused: each input has one right outcome).
+        setting: the setting the error must carry as ``.setting`` (a bad setting's case).
+
+    Raises:
+        TypeError: for a tuple or anything but an exception class.
+    """
+    if not (isinstance(raises, type) and issubclass(raises, BaseException)):
+        raise TypeError(
+            f"{id}: raises must be one exception class (the exact type expected), got {raises!r}."
+        )
     return Case(
-        id, area, input, run, types, tuple(match), env or {}, warn_ok, fix_in, "", not_blame
+        id,
+        area,
+        input,
+        run,
+        raises,
+        tuple(match),
+        env or {},
+        warn_ok,
+        fix_in,
+        "",
+        not_blame,
+        setting,
     )
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch import BatchSizeLRScaler, TokenThroughputMonitor
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.strategies import resolve_deepspeed_batch_config
-from tests.bad_inputs.case import BAD_STATE, Case, accepted, error
+from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import POSITIVE_REAL_BAD, int_family, real_family
 
 LR = "lightning_varbatch/callbacks/lr_scaling.py"
@@ -94,6 +95,7 @@ CASES: list[Case] = [
         "cubic",
         "linear",
         fix_in=LR,
+        raises=SettingValueError,
     ),
     error(
         "lr-by-unknown",
@@ -104,6 +106,7 @@ CASES: list[Case] = [
         "words",
         "tokens",
         fix_in=LR,
+        raises=SettingValueError,
     ),
     *real_family(
         "lr-reference",
@@ -151,6 +154,7 @@ CASES: list[Case] = [
         "max_scale",
         "2",
         fix_in=LR,
+        raises=SettingValueError,
     ),
     error(
         "lr-tokens_fn-str",
@@ -160,6 +164,7 @@ CASES: list[Case] = [
         "tokens_fn",
         "str",
         fix_in=LR,
+        raises=SettingTypeError,
     ),
     *int_family(
         "lr-log_every_n_steps",
@@ -179,7 +184,7 @@ CASES: list[Case] = [
         _scaler_no_reference,
         "reference",
         "max_tokens",
-        raises=(*BAD_STATE, TypeError),
+        raises=ValueError,
         fix_in=LR,
     ),
     error(
@@ -189,7 +194,7 @@ CASES: list[Case] = [
         _fit_with(lambda: BatchSizeLRScaler(reference=8.0)),
         "tokens_fn",
         "ntokens",
-        raises=(*BAD_STATE, TypeError),
+        raises=TypeError,
         fix_in=LR,
     ),
     error(
@@ -198,7 +203,7 @@ CASES: list[Case] = [
         "BatchSizeLRScaler(by='examples', reference=8) without nexamples or examples_fn",
         _fit_with(lambda: BatchSizeLRScaler(by="examples", reference=8.0)),
         "examples_fn",
-        raises=(*BAD_STATE, TypeError),
+        raises=TypeError,
         fix_in=LR,
     ),
     error(
@@ -208,7 +213,7 @@ CASES: list[Case] = [
         _fit_with(lambda: BatchSizeLRScaler(reference=8.0, tokens_fn=lambda batch: "4")),
         "tokens_fn",
         "str",
-        raises=(*BAD_STATE, TypeError),
+        raises=TypeError,
         fix_in=LR,
     ),
     error(
@@ -218,7 +223,7 @@ CASES: list[Case] = [
         _fit_with(lambda: BatchSizeLRScaler(reference=8.0, tokens_fn=lambda batch: -4)),
         "tokens_fn",
         "-4",
-        raises=(*BAD_STATE, TypeError),
+        raises=ValueError,
         fix_in=LR,
     ),
     error(
@@ -228,7 +233,7 @@ CASES: list[Case] = [
         _fit_with(lambda: BatchSizeLRScaler(reference=8.0, tokens_fn=lambda b: float("nan"))),
         "tokens_fn",
         "nan",
-        raises=(*BAD_STATE, TypeError),
+        raises=ValueError,
         fix_in=LR,
     ),
     accepted(
@@ -247,7 +252,7 @@ CASES: list[Case] = [
         ),
         "tokens_fn",
         "str",
-        raises=(*BAD_STATE, TypeError),
+        raises=TypeError,
         fix_in=TP,
     ),
     error(
@@ -257,7 +262,7 @@ CASES: list[Case] = [
         _fit_with(lambda: TokenThroughputMonitor(tokens_fn=lambda b: -4, examples_fn=lambda b: 2)),
         "tokens_fn",
         "-4",
-        raises=(*BAD_STATE, TypeError),
+        raises=ValueError,
         fix_in=TP,
     ),
     *int_family(
@@ -297,6 +302,8 @@ CASES: list[Case] = [
         "tokens_fn",
         "str",
         fix_in=TP,
+        raises=SettingTypeError,
+        setting="tokens_fn",
     ),
     error(
         "tp-padding_fn-int",
@@ -306,6 +313,8 @@ CASES: list[Case] = [
         "padding_fn",
         "int",
         fix_in=TP,
+        raises=SettingTypeError,
+        setting="padding_fn",
     ),
     error(
         "tp-dataset_names-str",
@@ -315,6 +324,8 @@ CASES: list[Case] = [
         "dataset_names",
         "wmt",
         fix_in=TP,
+        raises=SettingTypeError,
+        setting="dataset_names",
     ),
     error(
         "tp-prog_bar-str",
@@ -324,6 +335,8 @@ CASES: list[Case] = [
         "prog_bar",
         "no",
         fix_in=TP,
+        raises=SettingTypeError,
+        setting="prog_bar",
     ),
     accepted(
         "tp-numpy-settings",
@@ -344,6 +357,8 @@ CASES: list[Case] = [
         "4",
         "accumulate_grad_batches",
         fix_in=DS,
+        raises=SettingValueError,
+        setting="gradient_accumulation_steps",
     ),
     error(
         "ds-train-batch-not-multiple",
@@ -354,6 +369,8 @@ CASES: list[Case] = [
         "6",
         "4",
         fix_in=DS,
+        raises=SettingValueError,
+        setting="train_batch_size",
     ),
     error(
         "ds-train-batch-mismatch",
@@ -364,6 +381,8 @@ CASES: list[Case] = [
         "16",
         "8",
         fix_in=DS,
+        raises=SettingValueError,
+        setting="train_batch_size",
     ),
     error(
         "ds-micro-zero",
@@ -373,6 +392,8 @@ CASES: list[Case] = [
         "train_micro_batch_size_per_gpu",
         "0",
         fix_in=DS,
+        raises=SettingValueError,
+        setting="train_micro_batch_size_per_gpu",
     ),
     error(
         "ds-gas-str",
@@ -382,6 +403,8 @@ CASES: list[Case] = [
         "gradient_accumulation_steps",
         "'2'",
         fix_in=DS,
+        raises=SettingValueError,
+        setting="gradient_accumulation_steps",
     ),
     accepted(
         "ds-gas-auto",

@@ -16,7 +16,8 @@ from torch.utils.data import IterableDataset, RandomSampler
 
 from lightning_varbatch import PaddingCollate, TokenBudgetBatchSampler, token_budget_dataloader
 from lightning_varbatch.data.loader import TokenBudgetDataLoader
-from tests.bad_inputs.case import BAD_ITEM, Case, accepted, error
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import int_family
 
 COLLATE = "lightning_varbatch/collate.py"
@@ -169,6 +170,8 @@ CASES: list[Case] = [
         "pad_id",
         "<pad>",
         fix_in=COLLATE,
+        raises=SettingTypeError,
+        setting="pad_id",
     ),
     error(
         "collate-pad_id-float",
@@ -178,6 +181,8 @@ CASES: list[Case] = [
         "pad_id",
         "0.5",
         fix_in=COLLATE,
+        raises=SettingTypeError,
+        setting="pad_id",
     ),
     error(
         "collate-pad_id-none",
@@ -187,6 +192,8 @@ CASES: list[Case] = [
         "pad_id",
         "None",
         fix_in=COLLATE,
+        raises=SettingTypeError,
+        setting="pad_id",
     ),
     error(
         "collate-pad_id-nan",
@@ -196,6 +203,8 @@ CASES: list[Case] = [
         "pad_id",
         "nan",
         fix_in=COLLATE,
+        raises=SettingTypeError,
+        setting="pad_id",
     ),
     error(
         "collate-pad_id-bool",
@@ -205,6 +214,8 @@ CASES: list[Case] = [
         "pad_id",
         "True",
         fix_in=COLLATE,
+        raises=SettingTypeError,
+        setting="pad_id",
     ),
     accepted(
         "collate-pad_id-int64",
@@ -222,6 +233,8 @@ CASES: list[Case] = [
         "target_key",
         "text",
         fix_in=COLLATE,
+        raises=SettingValueError,
+        setting="target_key",
     ),
     error(
         "collate-key-none",
@@ -231,6 +244,8 @@ CASES: list[Case] = [
         "source_key",
         "None",
         fix_in=COLLATE,
+        raises=SettingTypeError,
+        setting="source_key",
     ),
     error(
         "collate-key-empty",
@@ -240,6 +255,8 @@ CASES: list[Case] = [
         "target_key",
         "''",
         fix_in=COLLATE,
+        raises=SettingValueError,
+        setting="target_key",
     ),
     error(
         "collate-check_ntokens-str",
@@ -249,6 +266,8 @@ CASES: list[Case] = [
         "check_ntokens",
         "no",
         fix_in=COLLATE,
+        raises=SettingTypeError,
+        setting="check_ntokens",
     ),
     # -- items -----------------------------------------------------------------------------
     error(
@@ -258,7 +277,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"source": [1], "target": [2]}, {"source": [3]}]),
         "target",
         ITEM_1,
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -268,7 +287,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"source": [1], "target": [2]}, {"tokens": [3]}]),
         "source",
         ITEM_1,
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -278,7 +297,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"text": [1, 2]}]),
         "text",
         ("tokens", "source"),
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -288,7 +307,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": ["a", "b"]}]),
         "tokens",
         ("'a'", "str"),
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -298,7 +317,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": "hello world"}]),
         "tokens",
         ("str", "hello"),
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -308,7 +327,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": [1.5, 2.0]}]),
         "tokens",
         ("float", "1.5"),
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -318,7 +337,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": [True, False]}]),
         "tokens",
         "bool",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -328,7 +347,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": [[1, 2], [3, 4]]}]),
         "tokens",
         "(2, 2)",
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -338,7 +357,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": 7}]),
         "tokens",
         ("()", "int", "7"),
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -348,7 +367,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": None}]),
         "tokens",
         "None",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -358,7 +377,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([[1, 2, 3], [4]]),
         ("item", "items"),
         "list",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -368,7 +387,7 @@ CASES: list[Case] = [
         lambda tmp: _collate(["ab", "cd"]),
         ("item", "items"),
         "str",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -378,7 +397,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([{"tokens": [1]}, None]),
         ITEM_1,
         "None",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -388,7 +407,7 @@ CASES: list[Case] = [
         lambda tmp: _collate([torch.tensor([1, 2])]),
         ("item", "items"),
         "Tensor",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -397,7 +416,7 @@ CASES: list[Case] = [
         "an empty micro-batch",
         lambda tmp: _collate([]),
         "empty",
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     accepted(
@@ -417,6 +436,7 @@ CASES: list[Case] = [
         "source",
         "lengths",
         fix_in=COLLATE,
+        raises=ValueError,
     ),
     error(
         "loader-target-understated",
@@ -426,6 +446,7 @@ CASES: list[Case] = [
         "target",
         "lengths",
         fix_in=COLLATE,
+        raises=ValueError,
     ),
     error(
         "loader-target-only-lengths",
@@ -435,6 +456,7 @@ CASES: list[Case] = [
         "source",
         "lengths",
         fix_in=COLLATE,
+        raises=ValueError,
     ),
     error(
         "loader-source-over-budget-unchecked",
@@ -444,6 +466,7 @@ CASES: list[Case] = [
         "source",
         "lengths",
         fix_in=COLLATE,
+        raises=ValueError,
     ),
     error(
         "loader-tokens-understated",
@@ -453,6 +476,7 @@ CASES: list[Case] = [
         "tokens",
         "lengths",
         fix_in=COLLATE,
+        raises=ValueError,
     ),
     error(
         "loader-fewer-lengths",
@@ -463,6 +487,7 @@ CASES: list[Case] = [
         "4",
         "6",
         fix_in=LOADER,
+        raises=ValueError,
     ),
     error(
         "loader-more-lengths",
@@ -473,6 +498,7 @@ CASES: list[Case] = [
         "6",
         "4",
         fix_in=LOADER,
+        raises=ValueError,
     ),
     error(
         "loader-iterable-dataset",
@@ -492,6 +518,7 @@ CASES: list[Case] = [
         "dataset",
         "None",
         fix_in=LOADER,
+        raises=TypeError,
     ),
     error(
         "loader-batch_sampler-list",
@@ -500,7 +527,7 @@ CASES: list[Case] = [
         lambda tmp: TokenBudgetDataLoader(TOKENS, [[0, 1], [2]]),
         "batch_sampler",
         "list",
-        raises=TypeError,
+        raises=SettingTypeError,
         fix_in=LOADER,
     ),
     error(
@@ -511,6 +538,8 @@ CASES: list[Case] = [
         "collate_fn",
         "pad",
         fix_in=LOADER,
+        raises=SettingTypeError,
+        setting="collate_fn",
     ),
     error(
         "loader-num_workers-negative",
@@ -520,6 +549,8 @@ CASES: list[Case] = [
         "num_workers",
         "-1",
         fix_in=LOADER,
+        raises=SettingValueError,
+        setting="num_workers",
     ),
     error(
         "loader-batch_size-kwarg",
@@ -528,6 +559,7 @@ CASES: list[Case] = [
         lambda tmp: token_budget_dataloader(TOKENS, _sampler(TOKEN_LENGTHS), batch_size=4),
         "batch_size",
         fix_in=LOADER,
+        raises=SettingTypeError,
     ),
     error(
         "loader-sampler-kwarg",
@@ -538,6 +570,7 @@ CASES: list[Case] = [
         ),
         "sampler",
         fix_in=LOADER,
+        raises=SettingTypeError,
     ),
     error(
         "loader-drop_last-kwarg",
@@ -546,6 +579,7 @@ CASES: list[Case] = [
         lambda tmp: token_budget_dataloader(TOKENS, _sampler(TOKEN_LENGTHS), drop_last=True),
         "drop_last",
         fix_in=LOADER,
+        raises=SettingTypeError,
     ),
     error(
         "item-missing-target-later",
@@ -554,7 +588,7 @@ CASES: list[Case] = [
         _missing_later,
         "target",
         "1",
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -563,7 +597,7 @@ CASES: list[Case] = [
         "no item has 'target': fails when the loader is built, before training",
         _missing_all,
         "target",
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=LOADER,
     ),
     error(
@@ -574,6 +608,8 @@ CASES: list[Case] = [
         "pad_to_multiple_of",
         "64",
         fix_in=COLLATE,
+        raises=SettingValueError,
+        setting="collate_fn",
     ),
     accepted(
         "loader-good-pairs",

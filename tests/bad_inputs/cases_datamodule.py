@@ -14,7 +14,8 @@ import numpy as np
 from torch.utils.data import IterableDataset
 
 from lightning_varbatch import DataSource, TokenBudgetBatchSampler, TokenBudgetDataModule
-from tests.bad_inputs.case import BAD_ITEM, BAD_STATE, Case, accepted, error
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
+from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import POSITIVE_REAL_BAD, int_family, real_family
 
 DM = "lightning_varbatch/datamodule.py"
@@ -296,6 +297,8 @@ CASES: list[Case] = [
         "7",
         not_blame=("raise max_tokens",),
         fix_in=DM,
+        setting="val_max_tokens",
+        raises=SettingValueError,
     ),
     error(
         "dm-max_tokens-missing",
@@ -304,6 +307,7 @@ CASES: list[Case] = [
         lambda tmp: TokenBudgetDataModule(TOKENS, LENGTHS),
         "max_tokens",
         fix_in=DM,
+        raises=SettingTypeError,
     ),
     error(
         "dm-unknown-setting",
@@ -311,7 +315,7 @@ CASES: list[Case] = [
         "TokenBudgetDataModule(..., max_token=16)",
         lambda tmp: _built(max_token=16),
         "max_token",
-        raises=TypeError,
+        raises=SettingTypeError,
         fix_in=DM,
     ),
     error(
@@ -322,6 +326,8 @@ CASES: list[Case] = [
         "shuffle",
         "false",
         fix_in=DM,
+        raises=SettingTypeError,
+        setting="shuffle",
     ),
     error(
         "dm-seed-negative",
@@ -331,6 +337,8 @@ CASES: list[Case] = [
         "seed",
         "-1",
         fix_in=DM,
+        raises=SettingValueError,
+        setting="seed",
     ),
     error(
         "dm-tail-unknown",
@@ -340,6 +348,8 @@ CASES: list[Case] = [
         "tail",
         "wrap",
         fix_in=DM,
+        raises=SettingValueError,
+        setting="tail",
     ),
     error(
         "dm-pad_to_multiple_of-zero",
@@ -349,6 +359,8 @@ CASES: list[Case] = [
         "pad_to_multiple_of",
         "0",
         fix_in=DM,
+        raises=SettingValueError,
+        setting="pad_to_multiple_of",
     ),
     error(
         "dm-mixing-unknown",
@@ -358,6 +370,8 @@ CASES: list[Case] = [
         "mixing",
         "per_epoch",
         fix_in=DM,
+        raises=SettingValueError,
+        setting="mixing",
     ),
     error(
         "dm-weights-count",
@@ -368,6 +382,8 @@ CASES: list[Case] = [
         "3",
         "2",
         fix_in=DM,
+        raises=SettingValueError,
+        setting="weights",
     ),
     error(
         "dm-mixing-settings-one-dataset",
@@ -377,6 +393,7 @@ CASES: list[Case] = [
         ("weights", "steps_per_epoch"),
         "DataSource",
         fix_in=DM,
+        raises=SettingValueError,
     ),
     error(
         "dm-train_dataset-none",
@@ -385,6 +402,7 @@ CASES: list[Case] = [
         lambda tmp: _built(train_dataset=None),
         "train_dataset",
         fix_in=DM,
+        raises=SettingValueError,
     ),
     error(
         "dm-train_lengths-missing",
@@ -393,6 +411,7 @@ CASES: list[Case] = [
         lambda tmp: _built(train_lengths=None),
         "train_lengths",
         fix_in=DM,
+        raises=SettingValueError,
     ),
     error(
         "dm-val_lengths-missing",
@@ -401,6 +420,7 @@ CASES: list[Case] = [
         lambda tmp: _built(val_dataset=VAL),
         "val_lengths",
         fix_in=DM,
+        raises=SettingValueError,
     ),
     error(
         "dm-train_lengths-fewer",
@@ -411,6 +431,7 @@ CASES: list[Case] = [
         "4",
         "6",
         fix_in=DM,
+        raises=ValueError,
     ),
     error(
         "dm-train_lengths-more",
@@ -421,6 +442,7 @@ CASES: list[Case] = [
         "6",
         "4",
         fix_in=DM,
+        raises=ValueError,
     ),
     error(
         "dm-val_lengths-count",
@@ -432,6 +454,7 @@ CASES: list[Case] = [
         "3",
         not_blame=("val_max_tokens",),
         fix_in=DM,
+        raises=ValueError,
     ),
     error(
         "dm-test_lengths-count",
@@ -443,6 +466,7 @@ CASES: list[Case] = [
         "3",
         not_blame=("val_max_tokens",),
         fix_in=DM,
+        raises=ValueError,
     ),
     error(
         "dm-val-source-negative",
@@ -455,6 +479,8 @@ CASES: list[Case] = [
         "-1",
         not_blame=("val_max_tokens",),
         fix_in=DM,
+        setting="val_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-train_lengths-negative",
@@ -464,6 +490,8 @@ CASES: list[Case] = [
         "train_lengths",
         "-2",
         fix_in=DM,
+        setting="train_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-train_lengths-ragged",
@@ -472,6 +500,7 @@ CASES: list[Case] = [
         lambda tmp: _built(train_lengths=[[3, 4], [5], [1, 1], [2, 2], [3, 3], [4, 4]]),
         "train_lengths",
         fix_in=DM,
+        raises=ValueError,
     ),
     error(
         "dm-train_lengths-callable-count",
@@ -482,6 +511,7 @@ CASES: list[Case] = [
         "3",
         "6",
         fix_in=DM,
+        raises=ValueError,
     ),
     error(
         "dm-train_lengths-callable-raises",
@@ -490,7 +520,7 @@ CASES: list[Case] = [
         _callable_raises,
         "train_lengths",
         "text",
-        raises=BAD_ITEM,
+        raises=KeyError,
         fix_in=DM,
     ),
     error(
@@ -511,6 +541,8 @@ CASES: list[Case] = [
         "collate",
         "pad",
         fix_in=DM,
+        raises=SettingTypeError,
+        setting="collate",
     ),
     error(
         "dm-collate-pads-over-plan",
@@ -520,6 +552,8 @@ CASES: list[Case] = [
         "pad_to_multiple_of",
         "64",
         fix_in=DM,
+        raises=SettingValueError,
+        setting="collate",
     ),
     error(
         "dm-pin_memory-str",
@@ -529,6 +563,8 @@ CASES: list[Case] = [
         "pin_memory",
         "yes",
         fix_in=DM,
+        raises=SettingTypeError,
+        setting="pin_memory",
     ),
     error(
         "dm-test-missing",
@@ -536,7 +572,7 @@ CASES: list[Case] = [
         "test_dataloader() without a test_dataset",
         _test_missing,
         "test_dataset",
-        raises=BAD_STATE,
+        raises=ValueError,
         fix_in=DM,
     ),
     error(
@@ -549,6 +585,8 @@ CASES: list[Case] = [
         "max_tokens",
         warn_ok=True,
         fix_in="lightning_varbatch/lengths.py",
+        setting="max_tokens",
+        raises=SettingValueError,
     ),
     error(
         "dm-source-max_examples-zero",
@@ -559,6 +597,8 @@ CASES: list[Case] = [
         "0",
         "wmt",
         fix_in="lightning_varbatch/mixing.py",
+        raises=SettingValueError,
+        setting="max_examples",
     ),
     error(
         "dm-source-max_tokens-negative",
@@ -569,6 +609,8 @@ CASES: list[Case] = [
         "-8",
         "wmt",
         fix_in="lightning_varbatch/mixing.py",
+        raises=SettingValueError,
+        setting="max_tokens",
     ),
     error(
         "dm-state-changed-lengths",
@@ -576,7 +618,7 @@ CASES: list[Case] = [
         "DataModule resumed with the same count but different lengths",
         _resume_changed_lengths,
         "lengths",
-        raises=BAD_STATE,
+        raises=ResumeMismatchError,
         fix_in=DM,
     ),
     error(
@@ -585,7 +627,7 @@ CASES: list[Case] = [
         "Trainer.fit(ckpt_path=mid-epoch checkpoint) with the same count but other lengths",
         _fit_resume_changed_lengths,
         "lengths",
-        raises=BAD_STATE,
+        raises=ResumeMismatchError,
         fix_in=DM,
     ),
     error(
@@ -595,6 +637,7 @@ CASES: list[Case] = [
         _resume_unknown_key,
         "train_sampler_v2",
         fix_in=DM,
+        raises=ValueError,
     ),
     error(
         "dm-state-none",
@@ -604,6 +647,7 @@ CASES: list[Case] = [
         "None",
         "state",
         fix_in=DM,
+        raises=TypeError,
     ),
     accepted(
         "dm-state-empty",

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch import TokenBudgetBatchSampler, TokenBudgetDataModule
-from tests.bad_inputs.case import BAD_STATE, Case, accepted, error
+from lightning_varbatch.errors import SettingValueError
+from tests.bad_inputs.case import Case, accepted, error
 
 RANKS = "lightning_varbatch/micro_batch.py"
 SAMPLER = "lightning_varbatch/sampler.py"
@@ -85,17 +86,50 @@ def _pg_inferred(tmp: Path) -> None:
 
 
 def _env_case(
-    id: str, words: str, env: dict[str, str | None], *match: Any, dm: bool = False
+    id: str,
+    words: str,
+    env: dict[str, str | None],
+    *match: Any,
+    raises: type[BaseException],
+    dm: bool = False,
 ) -> Case:
     return error(
-        id, "environment", words, _dm_from_env if dm else _from_env, *match, env=env, fix_in=RANKS
+        id,
+        "environment",
+        words,
+        _dm_from_env if dm else _from_env,
+        *match,
+        raises=raises,
+        env=env,
+        fix_in=RANKS,
     )
 
 
 CASES: list[Case] = [
-    _env_case("env-rank-str", "RANK=abc", {"RANK": "abc", "WORLD_SIZE": "2"}, "RANK", "abc"),
-    _env_case("env-rank-negative", "RANK=-1", {"RANK": "-1", "WORLD_SIZE": "2"}, "RANK", "-1"),
-    _env_case("env-rank-float", "RANK=1.0", {"RANK": "1.0", "WORLD_SIZE": "2"}, "RANK", "1.0"),
+    _env_case(
+        "env-rank-str",
+        "RANK=abc",
+        {"RANK": "abc", "WORLD_SIZE": "2"},
+        "RANK",
+        "abc",
+        raises=ValueError,
+    ),
+    _env_case(
+        "env-rank-negative",
+        "RANK=-1",
+        {"RANK": "-1", "WORLD_SIZE": "2"},
+        "RANK",
+        "-1",
+        raises=ValueError,
+    ),
+    _env_case(
+        "env-rank-float",
+        "RANK=1.0",
+        {"RANK": "1.0", "WORLD_SIZE": "2"},
+        "RANK",
+        "1.0",
+        raises=ValueError,
+    ),
     _env_case(
         "env-rank-equals-world",
         "RANK=2, WORLD_SIZE=2",
@@ -103,15 +137,51 @@ CASES: list[Case] = [
         "RANK",
         "WORLD_SIZE",
         "2",
+        raises=ValueError,
     ),
     _env_case(
-        "env-rank-without-world", "RANK=1 and no WORLD_SIZE", {"RANK": "1"}, "RANK", "WORLD_SIZE"
+        "env-rank-without-world",
+        "RANK=1 and no WORLD_SIZE",
+        {"RANK": "1"},
+        "RANK",
+        "WORLD_SIZE",
+        raises=ValueError,
     ),
-    _env_case("env-world-zero", "WORLD_SIZE=0", {"WORLD_SIZE": "0"}, "WORLD_SIZE", "0"),
-    _env_case("env-world-negative", "WORLD_SIZE=-2", {"WORLD_SIZE": "-2"}, "WORLD_SIZE", "-2"),
-    _env_case("env-world-str", "WORLD_SIZE=two", {"WORLD_SIZE": "two"}, "WORLD_SIZE", "two"),
-    _env_case("env-local-rank-str", "LOCAL_RANK=x", {"LOCAL_RANK": "x"}, "LOCAL_RANK", "x"),
-    _env_case("env-local-rank-negative", "LOCAL_RANK=-1", {"LOCAL_RANK": "-1"}, "LOCAL_RANK", "-1"),
+    _env_case(
+        "env-world-zero", "WORLD_SIZE=0", {"WORLD_SIZE": "0"}, "WORLD_SIZE", "0", raises=ValueError
+    ),
+    _env_case(
+        "env-world-negative",
+        "WORLD_SIZE=-2",
+        {"WORLD_SIZE": "-2"},
+        "WORLD_SIZE",
+        "-2",
+        raises=ValueError,
+    ),
+    _env_case(
+        "env-world-str",
+        "WORLD_SIZE=two",
+        {"WORLD_SIZE": "two"},
+        "WORLD_SIZE",
+        "two",
+        raises=ValueError,
+    ),
+    _env_case(
+        "env-local-rank-str",
+        "LOCAL_RANK=x",
+        {"LOCAL_RANK": "x"},
+        "LOCAL_RANK",
+        "x",
+        raises=ValueError,
+    ),
+    _env_case(
+        "env-local-rank-negative",
+        "LOCAL_RANK=-1",
+        {"LOCAL_RANK": "-1"},
+        "LOCAL_RANK",
+        "-1",
+        raises=ValueError,
+    ),
     _env_case(
         "env-dm-rank-str",
         "RANK=abc when a DataModule builds its loader outside a Trainer",
@@ -119,6 +189,7 @@ CASES: list[Case] = [
         "RANK",
         "abc",
         dm=True,
+        raises=ValueError,
     ),
     _env_case(
         "env-dm-world-zero",
@@ -127,6 +198,7 @@ CASES: list[Case] = [
         "WORLD_SIZE",
         "0",
         dm=True,
+        raises=ValueError,
     ),
     error(
         "env-dm-val-fewer-than-ranks",
@@ -138,6 +210,8 @@ CASES: list[Case] = [
         "2",
         env={"RANK": "0", "WORLD_SIZE": "2"},
         fix_in="lightning_varbatch/datamodule.py",
+        raises=SettingValueError,
+        setting="val_dataset",
     ),
     error(
         "env-dm-train-fewer-than-ranks",
@@ -149,6 +223,7 @@ CASES: list[Case] = [
         "8",
         env={"RANK": "0", "WORLD_SIZE": "16"},
         fix_in="lightning_varbatch/planning.py",
+        raises=ValueError,
     ),
     accepted(
         "env-spaces",
@@ -190,7 +265,7 @@ CASES: list[Case] = [
         "world_size",
         "2",
         "1",
-        raises=BAD_STATE,
+        raises=RuntimeError,
         fix_in=SAMPLER,
     ),
     accepted(

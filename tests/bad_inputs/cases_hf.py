@@ -21,8 +21,9 @@ from lightning_varbatch import (
     TokenBudgetDataModule,
     token_budget_dataloader,
 )
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.sources import column_lengths, tokenized_lengths
-from tests.bad_inputs.case import BAD_ITEM, Case, accepted, error
+from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import int_family
 
 AREA = "HF datasets"
@@ -155,6 +156,7 @@ CASES: list[Case] = [
         "num_tokens",
         "ids",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-column-text",
@@ -165,6 +167,7 @@ CASES: list[Case] = [
         "text",
         "tokenized_lengths",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-column-float",
@@ -175,6 +178,7 @@ CASES: list[Case] = [
         "'n'",
         "float",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-column-bool",
@@ -184,6 +188,7 @@ CASES: list[Case] = [
         "'b'",
         "bool",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-column-null",
@@ -194,6 +199,7 @@ CASES: list[Case] = [
         "null",
         "row 1",
         fix_in=LENGTHS,
+        raises=ValueError,
     ),
     error(
         "hf-column-null-list",
@@ -203,6 +209,7 @@ CASES: list[Case] = [
         "'x'",
         "null",
         fix_in=LENGTHS,
+        raises=ValueError,
     ),
     error(
         "hf-column-zeros",
@@ -213,6 +220,7 @@ CASES: list[Case] = [
         "'n'",
         ">= 1",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-column-negative",
@@ -222,6 +230,7 @@ CASES: list[Case] = [
         "'n'",
         "-2",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-column-empty-list",
@@ -231,6 +240,7 @@ CASES: list[Case] = [
         "'x'",
         "[1] = 0",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-column-list-of-str",
@@ -240,6 +250,7 @@ CASES: list[Case] = [
         "'w'",
         "string",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-column-list-of-float",
@@ -249,6 +260,7 @@ CASES: list[Case] = [
         "'w'",
         "double",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-column-nested",
@@ -258,6 +270,7 @@ CASES: list[Case] = [
         "'w'",
         "list",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-columns-three",
@@ -267,6 +280,7 @@ CASES: list[Case] = [
         "train_lengths",
         "3 columns",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-columns-twice",
@@ -276,6 +290,7 @@ CASES: list[Case] = [
         "train_lengths",
         "'ids' twice",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-columns-empty-name",
@@ -285,6 +300,7 @@ CASES: list[Case] = [
         "train_lengths",
         "''",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-datasetdict",
@@ -294,6 +310,7 @@ CASES: list[Case] = [
         "DatasetDict",
         "ds['train']",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-streaming",
@@ -303,6 +320,7 @@ CASES: list[Case] = [
         "streaming",
         "streaming=True",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-not-arrow",
@@ -313,6 +331,7 @@ CASES: list[Case] = [
         "list",
         "Arrow",
         fix_in=LENGTHS,
+        raises=TypeError,
     ),
     error(
         "hf-source-no-dataset",
@@ -323,6 +342,7 @@ CASES: list[Case] = [
         "'ids'",
         "dataset",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-source-bad-column",
@@ -333,6 +353,7 @@ CASES: list[Case] = [
         "wmt",
         "'nope'",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-sampler-column-name",
@@ -341,7 +362,8 @@ CASES: list[Case] = [
         lambda tmp: TokenBudgetBatchSampler("ids", 16, rank=0, world_size=1),
         "lengths",
         "column_lengths",
-        raises=TypeError,
+        setting="lengths",
+        raises=SettingTypeError,
         fix_in="lightning_varbatch/planner/lengths.py",
     ),
     error(
@@ -352,6 +374,7 @@ CASES: list[Case] = [
         "train_loss_lengths",
         "'nope'",
         fix_in=LENGTHS,
+        raises=SettingValueError,
     ),
     error(
         "hf-batch-text",
@@ -361,7 +384,7 @@ CASES: list[Case] = [
         "tokens",
         "text",
         "tokenize",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -372,7 +395,7 @@ CASES: list[Case] = [
         "tokens",
         "item 1",
         "null",
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -383,7 +406,7 @@ CASES: list[Case] = [
         "tokens",
         "double",
         "integer",
-        raises=BAD_ITEM,
+        raises=TypeError,
         fix_in=COLLATE,
     ),
     error(
@@ -394,7 +417,7 @@ CASES: list[Case] = [
         "tokens",
         "budgeted",
         "max_tokens",
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -404,7 +427,7 @@ CASES: list[Case] = [
         _counts_mismatch,
         "lengths",
         "tokens",
-        raises=BAD_ITEM,
+        raises=ValueError,
         fix_in=COLLATE,
     ),
     error(
@@ -415,6 +438,7 @@ CASES: list[Case] = [
         "datasets.Dataset",
         "list",
         fix_in=TOKENIZED,
+        raises=TypeError,
     ),
     error(
         "hf-tokenize-unknown-column",
@@ -424,6 +448,7 @@ CASES: list[Case] = [
         "'text'",
         "ids",
         fix_in=TOKENIZED,
+        raises=SettingValueError,
     ),
     error(
         "hf-tokenize-ids-column",
@@ -433,6 +458,7 @@ CASES: list[Case] = [
         "'ids'",
         "column_lengths",
         fix_in=TOKENIZED,
+        raises=TypeError,
     ),
     error(
         "hf-tokenize-bad-tokenizer",
@@ -442,6 +468,7 @@ CASES: list[Case] = [
         "tokenizer",
         "int",
         fix_in=TOKENIZED,
+        raises=SettingTypeError,
     ),
     error(
         "hf-tokenize-per-string",
@@ -454,6 +481,7 @@ CASES: list[Case] = [
         "4 strings",
         "one per string",
         fix_in=TOKENIZED,
+        raises=ValueError,
     ),
     error(
         "hf-tokenize-empty-text",
@@ -466,6 +494,7 @@ CASES: list[Case] = [
         "[1] = 0",
         "empty",
         fix_in=TOKENIZED,
+        raises=ValueError,
     ),
     accepted("hf-ok-int-widths", AREA, "length columns of int8/int16/uint64", _accept_widths),
     accepted(

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch import DataSource, MixturePlanner, PlanConfig, TokenBudgetBatchSampler
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import POSITIVE_REAL_BAD, int_family, real_family
 
@@ -98,6 +99,8 @@ CASES: list[Case] = [
         "3",
         "2",
         fix_in=SOURCES,
+        raises=SettingValueError,
+        setting="weights",
     ),
     error(
         "mix-weights-negative",
@@ -107,6 +110,8 @@ CASES: list[Case] = [
         "weights",
         "-1",
         fix_in=SOURCES,
+        raises=SettingValueError,
+        setting="weights",
     ),
     error(
         "mix-weights-nan",
@@ -116,6 +121,8 @@ CASES: list[Case] = [
         "weights",
         "nan",
         fix_in=SOURCES,
+        raises=SettingValueError,
+        setting="weights",
     ),
     error(
         "mix-weights-inf",
@@ -125,6 +132,8 @@ CASES: list[Case] = [
         "weights",
         "inf",
         fix_in=SOURCES,
+        raises=SettingValueError,
+        setting="weights",
     ),
     error(
         "mix-weights-all-zero",
@@ -134,6 +143,8 @@ CASES: list[Case] = [
         "weights",
         "zero",
         fix_in=SOURCES,
+        raises=SettingValueError,
+        setting="weights",
     ),
     error(
         "mix-weights-str",
@@ -143,6 +154,8 @@ CASES: list[Case] = [
         "weights",
         "uniform",
         fix_in=SOURCES,
+        raises=SettingValueError,
+        setting="weights",
     ),
     error(
         "mix-weights-str-items",
@@ -152,6 +165,8 @@ CASES: list[Case] = [
         "weights",
         ("'1'", "'x'", "str"),
         fix_in=SOURCES,
+        raises=SettingTypeError,
+        setting="weights",
     ),
     error(
         "mix-weights-none",
@@ -161,6 +176,8 @@ CASES: list[Case] = [
         "weights",
         "None",
         fix_in=SOURCES,
+        raises=SettingTypeError,
+        setting="weights",
     ),
     error(
         "mix-weights-without-steps",
@@ -170,6 +187,8 @@ CASES: list[Case] = [
         "weights",
         "steps_per_epoch",
         fix_in=MIXING,
+        raises=SettingValueError,
+        setting="steps_per_epoch",
     ),
     error(
         "mix-temperature-without-steps",
@@ -179,6 +198,8 @@ CASES: list[Case] = [
         "temperature",
         "steps_per_epoch",
         fix_in=MIXING,
+        raises=SettingValueError,
+        setting="steps_per_epoch",
     ),
     *real_family(
         "mix-temperature",
@@ -209,6 +230,8 @@ CASES: list[Case] = [
         "per_epoch",
         "per_step",
         fix_in=MIXING,
+        raises=SettingValueError,
+        setting="mixing",
     ),
     error(
         "mix-mixing-sampler",
@@ -218,6 +241,8 @@ CASES: list[Case] = [
         "mixing",
         "per_epoch",
         fix_in=MIXING,
+        raises=SettingValueError,
+        setting="mixing",
     ),
     error(
         "mix-sources-empty",
@@ -227,6 +252,8 @@ CASES: list[Case] = [
         "sources",
         "empty",
         fix_in=MIXING,
+        raises=SettingValueError,
+        setting="sources",
     ),
     error(
         "mix-sources-none",
@@ -236,6 +263,8 @@ CASES: list[Case] = [
         "sources",
         "None",
         fix_in=MIXING,
+        raises=SettingTypeError,
+        setting="sources",
     ),
     error(
         "mix-sources-single",
@@ -245,6 +274,8 @@ CASES: list[Case] = [
         "sources",
         "DataSource",
         fix_in=MIXING,
+        raises=SettingTypeError,
+        setting="sources",
     ),
     error(
         "mix-names-duplicate",
@@ -254,6 +285,8 @@ CASES: list[Case] = [
         "wmt",
         "name",
         fix_in=MIXING,
+        raises=SettingValueError,
+        setting="name",
     ),
     error(
         "mix-config-dict",
@@ -263,6 +296,8 @@ CASES: list[Case] = [
         "config",
         "PlanConfig",
         fix_in=MIXING,
+        raises=SettingTypeError,
+        setting="config",
     ),
     accepted(
         "mix-weights-numpy",
@@ -280,6 +315,8 @@ CASES: list[Case] = [
         NEWS,
         "empty",
         fix_in=MIXING,
+        setting="lengths",
+        raises=SettingValueError,
     ),
     error(
         "source-negative",
@@ -289,6 +326,8 @@ CASES: list[Case] = [
         NEWS,
         "-4",
         fix_in=MIXING,
+        setting="lengths",
+        raises=SettingValueError,
     ),
     error(
         "source-nan",
@@ -298,6 +337,8 @@ CASES: list[Case] = [
         NEWS,
         "nan",
         fix_in=MIXING,
+        setting="lengths",
+        raises=SettingValueError,
     ),
     error(
         "source-three-columns",
@@ -307,6 +348,8 @@ CASES: list[Case] = [
         NEWS,
         "(4, 3)",
         fix_in=MIXING,
+        setting="lengths",
+        raises=SettingValueError,
     ),
     error(
         "source-strings",
@@ -316,6 +359,8 @@ CASES: list[Case] = [
         NEWS,
         "lengths",
         fix_in=MIXING,
+        setting="lengths",
+        raises=SettingTypeError,
     ),
     error(
         "source-lengths-none",
@@ -326,6 +371,8 @@ CASES: list[Case] = [
         "lengths",
         "None",
         fix_in=MIXING,
+        setting="lengths",
+        raises=SettingTypeError,
     ),
     error(
         "source-over-budget",
@@ -336,6 +383,8 @@ CASES: list[Case] = [
         "max_tokens",
         "40",
         fix_in=MIXING,
+        setting="max_tokens",
+        raises=SettingValueError,
     ),
     *int_family(
         "source-max_tokens",
@@ -369,6 +418,8 @@ CASES: list[Case] = [
         "2",
         "4",
         fix_in=MIXING,
+        setting="loss_lengths",
+        raises=SettingValueError,
     ),
     error(
         "source-dataset-count",
@@ -379,6 +430,7 @@ CASES: list[Case] = [
         "4",
         "3",
         fix_in=MIXING,
+        raises=ValueError,
     ),
     error(
         "source-name-int",
@@ -388,6 +440,8 @@ CASES: list[Case] = [
         "name",
         "5",
         fix_in=SOURCES,
+        raises=SettingTypeError,
+        setting="name",
     ),
     accepted(
         "source-max_examples-honoured",

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler, plan_epoch
-from tests.bad_inputs.case import BAD_ARG, Case, accepted, error
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import int_family, real_family
 
 L = np.array([3, 5, 2, 7, 4, 6, 1, 8])
@@ -40,11 +41,28 @@ def _sampler(lengths: Any, max_tokens: Any = 16, **kwargs: Any) -> TokenBudgetBa
     return TokenBudgetBatchSampler(lengths, max_tokens, rank=0, world_size=1, **kwargs)
 
 
-def _lengths_case(id: str, words: str, lengths: Any, *match: Any, raises: Any = BAD_ARG) -> Case:
+def _lengths_case(
+    id: str,
+    words: str,
+    lengths: Any,
+    *match: Any,
+    raises: type[BaseException],
+    setting: str | None = None,
+) -> Case:
     def run(tmp: Path) -> Any:
         return _sampler(lengths)
 
-    return error(id, "lengths", words, run, "lengths", *match, raises=raises, fix_in=LENGTHS)
+    return error(
+        id,
+        "lengths",
+        words,
+        run,
+        "lengths",
+        *match,
+        raises=raises,
+        setting=setting,
+        fix_in=LENGTHS,
+    )
 
 
 def _loss_over_length(tmp: Path) -> None:
@@ -249,6 +267,8 @@ CASES: list[Case] = [
         "flat",
         "packed",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="layout",
     ),
     error(
         "config-layout-packed-with-cost",
@@ -259,6 +279,8 @@ CASES: list[Case] = [
         "quadratic",
         "cost",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="cost",
     ),
     error(
         "config-max_shapes-with-layout",
@@ -269,6 +291,8 @@ CASES: list[Case] = [
         "layout",
         "unset max_shapes",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="max_shapes",
     ),
     error(
         "config-max_shapes-with-cost",
@@ -279,6 +303,8 @@ CASES: list[Case] = [
         "cost",
         "unset max_shapes",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="max_shapes",
     ),
     error(
         "config-max_shapes-with-bucket_width",
@@ -289,6 +315,8 @@ CASES: list[Case] = [
         "bucket_width",
         "unset max_shapes",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="max_shapes",
     ),
     error(
         "config-max_shapes-with-batch_size_multiple",
@@ -299,6 +327,8 @@ CASES: list[Case] = [
         "batch_size_multiple",
         "unset max_shapes",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="max_shapes",
     ),
     error(
         "config-cost-packed-without-layout",
@@ -308,6 +338,8 @@ CASES: list[Case] = [
         "cost='packed'",
         "layout='packed'",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="cost",
     ),
     error(
         "config-tail-unknown",
@@ -318,6 +350,8 @@ CASES: list[Case] = [
         "keep",
         "spread",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="tail",
     ),
     error(
         "config-tail-none",
@@ -327,6 +361,8 @@ CASES: list[Case] = [
         "tail",
         "None",
         fix_in=CONFIG,
+        raises=SettingTypeError,
+        setting="tail",
     ),
     error(
         "config-oversize-unknown",
@@ -337,6 +373,8 @@ CASES: list[Case] = [
         "clip",
         "truncate",
         fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="oversize",
     ),
     error(
         "config-oversize-bool",
@@ -346,6 +384,8 @@ CASES: list[Case] = [
         "oversize",
         "True",
         fix_in=CONFIG,
+        raises=SettingTypeError,
+        setting="oversize",
     ),
     error(
         "config-cost-unknown",
@@ -356,6 +396,8 @@ CASES: list[Case] = [
         "linear",
         "padded",
         fix_in="lightning_varbatch/costs.py",
+        raises=SettingValueError,
+        setting="cost",
     ),
     error(
         "config-cost-int",
@@ -365,6 +407,8 @@ CASES: list[Case] = [
         "cost",
         ("int", "5"),
         fix_in="lightning_varbatch/costs.py",
+        raises=SettingTypeError,
+        setting="cost",
     ),
     error(
         "config-cost-none",
@@ -374,6 +418,8 @@ CASES: list[Case] = [
         "cost",
         "None",
         fix_in="lightning_varbatch/costs.py",
+        raises=SettingTypeError,
+        setting="cost",
     ),
     error(
         "config-shuffle-str-false",
@@ -383,6 +429,8 @@ CASES: list[Case] = [
         "shuffle",
         "false",
         fix_in=CONFIG,
+        raises=SettingTypeError,
+        setting="shuffle",
     ),
     error(
         "config-shuffle-none",
@@ -392,6 +440,8 @@ CASES: list[Case] = [
         "shuffle",
         "None",
         fix_in=CONFIG,
+        raises=SettingTypeError,
+        setting="shuffle",
     ),
     error(
         "config-shuffle-int",
@@ -401,6 +451,8 @@ CASES: list[Case] = [
         "shuffle",
         "2",
         fix_in=CONFIG,
+        raises=SettingTypeError,
+        setting="shuffle",
     ),
     accepted(
         "config-shuffle-np-bool",
@@ -417,6 +469,8 @@ CASES: list[Case] = [
         "config",
         "PlanConfig",
         fix_in="lightning_varbatch/planning.py",
+        raises=SettingTypeError,
+        setting="config",
     ),
     *int_family(
         "planner-epoch",
@@ -436,6 +490,7 @@ CASES: list[Case] = [
         "8",
         "3",
         fix_in="lightning_varbatch/planning.py",
+        raises=ValueError,
     ),
     error(
         "planner-cost-raises",
@@ -443,7 +498,8 @@ CASES: list[Case] = [
         "cost= a callable that raises inside (a bug in the user's cost model)",
         _cost_raises,
         "cost",
-        raises=(ValueError, TypeError, IndexError),
+        setting="cost",
+        raises=SettingValueError,
         fix_in="lightning_varbatch/layout.py",
     ),
     error(
@@ -454,6 +510,8 @@ CASES: list[Case] = [
         "cost",
         ("negative", "< 0", ">= 0"),
         fix_in="lightning_varbatch/layout.py",
+        raises=SettingValueError,
+        setting="cost",
     ),
     error(
         "planner-cost-bad-shape",
@@ -463,6 +521,8 @@ CASES: list[Case] = [
         "cost",
         "shape",
         fix_in="lightning_varbatch/layout.py",
+        raises=SettingValueError,
+        setting="cost",
     ),
     error(
         "planner-cost-nan",
@@ -472,44 +532,180 @@ CASES: list[Case] = [
         "cost",
         "nan",
         fix_in="lightning_varbatch/layout.py",
+        raises=SettingValueError,
+        setting="cost",
     ),
     # -- lengths -------------------------------------------------------------------------
-    _lengths_case("lengths-ragged", "lengths=[[3, 4], [5]] (ragged pairs)", [[3, 4], [5]]),
     _lengths_case(
-        "lengths-three-columns", "lengths of shape (4, 3)", np.ones((4, 3), dtype=int), "(4, 3)"
+        "lengths-ragged",
+        "lengths=[[3, 4], [5]] (ragged pairs)",
+        [[3, 4], [5]],
+        setting="lengths",
+        raises=SettingValueError,
     ),
     _lengths_case(
-        "lengths-one-column", "lengths of shape (4, 1)", np.ones((4, 1), dtype=int), "(4, 1)"
+        "lengths-three-columns",
+        "lengths of shape (4, 3)",
+        np.ones((4, 3), dtype=int),
+        "(4, 3)",
+        setting="lengths",
+        raises=SettingValueError,
     ),
     _lengths_case(
-        "lengths-3d", "lengths of shape (2, 2, 2)", np.ones((2, 2, 2), dtype=int), "(2, 2, 2)"
+        "lengths-one-column",
+        "lengths of shape (4, 1)",
+        np.ones((4, 1), dtype=int),
+        "(4, 1)",
+        setting="lengths",
+        raises=SettingValueError,
     ),
     _lengths_case(
-        "lengths-strings", "lengths=['3', '5']", np.array(["3", "5"]), ("str", "<U", "'3'")
+        "lengths-3d",
+        "lengths of shape (2, 2, 2)",
+        np.ones((2, 2, 2), dtype=int),
+        "(2, 2, 2)",
+        setting="lengths",
+        raises=SettingValueError,
     ),
     _lengths_case(
-        "lengths-str-scalar", "lengths='3 5 2' (a string)", "3 5 2", ("str", "<U", "'3 5 2'")
+        "lengths-strings",
+        "lengths=['3', '5']",
+        np.array(["3", "5"]),
+        ("str", "<U", "'3'"),
+        setting="lengths",
+        raises=SettingTypeError,
     ),
-    _lengths_case("lengths-bool", "lengths=[True, False]", np.array([True, False]), "bool"),
-    _lengths_case("lengths-object-none", "lengths=[3, None, 4]", [3, None, 4], ("None", "object")),
-    _lengths_case("lengths-none", "lengths=None", None, "None"),
-    _lengths_case("lengths-dict", "lengths={'a': 3}", {"a": 3}, ("dict", "object")),
-    _lengths_case("lengths-nan", "lengths=[3, nan, 4]", np.array([3.0, np.nan, 4.0]), "nan"),
-    _lengths_case("lengths-inf", "lengths=[3, inf]", np.array([3.0, np.inf]), "inf"),
-    _lengths_case("lengths-fraction", "lengths=[3, 2.5]", np.array([3.0, 2.5]), "2.5"),
-    _lengths_case("lengths-negative", "lengths=[3, -2, 4]", np.array([3, -2, 4]), "-2"),
-    _lengths_case("lengths-zero", "lengths=[3, 0, 4]", np.array([3, 0, 4]), "0", ">= 1"),
-    _lengths_case("lengths-pair-zero", "lengths=[[3, 4], [0, 2]]", np.array([[3, 4], [0, 2]]), "0"),
-    _lengths_case("lengths-empty", "lengths=[]", np.array([], dtype=np.int64), "empty"),
-    _lengths_case("lengths-empty-list", "lengths=[] (a Python list)", [], "empty"),
-    _lengths_case("lengths-0d", "lengths=np.array(5) (0-d)", np.array(5), ("()", "0-d", "scalar")),
-    _lengths_case("lengths-int-scalar", "lengths=5 (an int)", 5, ("int", "()", "scalar")),
-    _lengths_case("lengths-2-31", "lengths=[3, 2**31]", np.array([3, 2**31]), "2147483648"),
+    _lengths_case(
+        "lengths-str-scalar",
+        "lengths='3 5 2' (a string)",
+        "3 5 2",
+        ("str", "<U", "'3 5 2'"),
+        setting="lengths",
+        raises=SettingTypeError,
+    ),
+    _lengths_case(
+        "lengths-bool",
+        "lengths=[True, False]",
+        np.array([True, False]),
+        "bool",
+        setting="lengths",
+        raises=SettingTypeError,
+    ),
+    _lengths_case(
+        "lengths-object-none",
+        "lengths=[3, None, 4]",
+        [3, None, 4],
+        ("None", "object"),
+        setting="lengths",
+        raises=SettingTypeError,
+    ),
+    _lengths_case(
+        "lengths-none", "lengths=None", None, "None", setting="lengths", raises=SettingTypeError
+    ),
+    _lengths_case(
+        "lengths-dict",
+        "lengths={'a': 3}",
+        {"a": 3},
+        ("dict", "object"),
+        setting="lengths",
+        raises=SettingTypeError,
+    ),
+    _lengths_case(
+        "lengths-nan",
+        "lengths=[3, nan, 4]",
+        np.array([3.0, np.nan, 4.0]),
+        "nan",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-inf",
+        "lengths=[3, inf]",
+        np.array([3.0, np.inf]),
+        "inf",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-fraction",
+        "lengths=[3, 2.5]",
+        np.array([3.0, 2.5]),
+        "2.5",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-negative",
+        "lengths=[3, -2, 4]",
+        np.array([3, -2, 4]),
+        "-2",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-zero",
+        "lengths=[3, 0, 4]",
+        np.array([3, 0, 4]),
+        "0",
+        ">= 1",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-pair-zero",
+        "lengths=[[3, 4], [0, 2]]",
+        np.array([[3, 4], [0, 2]]),
+        "0",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-empty",
+        "lengths=[]",
+        np.array([], dtype=np.int64),
+        "empty",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-empty-list",
+        "lengths=[] (a Python list)",
+        [],
+        "empty",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-0d",
+        "lengths=np.array(5) (0-d)",
+        np.array(5),
+        ("()", "0-d", "scalar"),
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-int-scalar",
+        "lengths=5 (an int)",
+        5,
+        ("int", "()", "scalar"),
+        setting="lengths",
+        raises=SettingValueError,
+    ),
+    _lengths_case(
+        "lengths-2-31",
+        "lengths=[3, 2**31]",
+        np.array([3, 2**31]),
+        "2147483648",
+        setting="lengths",
+        raises=SettingValueError,
+    ),
     _lengths_case(
         "lengths-uint64-overflow",
         "lengths=[3, 2**63] (uint64)",
         np.array([3, 2**63], dtype=np.uint64),
         "9223372036854775808",
+        setting="lengths",
+        raises=SettingValueError,
     ),
     error(
         "lengths-over-budget",
@@ -521,6 +717,8 @@ CASES: list[Case] = [
         "99",
         "oversize",
         fix_in=LENGTHS,
+        setting="max_tokens",
+        raises=SettingValueError,
     ),
     error(
         "lengths-skip-all",
@@ -531,6 +729,8 @@ CASES: list[Case] = [
         "8",
         "skip",
         fix_in=LENGTHS,
+        setting="max_tokens",
+        raises=SettingValueError,
     ),
     error(
         "lengths-truncate-almost-all",
@@ -542,12 +742,16 @@ CASES: list[Case] = [
         "max_tokens",
         warn_ok=True,
         fix_in=LENGTHS,
+        setting="max_tokens",
+        raises=SettingValueError,
     ),
     _lengths_case(
         "lengths-generator",
         "lengths=(n for n in ...) (a generator)",
         (n for n in (3, 5, 2)),
         ("generator", "object"),
+        setting="lengths",
+        raises=SettingTypeError,
     ),
     error(
         "lengths-loss-over-length",
@@ -557,6 +761,8 @@ CASES: list[Case] = [
         "loss_lengths",
         "30",
         fix_in=LENGTHS,
+        setting="loss_lengths",
+        raises=SettingValueError,
     ),
     error(
         "lengths-loss-count",
@@ -567,6 +773,8 @@ CASES: list[Case] = [
         "3",
         "8",
         fix_in=LENGTHS,
+        setting="loss_lengths",
+        raises=SettingValueError,
     ),
     error(
         "lengths-loss-pairs",
@@ -576,6 +784,8 @@ CASES: list[Case] = [
         "loss_lengths",
         "(8, 2)",
         fix_in=LENGTHS,
+        setting="loss_lengths",
+        raises=SettingValueError,
     ),
     error(
         "lengths-loss-negative",
@@ -585,6 +795,8 @@ CASES: list[Case] = [
         "loss_lengths",
         "-4",
         fix_in=LENGTHS,
+        setting="loss_lengths",
+        raises=SettingValueError,
     ),
     accepted(
         "lengths-huge-within-budget",

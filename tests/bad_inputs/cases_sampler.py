@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch import TokenBudgetBatchSampler
-from tests.bad_inputs.case import BAD_ARG, Case, accepted, error
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
+from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import int_family
 
 L = np.array([3, 5, 2, 7, 4, 6, 1, 8, 2, 3, 5, 4])
@@ -222,6 +223,8 @@ CASES: list[Case] = [
         "2",
         "world_size",
         fix_in=RANKS,
+        raises=SettingValueError,
+        setting="rank",
     ),
     *int_family(
         "sampler-epoch",
@@ -252,6 +255,8 @@ CASES: list[Case] = [
         "3",
         "world_size",
         fix_in=SAMPLER,
+        raises=SettingValueError,
+        setting="rank",
     ),
     error(
         "sampler-set_distributed-acc-zero",
@@ -261,6 +266,8 @@ CASES: list[Case] = [
         "accumulate_grad_batches",
         "0",
         fix_in=SAMPLER,
+        raises=SettingValueError,
+        setting="accumulate_grad_batches",
     ),
     accepted(
         "sampler-set_distributed-np",
@@ -275,7 +282,8 @@ CASES: list[Case] = [
         "TokenBudgetBatchSampler(..., max_token=16)",
         lambda tmp: TokenBudgetBatchSampler(L, 16, max_token=16, rank=0, world_size=1),
         "max_token",
-        raises=TypeError,
+        setting="max_token",
+        raises=SettingTypeError,
         fix_in=SAMPLER,
     ),
     error(
@@ -286,7 +294,8 @@ CASES: list[Case] = [
             [L], 16, rank=0, world_size=1, bucket_widht=4
         ),
         "bucket_widht",
-        raises=TypeError,
+        setting="bucket_widht",
+        raises=SettingTypeError,
         fix_in=SAMPLER,
     ),
     # -- resume / state ------------------------------------------------------------------
@@ -298,6 +307,7 @@ CASES: list[Case] = [
         "None",
         ("state", "load_state_dict"),
         fix_in=SAMPLER,
+        raises=TypeError,
     ),
     error(
         "state-str",
@@ -307,6 +317,7 @@ CASES: list[Case] = [
         "checkpoint.ckpt",
         ("state", "load_state_dict"),
         fix_in=SAMPLER,
+        raises=TypeError,
     ),
     error(
         "state-empty",
@@ -316,6 +327,7 @@ CASES: list[Case] = [
         "missing",
         "consumed",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     error(
         "state-extra-key",
@@ -324,6 +336,7 @@ CASES: list[Case] = [
         _load_extra_key,
         "bogus",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     error(
         "state-missing-key",
@@ -333,6 +346,7 @@ CASES: list[Case] = [
         "consumed",
         "missing",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     error(
         "state-other-data",
@@ -343,6 +357,7 @@ CASES: list[Case] = [
         "12",
         "11",
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-other-seed",
@@ -353,6 +368,7 @@ CASES: list[Case] = [
         "1",
         "2",
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-other-budget",
@@ -363,6 +379,7 @@ CASES: list[Case] = [
         "16",
         "20",
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-other-tail",
@@ -373,6 +390,7 @@ CASES: list[Case] = [
         "pad",
         "drop",
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-changed-lengths",
@@ -382,6 +400,7 @@ CASES: list[Case] = [
         "lengths",
         ("afresh", "start", "reset"),
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-permuted-lengths",
@@ -390,6 +409,7 @@ CASES: list[Case] = [
         _load_changed_lengths_same_total,
         "lengths",
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-from-mixture",
@@ -398,6 +418,7 @@ CASES: list[Case] = [
         _load_from_mixture,
         ("dataset", "mixture", "sources"),
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-consumed-too-many",
@@ -407,6 +428,7 @@ CASES: list[Case] = [
         "consumed",
         "999",
         fix_in=SAMPLER,
+        raises=ResumeMismatchError,
     ),
     error(
         "state-consumed-negative",
@@ -416,6 +438,7 @@ CASES: list[Case] = [
         "consumed",
         "-1",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     error(
         "state-consumed-str",
@@ -425,6 +448,7 @@ CASES: list[Case] = [
         "consumed",
         "'2'",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     error(
         "state-version",
@@ -434,6 +458,7 @@ CASES: list[Case] = [
         "version",
         "99",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     error(
         "state-epoch-negative",
@@ -443,6 +468,7 @@ CASES: list[Case] = [
         "epoch",
         "-1",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     error(
         "state-history-garbage",
@@ -451,6 +477,7 @@ CASES: list[Case] = [
         _load_history_garbage,
         "history",
         fix_in=SAMPLER,
+        raises=ValueError,
     ),
     *[
         error(
@@ -460,13 +487,14 @@ CASES: list[Case] = [
             partial(_call_consumed, v),
             "consumed",
             shown,
-            raises=BAD_ARG,
+            raises=kind,
+            setting="consumed",
             fix_in=SAMPLER,
         )
-        for name, v, shown in (
-            ("negative", -1, "-1"),
-            ("too-many", 10_000, "10000"),
-            ("float", 1.5, "1.5"),
+        for name, v, shown, kind in (
+            ("negative", -1, "-1", SettingValueError),
+            ("too-many", 10_000, "10000", SettingValueError),
+            ("float", 1.5, "1.5", SettingTypeError),
         )
     ],
     accepted(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_varbatch import StreamingBatches, StreamingDataModule, shards_from_files
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 from lightning_varbatch.sources.shards import ShardedSource
 from tests.bad_inputs.case import Case, error
 
@@ -77,6 +78,7 @@ CASES: list[Case] = [
         "paths",
         "matches no files",
         fix_in=SHARDS,
+        raises=SettingValueError,
     ),
     error(
         "stream-files-suffix",
@@ -87,6 +89,7 @@ CASES: list[Case] = [
         ".txt",
         ".parquet",
         fix_in=SHARDS,
+        raises=SettingValueError,
     ),
     error(
         "stream-files-json-array",
@@ -96,6 +99,7 @@ CASES: list[Case] = [
         "paths",
         "one object",
         fix_in=FILES,
+        raises=ValueError,
     ),
     error(
         "stream-files-missing-column",
@@ -106,6 +110,7 @@ CASES: list[Case] = [
         "'ids'",
         "tokens",
         fix_in=FILES,
+        raises=SettingValueError,
     ),
     error(
         "stream-source-mixed-columns",
@@ -115,6 +120,7 @@ CASES: list[Case] = [
         "shards[1]",
         "same columns",
         fix_in=SHARDS,
+        raises=ValueError,
     ),
     error(
         "stream-read-descending",
@@ -124,6 +130,7 @@ CASES: list[Case] = [
         "rows",
         "ascending",
         fix_in=FILES,
+        raises=ValueError,
     ),
     error(
         "stream-not-a-source",
@@ -133,7 +140,7 @@ CASES: list[Case] = [
         "source",
         "ShardedSource",
         "shards_from_files",
-        raises=TypeError,
+        raises=SettingTypeError,
         fix_in=STREAM,
     ),
     error(
@@ -144,6 +151,7 @@ CASES: list[Case] = [
         "max_shapes",
         "Unset max_shapes",
         fix_in=WINDOWS,
+        raises=SettingValueError,
     ),
     error(
         "stream-window-zero",
@@ -153,6 +161,8 @@ CASES: list[Case] = [
         "window",
         "positive",
         fix_in=WINDOWS,
+        raises=SettingValueError,
+        setting="window",
     ),
     error(
         "stream-over-budget",
@@ -162,6 +172,8 @@ CASES: list[Case] = [
         "max_tokens=2",
         "oversize",
         fix_in=STREAM,
+        setting="max_tokens",
+        raises=SettingValueError,
     ),
     error(
         "stream-state-other-settings",
@@ -170,6 +182,7 @@ CASES: list[Case] = [
         _other_settings,
         "max_tokens: saved 8, now 9",
         fix_in=STREAM,
+        raises=ResumeMismatchError,
     ),
     error(
         "stream-state-damaged",
@@ -179,6 +192,7 @@ CASES: list[Case] = [
         "StreamingBatches state",
         "window",
         fix_in=STREAM,
+        raises=ValueError,
     ),
     error(
         "stream-dm-world-size",
@@ -187,7 +201,7 @@ CASES: list[Case] = [
         lambda tmp: StreamingDataModule(_source(tmp), 8, world_size=2),
         "world_size",
         "Trainer",
-        raises=TypeError,
+        raises=SettingTypeError,
         fix_in=MODULE,
     ),
     error(
@@ -197,7 +211,8 @@ CASES: list[Case] = [
         lambda tmp: StreamingDataModule(_source(tmp), 8, collate=3),  # type: ignore[arg-type]
         "collate",
         "callable",
-        raises=TypeError,
+        setting="collate",
+        raises=SettingTypeError,
         fix_in=MODULE,
     ),
     error(
@@ -208,5 +223,7 @@ CASES: list[Case] = [
         "val_dataset",
         "val_lengths",
         fix_in=MODULE,
+        raises=SettingValueError,
+        setting="val_lengths",
     ),
 ]

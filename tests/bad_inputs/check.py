@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from lightning_varbatch.errors import SettingError
 from tests.bad_inputs.case import Case, message_problems
 
 HANG_SECONDS = 60  # far above any case's time: reaching it means a hang
@@ -68,11 +69,18 @@ def check_case(
                 return
             pytest.fail(f"silent: {case.id} raised nothing and warned {texts or 'nothing'}")
         pytest.fail(f"silent: {case.id} ({case.input}) was accepted without an error")
-    if not isinstance(raised, case.raises):
+    if type(raised) is not case.raises:
         pytest.fail(
-            f"{case.id}: expected {'/'.join(t.__name__ for t in case.raises)}, got "
+            f"{case.id}: expected exactly {case.raises.__name__}, got "
             f"{type(raised).__name__}: {raised}"
         )
+    if case.setting is not None:
+        got = raised.setting if isinstance(raised, SettingError) else None
+        if got != case.setting:
+            pytest.fail(
+                f"{case.id}: expected an error on setting {case.setting!r} (.setting), got "
+                f"{got!r}: {raised}"
+            )
     problems = message_problems(case, str(raised))
     if problems:
         pytest.fail(f"{case.id}: {'; '.join(problems)}. The message: {raised}")

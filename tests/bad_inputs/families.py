@@ -1,20 +1,31 @@
 """Value families: every numeric setting is tried with each member of its family.
 
+Each bad member has one exact outcome, the settings vocabulary's: a value of the wrong type
+(a float, bool, string, NaN, infinity or ``None`` for an integer; a bool, string or ``None`` for
+a real number) raises :class:`~lightning_varbatch.errors.SettingTypeError`, a value of the
+right type out of range (0, negative; NaN and infinity for a real number) raises
+:class:`~lightning_varbatch.errors.SettingValueError`, and the error's ``.setting`` is the
+family's setting.
+
 Example:
     >>> [name for name, _, _ in POSITIVE_INT_BAD][:3]
     ['zero', 'negative', 'float']
+    >>> int_kind(2.5).__name__, int_kind(0).__name__, real_kind(math.nan).__name__
+    ('SettingTypeError', 'SettingValueError', 'SettingValueError')
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tests.bad_inputs.case import BAD_ARG, Case, Match, accepted, error
+from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
+from tests.bad_inputs.case import Case, Match, accepted, error
 
 # (member, value, the value as the message must show it)
 POSITIVE_INT_BAD: list[tuple[str, Any, Match]] = [
@@ -38,6 +49,20 @@ POSITIVE_REAL_BAD: list[tuple[str, Any, Match]] = [
 ]
 
 
+def int_kind(value: Any) -> type[SettingError]:
+    """The error an integer setting gives for ``value``: a wrong type, or out of range."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        return SettingTypeError
+    return SettingValueError
+
+
+def real_kind(value: Any) -> type[SettingError]:
+    """The error a real setting gives for ``value`` (NaN and infinity are out of range)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return SettingTypeError
+    return SettingValueError
+
+
 def int_family(
     prefix: str,
     area: str,
@@ -51,6 +76,7 @@ def int_family(
     extra_match: tuple[Match, ...] = (),
     fix_in: str = "",
     not_blame: tuple[str, ...] = (),
+    error_setting: str | None = "",
 ) -> list[Case]:
     """Bad members of a positive (or non-negative) integer setting, plus numpy-int goods.
 
@@ -66,6 +92,8 @@ def int_family(
         extra_match: more pieces every message must contain (e.g. a dataset's name).
         fix_in: the library file owning the check.
         not_blame: what no message of the family may say (another setting's fix).
+        error_setting: the ``.setting`` every error must carry (default: ``setting``;
+            ``None``: not checked).
     """
     label = what or f"{setting}="
     cases: list[Case] = []
@@ -82,7 +110,8 @@ def int_family(
                 setting,
                 shown,
                 *extra_match,
-                raises=BAD_ARG,
+                raises=int_kind(value),
+                setting=setting if error_setting == "" else error_setting,
                 fix_in=fix_in,
                 not_blame=not_blame,
             )
@@ -120,8 +149,13 @@ def real_family(
     what: str = "",
     members: list[tuple[str, Any, Match]] | None = None,
     fix_in: str = "",
+    error_setting: str | None = "",
 ) -> list[Case]:
-    """Bad members of a positive real setting, plus a numpy-float good."""
+    """Bad members of a positive real setting, plus a numpy-float good.
+
+    ``error_setting``: the ``.setting`` every error must carry (default: ``setting``;
+    ``None``: not checked).
+    """
     label = what or f"{setting}="
     cases = [
         error(
@@ -131,6 +165,8 @@ def real_family(
             _bind(call, value),
             setting,
             shown,
+            raises=real_kind(value),
+            setting=setting if error_setting == "" else error_setting,
             fix_in=fix_in,
         )
         for member, value, shown in (members or POSITIVE_REAL_BAD)

@@ -33,11 +33,14 @@ Nothing is silently dropped, ignored or reinterpreted, and nothing hangs.
 
 This table is generated from the executable catalogue in `tests/bad_inputs/` (one record per
 row) and checked by `python -m pytest -q tests/bad_inputs`: each case is run and its outcome
-asserted. An "error" row passes only when that exception type is raised and its message
-contains every piece listed (case-insensitive; "`a` or `b`": either), is at least
-{MIN_MESSAGE} characters long and says what is allowed or what to change (one of a list of
-words such as "must", "expected", "choose", "pass", "set"), and it must not mention a
-setting listed after "not blaming" (the wrong fix). A case that raises nothing
+asserted. An "error" row passes only when exactly that exception type is raised (not a
+subclass or a base class: `type(error) is X`; a bad setting raises `SettingTypeError` or
+`SettingValueError`, a checkpoint that does not match the run `ResumeMismatchError`, see
+`lightning_varbatch.errors`), with, where the row names a setting, that setting as the error's
+`.setting`, and its message contains every piece listed (case-insensitive; "`a` or `b`":
+either), is at least {MIN_MESSAGE} characters long and says what is allowed or what to
+change (one of a list of words such as "must", "expected", "choose", "pass", "set"), and it
+must not mention a setting listed after "not blaming" (the wrong fix). A case that raises nothing
 fails as *silent*, one that runs over the time limit fails as a *hang*. An "accepted" row
 must run without an error, and its callable checks the result (every example exactly once,
 the right rank, the figure where the CLI says it wrote it). A numeric setting of a public
@@ -48,7 +51,7 @@ Hydra settings are catalogued separately, in `tests/examples/`.
 ## Adding a case
 
 1. Add a record to the `CASES` list of the area's module in `tests/bad_inputs/` (`cases_*.py`):
-   `error(id, area, input in words, callable, *pieces, raises=...)` or
+   `error(id, area, input in words, callable, *pieces, raises=OneExactType, setting=...)` or
    `accepted(id, area, input, callable)`; for a numeric setting use `int_family` /
    `real_family` from `families.py`, which add 0, negative, float, bool, str, NaN, inf and
    `None` members and the numpy-integer goods.

@@ -49,12 +49,61 @@ def test_doc_table_is_up_to_date() -> None:
 def test_silent_case_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.bad_inputs.case import error
 
-    quiet = error("demo-silent", "planner API", "nothing happens", lambda tmp: None, "x")
+    quiet = error(
+        "demo-silent", "planner API", "nothing happens", lambda tmp: None, "x", raises=ValueError
+    )
     with pytest.raises(pytest.fail.Exception, match="silent"):
         check_case(quiet, tmp_path, monkeypatch)
-    vague = error("demo-vague", "planner API", "a short error", _raise_short, "x")
+    vague = error(
+        "demo-vague", "planner API", "a short error", _raise_short, "x", raises=ValueError
+    )
     with pytest.raises(pytest.fail.Exception, match="vague"):
         check_case(vague, tmp_path, monkeypatch)
+
+
+def _raise_setting_error(tmp: Path) -> None:
+    from lightning_varbatch.checks import check_count
+
+    check_count("max_tokens", 0)
+
+
+def test_the_exact_type_is_asserted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subclass or a base class of the expected type is another outcome, and fails."""
+    from lightning_varbatch.errors import SettingTypeError, SettingValueError
+    from tests.bad_inputs.case import error
+
+    right = error(
+        "demo-exact", "planner API", "max_tokens=0", _raise_setting_error, "max_tokens",
+        raises=SettingValueError, setting="max_tokens",
+    )  # fmt: skip
+    check_case(right, tmp_path, monkeypatch)
+    for wrong in (ValueError, SettingTypeError):  # the base class; a sibling
+        case = error(
+            "demo-base", "planner API", "max_tokens=0", _raise_setting_error, "max_tokens",
+            raises=wrong,
+        )  # fmt: skip
+        with pytest.raises(pytest.fail.Exception, match="expected exactly"):
+            check_case(case, tmp_path, monkeypatch)
+    other_setting = error(
+        "demo-setting", "planner API", "max_tokens=0", _raise_setting_error, "max_tokens",
+        raises=SettingValueError, setting="max_examples",
+    )  # fmt: skip
+    with pytest.raises(pytest.fail.Exception, match="expected an error on setting"):
+        check_case(other_setting, tmp_path, monkeypatch)
+    plain = error(
+        "demo-plain", "planner API", "a short error", _raise_short, "x",
+        raises=ValueError, setting="x",
+    )  # fmt: skip
+    with pytest.raises(pytest.fail.Exception, match="expected an error on setting 'x'"):
+        check_case(plain, tmp_path, monkeypatch)
+
+
+def test_an_error_case_has_one_exact_type() -> None:
+    from tests.bad_inputs.case import error
+
+    with pytest.raises(TypeError, match="raises must be one exception class"):
+        error("demo", "planner API", "x", _raise_short, "x", raises=(ValueError, TypeError))  # type: ignore[arg-type]
+    assert all(c.raises is None or isinstance(c.raises, type) for c in CASES)
 
 
 def test_hang_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,7 +111,14 @@ def test_hang_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
 
     from tests.bad_inputs.case import error
 
-    stuck = error("demo-hang", "planner API", "waits forever", lambda tmp: time.sleep(5), "x")
+    stuck = error(
+        "demo-hang",
+        "planner API",
+        "waits forever",
+        lambda tmp: time.sleep(5),
+        "x",
+        raises=ValueError,
+    )
     with pytest.raises(pytest.fail.Exception, match="hang"):
         check_case(stuck, tmp_path, monkeypatch, hang_seconds=1)
 

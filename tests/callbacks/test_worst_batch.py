@@ -17,8 +17,17 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch import nn
 
-from lightning_varbatch import TokenBudgetBatchSampler, TokenBudgetDataModule
-from lightning_varbatch.callbacks.worst_batch import WorstBatchCheck, measure_peak, worst_tiles
+from lightning_varbatch import PlanConfig, TokenBudgetBatchSampler, TokenBudgetDataModule
+from lightning_varbatch.callbacks.worst_batch import (
+    KINDS,
+    WorstBatchCheck,
+    advice,
+    measure_peak,
+    worst_tiles,
+)
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.planner.costs import COST_NAMES
+from lightning_varbatch.planner.settings import LAYOUTS
 
 VOCAB = 50
 MAX_TOKENS = 96
@@ -163,7 +172,8 @@ def test_memory_limit_below_the_peak_raises_naming_the_shape() -> None:
     text = str(info.value)
     assert f"{expected[0]} examples x {expected[1]} tokens" in text
     assert "rank 0" in text and "memory_limit_bytes=1" in text
-    assert f"max_tokens={MAX_TOKENS}" in text and "Lower max_tokens" in text
+    assert f"lower max_tokens={MAX_TOKENS}" in text
+    assert not _unknown_names(text), _unknown_names(text)
 
 
 def test_out_of_memory_is_translated() -> None:
@@ -173,18 +183,146 @@ def test_out_of_memory_is_translated() -> None:
     with pytest.raises(RuntimeError, match="ran out of memory") as info:
         _trainer([check], max_steps=1).fit(Model(oom_above=1), _datamodule())
     text = str(info.value)
-    assert f"{n} examples x {longest} tokens" in text and "Lower max_examples" in text
-    assert isinstance(info.value.__cause__, torch.OutOfMemoryError)
+    assert f"{n} examples x {longest} tokens" in text
+    assert f"lower max_tokens={MAX_TOKENS}, or cap the examples with max_examples" in text
+    assert type(info.value.__cause__) is torch.OutOfMemoryError
+    assert not _unknown_names(text), _unknown_names(text)
 
 
-def test_arguments_are_checked() -> None:
-    with pytest.raises(ValueError, match="kinds"):
-        WorstBatchCheck(kinds=("tokens",))
-    with pytest.raises(ValueError, match="kinds"):
-        WorstBatchCheck(kinds=())
-    with pytest.raises(ValueError, match="memory_limit_bytes"):
-        WorstBatchCheck(memory_limit_bytes=0)
+@pytest.mark.parametrize(
+    ("kwargs", "error", "setting"),
+    [
+        ({"kinds": ("tokens",)}, SettingValueError, "kinds"),
+        ({"kinds": ()}, SettingValueError, "kinds"),
+        ({"kinds": 3}, SettingTypeError, "kinds"),
+        ({"kinds": ("examples", None)}, SettingTypeError, "kinds"),
+        ({"memory_limit_bytes": 0}, SettingValueError, "memory_limit_bytes"),
+        ({"memory_limit_bytes": -1}, SettingValueError, "memory_limit_bytes"),
+        ({"memory_limit_bytes": "1e9"}, SettingTypeError, "memory_limit_bytes"),
+        ({"memory_limit_bytes": 1e9}, SettingTypeError, "memory_limit_bytes"),
+        ({"memory_limit_bytes": True}, SettingTypeError, "memory_limit_bytes"),
+        ({"verbose": "yes"}, SettingTypeError, "verbose"),
+        ({"verbose": 1}, SettingTypeError, "verbose"),
+    ],
+    ids=lambda v: None if isinstance(v, (dict, type)) else v,
+)
+def test_arguments_use_the_shared_checks(kwargs: dict[str, Any], error: type, setting: str) -> None:
+    with pytest.raises(error) as info:
+        WorstBatchCheck(**kwargs)
+    assert type(info.value) is error and info.value.setting == setting
+    assert setting in str(info.value)
+
+
+def test_good_arguments() -> None:
     assert WorstBatchCheck(kinds="attention").kinds == ("attention",)
+    check = WorstBatchCheck(memory_limit_bytes=np.int64(2**30), verbose=np.bool_(False))
+    assert check.memory_limit_bytes == 2**30 and type(check.memory_limit_bytes) is int
+    assert check.verbose is False
+
+
+def _valid_names() -> set[str]:
+    """Every name a user can set: PlanConfig's fields, the DataModule's and the check's own."""
+    import dataclasses
+    import inspect
+
+    names = {f.name for f in dataclasses.fields(PlanConfig)}
+    names |= set(inspect.signature(TokenBudgetDataModule.__init__).parameters) - {"self"}
+    names |= set(inspect.signature(WorstBatchCheck.__init__).parameters) - {"self"}
+    return names
+
+
+def _unknown_names(text: str) -> list[str]:
+    """Settings or setting values the text names that do not exist.
+
+    A setting is any ``snake_case`` word (``max_tokens``) or any ``name=`` in the text; a
+    ``cost=`` or ``layout=`` value must be one of the library's names.
+    """
+    import re
+
+    words = set(re.findall(r"\b[a-z]+(?:_[a-z]+)+\b", text))
+    words |= set(re.findall(r"\b([a-z]\w*)=", text))
+    sources = {"cpu_vmhwm", "cpu_vmhwm_unreset", "cpu_ru_maxrss", "cuda_max_allocated"}
+    known = _valid_names() | set(KINDS) | sources | {"find_max_tokens"}  # not settings, named
+    bad = sorted(words - known)
+    for name, choices in (("cost", COST_NAMES), ("layout", LAYOUTS)):
+        bad += [f"{name}={v!r}" for v in re.findall(name + r"='(\w+)'", text) if v not in choices]
+    return bad
+
+
+ADVICE_CONFIGS = [
+    PlanConfig(max_tokens=4096),
+    PlanConfig(max_tokens=4096, max_examples=64),
+    PlanConfig(max_tokens=4096, cost="quadratic", quadratic_coef=0.01),
+    PlanConfig(max_tokens=4096, cost="sum"),
+    PlanConfig(max_tokens=4096, cost=lambda n, longest, total: n * longest),
+    PlanConfig(max_tokens=4096, layout="packed"),
+    PlanConfig(max_tokens=4096, max_shapes=4),
+    PlanConfig(max_tokens=4096, max_shapes=4, cost="quadratic"),
+]
+
+
+@pytest.mark.parametrize("config", ADVICE_CONFIGS, ids=lambda c: str(c.plain()))
+@pytest.mark.parametrize("kind", [*KINDS, "shape 4x256"])
+def test_every_advice_names_only_settings_that_exist(kind: str, config: PlanConfig) -> None:
+    text = advice(kind, config)
+    assert not _unknown_names(text), (text, _unknown_names(text))
+    assert f"max_tokens={config.max_tokens}" in text  # the budget is always one way out
+    # every setting it names with a value is shown with the value it has now
+    import re
+
+    for name, value in re.findall(r"\b([a-z]\w*)=('?[\w.]+'?)", text):
+        if name == "cost" and value == "'quadratic'" and config.cost != "quadratic":
+            continue  # the value to set, with the current one shown next to it
+        now = getattr(config, name)
+        assert value.strip("'") in (str(now), f"{now:g}" if isinstance(now, float) else ""), (
+            name,
+            value,
+            now,
+        )
+    # a setting it suggests changing also takes the value it suggests
+    for value in re.findall(r"cost='(\w+)'", text):
+        PlanConfig(max_tokens=4096, cost=value)  # type: ignore[arg-type]
+
+
+def test_a_fake_setting_would_be_caught() -> None:
+    """The checker itself: today's bug (cost='flops') and a made-up name are found."""
+    assert _unknown_names("or cost='quadratic' / cost='flops'") == ["cost='flops'"]
+    assert _unknown_names("lower max_token=8") == ["max_token"]
+    assert not _unknown_names("lower max_tokens=8 or max_examples=4")
+
+
+def test_other_errors_keep_their_type_with_a_note() -> None:
+    """A CPU allocation failure (a plain RuntimeError) is not read from its text: it keeps its
+    type and gains a note naming the micro-batch and the settings."""
+
+    class CpuAllocationFailure(Model):
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            torch.empty(2**40, dtype=torch.uint8)  # what torch's CPU allocator raises
+            return super().training_step(batch, batch_idx)
+
+    seed_everything(0)
+    check = WorstBatchCheck(kinds=("padded_tokens",), verbose=False)
+    n, longest = _independent_worst()["padded_tokens"]
+    with pytest.raises(RuntimeError) as info:
+        _trainer([check], max_steps=1).fit(CpuAllocationFailure(), _datamodule())
+    assert type(info.value) is RuntimeError
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert f"{n} examples x {longest} tokens" in notes and f"max_tokens={MAX_TOKENS}" in notes
+    assert not _unknown_names(notes), _unknown_names(notes)
+
+
+def test_memory_error_is_out_of_memory() -> None:
+    class PythonOom(Model):
+        def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+            raise MemoryError
+
+    seed_everything(0)
+    check = WorstBatchCheck(kinds=("attention",), verbose=False)
+    with pytest.raises(RuntimeError, match="ran out of memory") as info:
+        _trainer([check], max_steps=1).fit(PythonOom(), _datamodule())
+    assert type(info.value.__cause__) is MemoryError
+    text = str(info.value)
+    assert "cost='quadratic'" in text and not _unknown_names(text)
 
 
 def test_manual_optimization_is_refused() -> None:

@@ -102,6 +102,11 @@ def test_a_short_run_learns_and_writes_metrics(
     assert saved["layout"] == layout and saved["global_step"] == steps
     assert saved["val/loss"] == pytest.approx(metrics["val/loss"])
     assert (tmp_path / "tokenizer.json").exists()
+    # without ModelCheckpoint (TINY disables it) the finished run's state is still saved, and
+    # metrics.json names it: a requeued job resumes from there instead of starting over
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert saved["checkpoint"] == str(last) and saved["trained"] is True
+    assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == steps
 
 
 def _documents() -> list[dict[str, list[int]]]:

@@ -67,6 +67,13 @@ def _bad_file(kind: str, tmp_path: Path, checkpoint: Path) -> Path:
         torch.save(torch.zeros(3), path)
     elif kind == "pickle":
         torch.save({"state_dict": {}, "loops": {}, "x": Path("/")}, path)
+    elif kind == "damaged-pickle":  # a complete zip whose pickle is garbage
+        import zipfile
+
+        with zipfile.ZipFile(checkpoint) as src, zipfile.ZipFile(path, "w") as out:
+            for name in src.namelist():
+                data = src.read(name)
+                out.writestr(name, b"\x80\x02garbage" if name.endswith("data.pkl") else data)
     return path
 
 
@@ -79,7 +86,8 @@ def _bad_file(kind: str, tmp_path: Path, checkpoint: Path) -> Path:
         ("truncated", "not a torch checkpoint"),
         ("empty", "not a torch checkpoint"),
         ("tensor", "not a Lightning training checkpoint"),
-        ("pickle", "cannot be read as a checkpoint"),
+        ("pickle", "holds objects other than tensors"),
+        ("damaged-pickle", "or its pickle is damaged"),
     ],
 )
 def test_not_a_checkpoint_is_refused_before_training(

@@ -13,7 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from examples.translation.streaming import MANIFEST, TranslationStreamingDataModule
+from examples.translation import streaming
+from examples.translation.streaming import MANIFEST
 from examples.translation.train import (
     CONF_DIR,
     ConfigError,
@@ -22,7 +23,7 @@ from examples.translation.train import (
     check_resume,
     train,
 )
-from lightning_varbatch import TokenBudgetDataModule
+from lightning_varbatch import StreamingDataModule, TokenBudgetDataModule, shards_from_files
 from tests.examples.test_train import SMALL
 from tests.launch import launch
 
@@ -137,13 +138,21 @@ def test_single_process_streams_reuses_and_resumes(tmp_path: Path) -> None:
         build_datamodule(
             make(*SMALL, *STREAM, f"data.shard_dir={shards}", "data.max_length=24"), tmp_path
         )
-    # The checkpoint's stream position belongs to its shard files: other ones are refused.
+    # The checkpoint's stream position belongs to its shards' content: identical files in
+    # another folder resume, shards cut differently are refused.
     cfg = make(*SMALL, *STREAM, f"output_dir={tmp_path / 'c'}", f"ckpt_path={ckpt}")
     other, _, _ = build_datamodule(cfg, tmp_path / "c")  # writes <output_dir>/shards
-    assert isinstance(other, TranslationStreamingDataModule)
+    assert type(other) is StreamingDataModule  # the library's own, no subclass
     assert (tmp_path / "c" / "shards" / MANIFEST).is_file()
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    check_resume(cfg, other, saved)  # the same shards in another folder (a node-local copy)
+    cut = make(
+        *SMALL, "data.stream=true", "data.shard_rows=400", f"output_dir={tmp_path / 'd'}",
+        f"ckpt_path={ckpt}",
+    )  # fmt: skip
+    recut, _, _ = build_datamodule(cut, tmp_path / "d")  # the same pairs in other shards
     with pytest.raises(ConfigError, match=r"ckpt_path=.*same data.shard_dir"):
-        check_resume(cfg, other, torch.load(ckpt, map_location="cpu", weights_only=True))
+        check_resume(cut, recut, saved)
     # A folder that is neither empty nor shards is refused.
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "notes.txt").write_text("x")
@@ -173,3 +182,26 @@ def test_two_process_ddp_streams_to_the_same_step(tmp_path: Path) -> None:
         assert math.isfinite(metrics["train/loss"]) and metrics["shards"]["rows"] == 1460
     assert [r["metrics"]["shards"]["written"] for r in records] == [True, False]
     assert records[0]["metrics"]["val/loss"] == pytest.approx(records[1]["metrics"]["val/loss"])
+
+
+def test_a_checkpoint_of_the_former_subclass_still_resumes(tmp_path: Path) -> None:
+    """Checkpoints keep the stream under the old class name; check_resume applies it."""
+    import pyarrow as pa
+
+    rows = [{"source": [1] * (2 + i % 5), "target": [2] * (2 + i % 3)} for i in range(30)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "part-0.parquet")
+
+    def source() -> Any:
+        return shards_from_files(tmp_path, ("source", "target"), cache_dir=None)
+
+    saved = StreamingDataModule(source(), 16, window=8, loss_offset=1)
+    loader = iter(saved.train_dataloader())
+    next(loader)
+    state = {k: v for k, v in saved.state_dict().items() if k != "version"}  # as saved then
+    ckpt = {streaming.LEGACY_STATE_KEY: state}
+    resumed = StreamingDataModule(source(), 16, window=8, loss_offset=1)
+    streaming.check_resume(str(tmp_path / "last.ckpt"), resumed, ckpt)
+    assert resumed.state_dict() == {"version": 1, **state}  # pending, applied at the start
+    changed = StreamingDataModule(source(), 17, window=8, loss_offset=1)
+    with pytest.raises(ConfigError, match=r"max_tokens: saved 16, now 17"):
+        streaming.check_resume(str(tmp_path / "last.ckpt"), changed, ckpt)

@@ -133,3 +133,16 @@ def test_a_data_source_reads_its_own_columns() -> None:
     assert resolved.dataset is ds and resolved.name == "wmt"
     plain = DataSource(np.array([3, 4]))
     assert source_with_column_lengths(plain, "x") is plain
+
+
+def test_nulls_the_dataset_filtered_out_are_not_its_rows() -> None:
+    """ds.filter(... is not None), the fix the null message gives, must then be accepted."""
+    ds = datasets.Dataset.from_dict({"ids": [[1, 2], None, [3], None, [4, 5, 6]]})
+    kept = ds.filter(lambda r: r["ids"] is not None)
+    assert column_lengths(kept, "ids").tolist() == [2, 1, 3]
+
+
+def test_a_null_is_named_by_the_datasets_own_row_after_a_select() -> None:
+    ds = datasets.Dataset.from_dict({"ids": [[1, 2], None, [3], [4]]}).select([3, 0, 2, 1])
+    with pytest.raises(ValueError, match=r"row 3 of column 'ids' is null \(1 null row"):
+        column_lengths(ds, "ids")
