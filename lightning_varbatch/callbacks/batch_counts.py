@@ -61,7 +61,7 @@ def as_number(value: Any, what: str) -> float:
     return float(value)
 
 
-def check_positive(owner: str, name: str, value: object, *, integer: bool = False) -> float | None:
+def check_positive(name: str, value: object, *, integer: bool = False) -> float | None:
     """``value`` as a positive finite number (``None`` passes through).
 
     A thin use of :func:`~lightning_varbatch.checks.check_real` (``integer``:
@@ -72,7 +72,6 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
     :class:`~lightning_varbatch.PlanConfig`).
 
     Args:
-        owner: the class that takes the setting (the traceback names it; not in the message).
         name: the setting's name.
         value: the value received.
         integer: whether only whole numbers are allowed (then :func:`check_count`).
@@ -83,14 +82,13 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
         SettingValueError: for zero, a negative number, NaN or infinity.
 
     Example:
-        >>> check_positive("Monitor", "peak_flops", 1e15)
+        >>> check_positive("peak_flops", 1e15)
         1000000000000000.0
-        >>> check_positive("Monitor", "log_every_n_steps", 0, integer=True)
+        >>> check_positive("log_every_n_steps", 0, integer=True)
         Traceback (most recent call last):
         ...
         lightning_varbatch.errors.SettingValueError: log_every_n_steps must be a positive ...
     """
-    del owner  # the same message in every class
     if value is None:
         return None
     if integer:

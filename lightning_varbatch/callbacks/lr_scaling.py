@@ -182,12 +182,11 @@ class BatchSizeLRScaler(Callback):
     ) -> None:
         check_choice("rule", rule, _RULES, what=" (how the LR follows the step size)")
         check_choice("by", by, tuple(_BY), what=" (what the step size counts)")
-        owner = type(self).__name__
-        self.reference = check_positive(owner, "reference", reference)
-        budget = check_positive(owner, "max_tokens", max_tokens, integer=True)
+        self.reference = check_positive("reference", reference)
+        budget = check_positive("max_tokens", max_tokens, integer=True)
         self.max_tokens = None if budget is None else int(budget)
-        self.min_scale = check_positive(owner, "min_scale", min_scale)
-        self.max_scale = check_positive(owner, "max_scale", max_scale)
+        self.min_scale = check_positive("min_scale", min_scale)
+        self.max_scale = check_positive("max_scale", max_scale)
         if (
             self.min_scale is not None
             and self.max_scale is not None
@@ -207,7 +206,7 @@ class BatchSizeLRScaler(Callback):
                     setting=name,
                     value=fn,
                 )
-        every = check_positive(owner, "log_every_n_steps", log_every_n_steps, integer=True)
+        every = check_positive("log_every_n_steps", log_every_n_steps, integer=True)
         self.rule, self.by = rule, by
         self.count_fn = tokens_fn if by == "tokens" else examples_fn
         self.fn_arg = "tokens_fn" if by == "tokens" else "examples_fn"

@@ -126,9 +126,9 @@ class TokenThroughputMonitor(Callback):
         dataset_names: list[str] | None = None,
     ) -> None:
         owner = type(self).__name__
-        every = check_positive(owner, "log_every_n_steps", log_every_n_steps, integer=True)
-        flops_per_token = check_positive(owner, "flops_per_token", flops_per_token)
-        peak_flops = check_positive(owner, "peak_flops", peak_flops)
+        every = check_positive("log_every_n_steps", log_every_n_steps, integer=True)
+        flops_per_token = check_positive("flops_per_token", flops_per_token)
+        peak_flops = check_positive("peak_flops", peak_flops)
         for name, fn in (
             ("tokens_fn", tokens_fn),
             ("examples_fn", examples_fn),

@@ -702,7 +702,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 for k, v in self.config.plain().items()
                 if k != "seed" and saved_settings.get(k) != v
             }
-            if changed:
+            if changed or "seed" in differences:  # they explain the hash: name them only
                 del differences["fingerprint"]
                 differences.update(changed)
         wrong = [_difference(k, saved, now) for k, (saved, now) in differences.items()]
