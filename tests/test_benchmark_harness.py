@@ -83,6 +83,7 @@ def test_the_stderr_shown_is_the_tail() -> None:
     assert len(failure.stderr) == TAIL_CHARS and failure.stderr.endswith("the end")
 
 
+@pytest.mark.slow
 def test_a_child_past_its_timeout_is_killed() -> None:
     t0 = time.monotonic()
     with pytest.raises(ChildFailed) as info:
@@ -120,6 +121,7 @@ def test_children_name_every_one_that_did_not_report() -> None:
     assert all(f.stderr.strip() == "rank 1 broke" for f in info.value.failures)
 
 
+@pytest.mark.slow
 def test_a_timeout_kills_every_child_of_the_group() -> None:
     sleeper = python("import time\ntime.sleep(60)\nemit_result(1)")
     t0 = time.monotonic()
@@ -151,6 +153,7 @@ def test_a_benchmark_child_that_fails_names_the_benchmark_command() -> None:
     assert "python -m benchmarks.training_throughput --child z --settings" in str(info.value)
 
 
+@pytest.mark.slow
 def test_training_children_report_what_the_run_in_this_process_reports() -> None:
     """``spawn`` (a fresh process) and the in-process run train the same batches."""
     s = dataclasses.replace(TRANSLATION_TINY, max_steps=3)

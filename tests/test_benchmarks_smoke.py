@@ -53,6 +53,7 @@ def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(QUICK))
 def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
     out = tmp_path / f"{name}.json"
@@ -106,6 +107,7 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
     assert list(tmp_path.glob("*.png"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
 @pytest.mark.parametrize("script", ["gpu_throughput", "gpu_packing"])
 def test_gpu_benchmark_refuses_without_cuda(script: str) -> None:

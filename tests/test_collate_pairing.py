@@ -148,6 +148,7 @@ def slots(batch: dict[str, Any], layout: str) -> tuple[list[int], int]:
     return ids, used
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ENTRIES)
 @pytest.mark.parametrize("source", SOURCES)
 @pytest.mark.parametrize("collate", COLLATES)

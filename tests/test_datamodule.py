@@ -52,6 +52,7 @@ def test_single_process_fit() -> None:
     assert any(r["sanity"] for r in model.validated)
 
 
+@pytest.mark.multiprocess
 def test_ddp_two_processes(tmp_path: Path) -> None:
     start = time.monotonic()
     records = launch("datamodule_ddp.py", 2, tmp_path, timeout=120)
@@ -81,6 +82,7 @@ def test_ddp_two_processes(tmp_path: Path) -> None:
         assert sorted(union) == list(range(NUM_VAL)), f"val epoch {epoch}"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp_varbatch", "deepspeed_varbatch"])
 def test_resume_mid_epoch_two_processes(tmp_path: Path, strategy: str) -> None:
     start = time.monotonic()
@@ -186,6 +188,7 @@ def test_without_val_dataset_fit_skips_validation() -> None:
         dm.test_dataloader()
 
 
+@pytest.mark.multiprocess
 def test_ranks_with_different_data_fail_together_instead_of_hanging(tmp_path: Path) -> None:
     records = launch("mismatched_data.py", 2, tmp_path, timeout=120)
     for record in records:

@@ -23,6 +23,7 @@ from tests.docs_runner import (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_doc_blocks_run(path: Path, tmp_path: Path) -> None:
     session = run_file(path, tmp_path)

@@ -65,6 +65,7 @@ def _long_documents(n: int = 4000, seed: int = 1) -> np.ndarray:
     return np.minimum(rng.lognormal(5.5, 1.0, n).astype(np.int64) + 2, 4096)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 8])
 @pytest.mark.parametrize("accumulate", [1, 3])
 def test_flop_attention_deals_packed_plans_and_leaves_padded_plans_alone(
@@ -343,21 +344,30 @@ BACKENDS = [
         "cuda",
         torch.float32,
         id="sdpa-cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"),
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"),
+        ],
     ),
     pytest.param(
         "flex",
         "cuda",
         torch.float32,
         id="flex-cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"),
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"),
+        ],
     ),
     pytest.param(
         "flash",
         "cuda",
         torch.bfloat16,
         id="flash-cuda",
-        marks=pytest.mark.skipif(not _flash_importable(), reason="no flash_attn on CUDA"),
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not _flash_importable(), reason="no flash_attn on CUDA"),
+        ],
     ),
 ]
 

@@ -9,6 +9,7 @@ import cycle.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import subprocess
 import sys
@@ -111,6 +112,7 @@ def test_a_torch_name_still_fails_clearly_without_torch() -> None:
     assert "torch is blocked" in done.stderr
 
 
+@pytest.mark.slow
 def test_strategies_are_registered_after_a_plain_import() -> None:
     code = (
         "import lightning_varbatch\n"
@@ -177,17 +179,21 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
     return found
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
+    """Every module of the repository -> the repository modules it imports (read once)."""
     files = python_files()
     known = {module_name(p) for p in files}
     return {module_name(p): imports_of(p, known) for p in files}
 
 
 def test_no_import_cycles_anywhere_in_the_repository() -> None:
-    edges = graph()
-    # A package's __init__ importing its own submodules is not a cycle of the layers.
-    for name, targets in edges.items():
-        edges[name] = {t for t in targets if not name.startswith(t + ".")}
+    # A package's __init__ importing its own submodules is not a cycle of the layers (a copy:
+    # graph() is cached for the other tests).
+    edges = {
+        name: {t for t in targets if not name.startswith(t + ".")}
+        for name, targets in graph().items()
+    }
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
 

@@ -10,6 +10,7 @@ import pytest
 from tests.launch import launch
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("source", ["list", "hf"])
 def test_per_step_mixing_is_identical_on_every_rank(tmp_path: Path, source: str) -> None:
     extra: tuple[str, ...] = ()

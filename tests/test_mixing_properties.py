@@ -193,6 +193,7 @@ def test_resume_with_another_world_size(case: dict, data: st.DataObject) -> None
     assert len({rest.rank_tiles(r).size for r in range(new_world)}) == 1
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(mixtures(), st.data())
 def test_sampler_resume_same_topology_gives_exactly_the_rest(

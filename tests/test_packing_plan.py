@@ -78,6 +78,7 @@ def imbalance(loads: np.ndarray) -> np.ndarray:
     return loads.max(axis=1) / loads.mean(axis=1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("acc", [1, 4])
 def test_ranks_carry_equal_compute_not_just_equal_tokens(acc: int) -> None:
     fa = transformer_flops(1024).flop_attention

@@ -78,6 +78,7 @@ def _cost(ids: np.ndarray, key: np.ndarray, config: PlanConfig) -> float:
     return float(len(ids) * (longest + config.quadratic_coef * longest * longest))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(scenarios())
 def test_plan_invariants(case: dict) -> None:
@@ -142,6 +143,7 @@ def test_plan_invariants(case: dict) -> None:
     assert np.array_equal(again.assign, plan.assign)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     scenarios(),

@@ -121,6 +121,7 @@ def before_checkpoint(log: list[dict[str, Any]], step: int) -> list[list[int]]:
     return [r["ids"] for r in log if r["global_step"] < step]
 
 
+@pytest.mark.multiprocess
 def test_sigkill_resume_matches_uninterrupted(killed: dict[str, Any], tmp_path: Path) -> None:
     step = killed["ckpt_step"]
     assert step == EVERY  # the only complete checkpoint: the run blocked in step EVERY + 1
@@ -153,6 +154,7 @@ def test_sigkill_resume_matches_uninterrupted(killed: dict[str, Any], tmp_path: 
     assert sorted(union) == list(range(NUM_TRAIN))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("source", ["list", "hf"])
 def test_resume_two_process_checkpoint_on_one(
     source: str, request: pytest.FixtureRequest, tmp_path: Path
@@ -234,6 +236,7 @@ def torchrun(out: Path, nnodes: int, nproc: int, timeout: float = 90) -> list[di
     return records
 
 
+@pytest.mark.multiprocess
 def test_torchrun_two_nodes_matches_one_node(tmp_path: Path) -> None:
     start = time.monotonic()
     (tmp_path / "2x1").mkdir()

@@ -10,6 +10,7 @@ import pytest
 from tests.launch import launch
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_every_rank_finishes_with_equal_counts_and_full_coverage(
     tmp_path: Path, world_size: int

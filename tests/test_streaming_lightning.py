@@ -73,6 +73,7 @@ def test_shards_are_very_unequal(data: Path) -> None:
     assert min(tokens[0] / t for t in tokens[1:]) > 7  # split by rank: one rank ~2x the other
 
 
+@pytest.mark.multiprocess
 def test_ddp_ranks_end_together_and_see_every_example_once(
     trained: dict[str, Any], data: Path
 ) -> None:
@@ -112,6 +113,7 @@ def checkpoint(trained: dict[str, Any]) -> Path:
     return path
 
 
+@pytest.mark.multiprocess
 def test_resume_same_world_trains_exactly_the_rest(
     trained: dict[str, Any], data: Path, tmp_path: Path
 ) -> None:
@@ -128,6 +130,7 @@ def test_resume_same_world_trains_exactly_the_rest(
         assert got["rows_read"] == sum(len(ids) for ids in batches(got))
 
 
+@pytest.mark.multiprocess
 def test_resume_two_ranks_on_one_loses_and_repeats_nothing(
     trained: dict[str, Any], data: Path, tmp_path: Path
 ) -> None:

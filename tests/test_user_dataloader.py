@@ -34,6 +34,7 @@ _RANK_VARIABLES = {
 }
 
 
+@pytest.mark.multiprocess
 def test_plain_dataloader_that_lightning_would_rewrap_fails_clearly(tmp_path: Path) -> None:
     records = launch("plain_loader.py", 2, tmp_path, "plain", timeout=120)
     for r in records:
@@ -41,12 +42,14 @@ def test_plain_dataloader_that_lightning_would_rewrap_fails_clearly(tmp_path: Pa
         assert "use_distributed_sampler" in r["error"] or "token_budget_dataloader" in r["error"]
 
 
+@pytest.mark.multiprocess
 def test_token_budget_dataloader_is_left_alone(tmp_path: Path) -> None:
     records = launch("plain_loader.py", 2, tmp_path, "helper", timeout=120)
     steps = {r.get("global_step") for r in records}
     assert len(steps) == 1 and steps.pop() > 0, records
 
 
+@pytest.mark.multiprocess
 def test_sampler_built_before_lightning_launches_the_ranks(tmp_path: Path) -> None:
     """The sampler is built at import time, before Lightning's launcher starts rank 1 (which
     sees WORLD_SIZE but no RANK); every rank must still plan for rank r of 2 and finish."""

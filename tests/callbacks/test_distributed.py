@@ -31,6 +31,7 @@ def schedule(step: int) -> float:
     return 0.8**step
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("strategy", "mode", "source"), SCENARIOS)
 def test_global_counts_and_identical_scaled_lr(
     strategy: str, mode: str, source: str, tmp_path_factory: pytest.TempPathFactory

@@ -395,6 +395,7 @@ def _ddp_rank(out: Path) -> None:
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
 
 
+@pytest.mark.multiprocess
 def test_ddp_every_rank_checks_its_own_worst_batches(tmp_path: Path) -> None:
     from tests.launch import free_port, rank_env
 

@@ -236,6 +236,7 @@ def test_bad_setting_is_named_before_training(
     assert not out.exists(), "a refused run must not write anything"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

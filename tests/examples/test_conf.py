@@ -121,6 +121,7 @@ def test_budget_below_longest_example(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_cli_errors_exit_nonzero_and_write_nothing(tmp_path: Path) -> None:
     script = CONF_DIR.parent / "examples" / "translation" / "train.py"
     run = tmp_path / "run"

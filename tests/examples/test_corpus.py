@@ -36,6 +36,7 @@ def small() -> list[tuple[str, str]]:
     return build_corpus(5000, seed=3)
 
 
+@pytest.mark.slow
 def test_default_size_unique_and_fast(corpus: list[tuple[str, str]]) -> None:
     assert len(corpus) >= 100_000
     assert len(set(corpus)) == len(corpus)

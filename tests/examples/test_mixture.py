@@ -121,6 +121,7 @@ def test_train_on_two_corpora_logs_per_corpus_and_follows_the_weights(
     assert Counter(names[d] for (d,) in steps) == {"embedded": 2, "tsv": 6}
 
 
+@pytest.mark.multiprocess
 def test_two_processes_train_the_mixture(tsv: Path, tmp_path: Path) -> None:
     records = launch(
         "translation_train.py",
@@ -201,6 +202,7 @@ def bad_configs(tmp_path: Path) -> list[tuple[list[str], str]]:
     ]
 
 
+@pytest.mark.slow
 def test_bad_mixture_configs_name_the_setting(tmp_path: Path) -> None:
     out = tmp_path / "run"
     small = ["data.corpora.expressions.num_pairs=200", "data.corpora.sentences.num_pairs=200"]
@@ -215,6 +217,7 @@ def test_bad_mixture_configs_name_the_setting(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_cli_mixture_error_exits_2_and_writes_nothing(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.run(

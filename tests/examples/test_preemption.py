@@ -152,6 +152,7 @@ def _params(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
 
 
+@pytest.mark.slow
 def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path: Path) -> None:
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     proc = _signalled_run(stopped, signal.SIGTERM)
@@ -177,6 +178,7 @@ def test_sigterm_saves_exits_143_and_resumes_exactly(tmp_path: Path) -> None:
     assert not [k for k in a if not torch.equal(a[k], b[k])], "weights differ after resuming"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("signum", [signal.SIGINT])
 def test_sigint_saves_and_exits_130(signum: int, tmp_path: Path) -> None:
     proc = _signalled_run(tmp_path, signum)
@@ -219,6 +221,7 @@ VALIDATING = [
 ]
 
 
+@pytest.mark.slow
 def test_sigterm_during_validation_stops_it_and_resumes_exactly(tmp_path: Path) -> None:
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     proc = _signalled(_translation(stopped, VALIDATING), signal.SIGTERM, stopped / "eval.txt", 1)
@@ -265,6 +268,7 @@ TESTING = [
 ]
 
 
+@pytest.mark.slow
 def test_sigterm_during_the_test_points_a_requeue_at_the_finished_training(
     tmp_path: Path,
 ) -> None:
@@ -289,6 +293,7 @@ def test_sigterm_during_the_test_points_a_requeue_at_the_finished_training(
     assert "interrupted" not in saved and saved["checkpoint"] == str(ckpt)
 
 
+@pytest.mark.slow
 def test_lm_sigterm_during_validation_and_a_finished_runs_checkpoint(tmp_path: Path) -> None:
     from tests.examples.test_lm import TINY
 

@@ -64,6 +64,7 @@ def test_single_process_reports_bleu(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert list((tmp_path / "logs").rglob("metrics.csv"))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("strategy", "options"),
     [
@@ -103,6 +104,7 @@ def _params(ckpt: Path) -> dict[str, torch.Tensor]:
     return torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
 
 
+@pytest.mark.slow
 def test_resume_mid_epoch_is_exact(tmp_path: Path) -> None:
     """12 steps straight == 5 steps, stop, resume from the checkpoint to 12: same weights.
 
@@ -161,6 +163,7 @@ def _planned_cost(record: dict[str, Any]) -> int:
     return len(record["sources"]) * longest
 
 
+@pytest.mark.slow
 def test_multirun_jobs_get_their_own_folders(tmp_path: Path) -> None:
     """``-m data.max_tokens=A,B``: two jobs, each trains with its budget in <sweep dir>/<n>."""
     sweep, cwd = tmp_path / "sweep", tmp_path / "cwd"

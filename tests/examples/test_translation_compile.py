@@ -91,6 +91,7 @@ def test_bad_compile_settings_are_refused(overrides: list[str], message: str) ->
         check_config(make(*overrides))
 
 
+@pytest.mark.slow
 def test_command_line_refuses_compile_without_a_shape_budget(tmp_path: Path) -> None:
     """``compile=true`` parses as a value (not a group choice); ``max_shapes=null`` exits 2."""
     run = tmp_path / "run"
@@ -113,6 +114,7 @@ def test_command_line_refuses_compile_without_a_shape_budget(tmp_path: Path) -> 
     assert not run.exists()
 
 
+@pytest.mark.slow
 def test_compiled_run_compiles_once_per_shape(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -100,6 +100,7 @@ def _pairs(items: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     return sorted((tuple(it["source"]), tuple(it["target"])) for it in items)
 
 
+@pytest.mark.slow
 def test_single_process_streams_reuses_and_resumes(tmp_path: Path) -> None:
     shards = tmp_path / "shards"
     first = _run(tmp_path / "a", f"data.shard_dir={shards}", "trainer.max_steps=4")
@@ -160,6 +161,7 @@ def test_single_process_streams_reuses_and_resumes(tmp_path: Path) -> None:
         build_datamodule(make(*SMALL, *STREAM, f"data.shard_dir={tmp_path / 'junk'}"), tmp_path)
 
 
+@pytest.mark.multiprocess
 def test_two_process_ddp_streams_to_the_same_step(tmp_path: Path) -> None:
     """Rank 0 writes <output_dir>/shards while rank 1 waits; both end on the same step."""
     records = launch(

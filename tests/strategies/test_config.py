@@ -197,6 +197,7 @@ def test_registering_twice_is_harmless() -> None:
     VarBatchFSDPStrategy.register_strategies(StrategyRegistry)
 
 
+@pytest.mark.slow
 def test_import_and_registration_without_deepspeed_installed() -> None:
     code = (
         "import sys; sys.modules['deepspeed'] = None\n"

@@ -131,6 +131,7 @@ def max_update_error(
     }
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(("strategy", "source", "layout"), ALL_LAYOUTS)
 def test_every_rank_trains_the_same_steps_and_parameters(
     strategy: str, source: str, layout: str, tmp_path_factory: pytest.TempPathFactory
@@ -162,6 +163,7 @@ def test_every_rank_trains_the_same_steps_and_parameters(
     assert records[0]["params"][str(STEPS)] != records[0]["init"]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("strategy", "source", "layout"),
     ALL_LAYOUTS + [pytest.param(s, "list", "padded", id=s) for s in EXTRA],
@@ -253,6 +255,7 @@ def test_deepspeed_batch_settings_follow_the_trainer(
         }
 
 
+@pytest.mark.multiprocess
 def test_inconsistent_deepspeed_config_fails_on_every_rank_with_the_setting_named(
     tmp_path: Path,
 ) -> None:
@@ -271,6 +274,7 @@ def test_inconsistent_deepspeed_config_fails_on_every_rank_with_the_setting_name
         assert "remove train_batch_size from the DeepSpeed config, or set it to 8" in r["error"]
 
 
+@pytest.mark.multiprocess
 def test_user_deepspeed_config_trains_with_a_torch_optimizer(tmp_path: Path) -> None:
     """The recipe of docs/migrate-deepspeed.md: config={"zero_optimization": ...} and SGD."""
     config = {"zero_optimization": {"stage": 2}}

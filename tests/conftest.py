@@ -1,0 +1,21 @@
+"""Test tiers: ``slow``, ``multiprocess`` and ``gpu`` markers (registered in pyproject.toml).
+
+``python -m pytest -m "not slow"`` is the inner loop (every unit, property, doc and bad-input
+test that runs in under ~1.5 s); the full suite, as CI runs it, is plain ``python -m pytest``.
+A test that starts several ranks is marked ``multiprocess``, one that needs CUDA ``gpu``; both
+are slow too, so the inner loop never starts a process group or waits for a device.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+#: Markers that imply ``slow``.
+SLOW_KINDS = ("multiprocess", "gpu")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every ``multiprocess`` or ``gpu`` test ``slow`` as well."""
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
