@@ -78,13 +78,13 @@ from examples.translation.train import (  # noqa: E402
     _instantiate,
     _scalar_metrics,
     _stopped,
-    _trained,
     _use_job_dir,
     build_callbacks,
     build_logger,
     build_strategy,
     check_overrides,
     check_resume,
+    record_trained,
     write_summary,
 )
 from lightning_varbatch import (  # noqa: E402
@@ -406,7 +406,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
         metrics.update(_scalar_metrics(trainer))
-        _trained(trainer, metrics, callbacks)  # metrics.json names the complete last.ckpt
+        record_trained(trainer, metrics, callbacks)  # metrics.json names the complete last.ckpt
     except Interrupted as stop:
         _stopped(trainer, metrics, stop.signum, stop.checkpoint)
     except SIGTERMException:  # Lightning's own, outside our hooks

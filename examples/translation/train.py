@@ -92,7 +92,15 @@ TOKEN_COLUMNS = ("source", "target")
 CONF_DIR = ROOT / "conf"
 STRATEGIES = sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml"))
 
-__all__ = ["CONF_DIR", "ConfigError", "check_config", "check_overrides", "main", "train"]
+__all__ = [
+    "CONF_DIR",
+    "ConfigError",
+    "check_config",
+    "check_overrides",
+    "main",
+    "record_trained",
+    "train",
+]
 
 
 def _rank() -> int:
@@ -555,7 +563,7 @@ def write_summary(metrics: dict[str, Any]) -> None:
         path.write_text(json.dumps(_summary(metrics), indent=2))
 
 
-def _trained(trainer: Trainer, metrics: dict[str, Any], callbacks: list[Callback]) -> None:
+def record_trained(trainer: Trainer, metrics: dict[str, Any], callbacks: list[Callback]) -> None:
     """Training has finished: name its complete checkpoint in ``metrics.json`` at once.
 
     ``callbacks.preemption`` saved the final state to ``last.ckpt`` when training ended
@@ -696,7 +704,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         trainer.fit(model, dm, ckpt_path=cfg.get("ckpt_path"))
         metrics.update(_scalar_metrics(trainer))
-        _trained(trainer, metrics, callbacks)
+        record_trained(trainer, metrics, callbacks)
         if cfg.get("test"):
             trainer.test(model, dm)
             metrics.update(_scalar_metrics(trainer))  # test() replaced the callback metrics
