@@ -69,11 +69,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import CSVLogger
 from torch import Tensor, nn
 
-from lightning_varbatch import keys
-from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor
-from lightning_varbatch.data.datamodule import TokenBudgetDataModule
-from lightning_varbatch.loss import token_mean_loss
-from lightning_varbatch.planner.synthetic import wmt_like_lengths
+from lightning_varbatch import (
+    BatchSizeLRScaler,
+    TokenBudgetDataModule,
+    TokenThroughputMonitor,
+    keys,
+    token_mean_loss,
+)
+from lightning_varbatch.planner import wmt_like_lengths
 
 PAD, BOS, FIRST_WORD = 0, 1, 4
 HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end")

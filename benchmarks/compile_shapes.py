@@ -132,9 +132,8 @@ class PadRow:
 
 def run_padding(num_pairs: int, seed: int, ks: Sequence[int]) -> list[PadRow]:
     """The unrestricted plan, then one plan per K; every figure of the table."""
-    from lightning_varbatch.planner import EpochPlanner, PlanConfig
-    from lightning_varbatch.planner.diagnostics import diagnose
-    from lightning_varbatch.planner.synthetic import wmt_like_lengths
+    from lightning_varbatch import EpochPlanner, PlanConfig
+    from lightning_varbatch.planner import diagnose, wmt_like_lengths
 
     pairs = wmt_like_lengths(num_pairs, seed=seed)
     key = pairs.max(axis=1).astype(np.int64)
@@ -260,7 +259,7 @@ class ArmResult:
 
 def train_lengths(s: CompileSettings) -> np.ndarray:
     """The target side of ``wmt_like_lengths(docs, seed + 1)``, at least 2 tokens."""
-    from lightning_varbatch.planner.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner import wmt_like_lengths
 
     return np.maximum(2, wmt_like_lengths(s.docs, seed=s.seed + 1)[:, 1].astype(np.int64))
 

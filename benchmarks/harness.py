@@ -197,6 +197,33 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_program(command: Sequence[str], log_path: str | os.PathLike[str]) -> None:
+    """Run a whole program (an example's ``train.py``) from the repository root, output to a log.
+
+    For benchmarks that measure a program by the files it writes (``metrics.json``), not by
+    result lines (those go through :func:`run_child`).
+
+    Raises:
+        subprocess.CalledProcessError: when it exits with another code than 0 (see the log).
+
+    Example:
+        >>> import sys, tempfile, os
+        >>> log = os.path.join(tempfile.mkdtemp(), "run.log")
+        >>> run_program([sys.executable, "-c", "print('hi')"], log)
+        >>> open(log).read()
+        'hi\\n'
+    """
+    with open(log_path, "w") as log:
+        subprocess.run(
+            list(command),
+            cwd=ROOT,
+            env=child_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+
+
 def write_json(path: str | None, data: Any) -> None:
     """Write ``data`` to ``path`` (the ``--json`` option of every script); nothing if ``None``."""
     if path:

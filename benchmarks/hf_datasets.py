@@ -221,7 +221,7 @@ def open_case(path: str, case: str, rows: int | None) -> Any:
 
 
 def child_lengths(spec: dict[str, Any]) -> dict[str, Any]:
-    from lightning_varbatch.sources import column_lengths
+    from lightning_varbatch import column_lengths
 
     case, method = spec["case"], spec["method"]
     ds = open_case(spec["path"], case, spec.get("rows"))
@@ -424,7 +424,7 @@ def child_tokens(spec: dict[str, Any]) -> dict[str, Any]:
     import datasets
     from tokenizers import Tokenizer
 
-    from lightning_varbatch.sources import tokenized_lengths
+    from lightning_varbatch import tokenized_lengths
 
     datasets.disable_progress_bars()
     ds = datasets.load_from_disk(spec["data"])
@@ -559,7 +559,7 @@ def report_tokens(results: dict[str, dict[str, Any]]) -> list[str]:
 
 def make_pairs(count: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray], list[np.ndarray]]:
     """WMT-like (source, target) lengths, and per field its Arrow offsets and int32 ids."""
-    from lightning_varbatch.planner.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner import wmt_like_lengths
 
     lengths = wmt_like_lengths(count, seed=seed).astype(np.int64)
     rng = np.random.default_rng(seed + 1)
@@ -578,7 +578,7 @@ def build_dataset(kind: str, pairs: int, tmp: str) -> tuple[Any, np.ndarray]:
     import pyarrow as pa
     import torch
 
-    from lightning_varbatch.sources import column_lengths
+    from lightning_varbatch import column_lengths
 
     datasets.disable_progress_bars()
     lengths, offsets, values = make_pairs(pairs)

@@ -176,7 +176,7 @@ def plan_schedule(
     name: str, lengths: np.ndarray, layout: str, flop_attention: float, acc: int, seed: int
 ) -> Schedule:
     """Our planner's schedule for ``layout`` (``"packed"`` or ``"padded"``)."""
-    from lightning_varbatch.planner import EpochPlanner, PlanConfig
+    from lightning_varbatch import EpochPlanner, PlanConfig
 
     if layout == "packed":
         config = PlanConfig(
@@ -187,8 +187,8 @@ def plan_schedule(
     plan = EpochPlanner(lengths, config).plan(0, WORLD, acc)
     # Tiles are contiguous, ascending runs of plan.order that cover it.
     in_order = lengths[plan.order].astype(np.float64)
-    starts = np.asarray(plan.tile_start, dtype=np.int64)
-    sizes = np.asarray(plan.tile_size, dtype=np.int64)
+    starts = np.asarray(plan.micro_batch_start, dtype=np.int64)
+    sizes = np.asarray(plan.micro_batch_size, dtype=np.int64)
     if not (np.all(sizes > 0) and starts[0] == 0 and np.all(np.diff(starts) == sizes[:-1])):
         raise RuntimeError("expected contiguous, non-empty tiles covering plan.order")
     real = segment_sums(in_order, starts, sizes)
@@ -275,8 +275,8 @@ def evaluate(s: Schedule, flop_attention: float, d_model: int, acc: int) -> Row:
 
 def library_check(lengths: np.ndarray, flop_attention: float, acc: int, seed: int) -> Row:
     """``diagnose``'s imbalance_flops of our packed plan (cross-check of Part 1's own figures)."""
-    from lightning_varbatch.planner import EpochPlanner, PlanConfig
-    from lightning_varbatch.planner.diagnostics import diagnose
+    from lightning_varbatch import EpochPlanner, PlanConfig
+    from lightning_varbatch.planner import diagnose
 
     cfg = PlanConfig(max_tokens=BUDGET, layout="packed", flop_attention=flop_attention, seed=seed)
     planner = EpochPlanner(lengths, cfg)
@@ -301,7 +301,7 @@ def library_check(lengths: np.ndarray, flop_attention: float, acc: int, seed: in
 
 def run_flops(lengths: np.ndarray, seed: int) -> list[Row]:
     """Part 1: every schedule at every (d_model, accumulation)."""
-    from lightning_varbatch.planner.flops import transformer_flops
+    from lightning_varbatch import transformer_flops
 
     rows: list[Row] = []
     for d_model in D_MODELS:
@@ -442,8 +442,7 @@ def train_lengths(s: LMSettings) -> np.ndarray:
 
 def train_batches(kind: str, lengths: np.ndarray, s: LMSettings) -> tuple[list[np.ndarray], int]:
     """(micro-batches of document ids, the fixed batch size B of (iii)) for ``kind``."""
-    from lightning_varbatch.planner import EpochPlanner, PlanConfig
-    from lightning_varbatch.planner.flops import transformer_flops
+    from lightning_varbatch import EpochPlanner, PlanConfig, transformer_flops
 
     fixed = max(1, round(s.max_tokens / float(lengths.mean())))
     if kind == "random":

@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from lightning_varbatch import EpochPlan, EpochPlanner, PlanConfig
+from lightning_varbatch.planner import PlanDiagnostics, diagnose
 from lightning_varbatch.planner.costs import resolve_cost
-from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose
-from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, PlanConfig
 
 QUAD_COEF = 1 / 64
 """``c`` of the quadratic load ``n*L + c*n*L**2`` (the library's default ``quadratic_coef``)."""
@@ -75,8 +75,8 @@ def plan_batches(plan: EpochPlan) -> Batches:
     tiles = plan.assign.reshape(-1)
     return Batches(
         pool=plan.order,
-        start=plan.tile_start[tiles],
-        size=plan.tile_size[tiles],
+        start=plan.micro_batch_start[tiles],
+        size=plan.micro_batch_size[tiles],
         rank=np.tile(np.repeat(np.arange(w), a), s),
         step=np.repeat(np.arange(s), w * a),
         slot=tiles,
@@ -157,7 +157,7 @@ def as_plans(
     nonempty = size > 0
     longest = np.where(nonempty, np.maximum.reduceat(keys, at), 0) if keys.size else size
     total = np.where(nonempty, np.add.reduceat(keys, at, dtype=np.int64), 0) if keys.size else size
-    tile_cost = resolve_cost(config.cost, quadratic_coef=config.quadratic_coef)(
+    micro_batch_cost = resolve_cost(config.cost, quadratic_coef=config.quadratic_coef)(
         size, longest.astype(np.int64), total
     )
     every_batch = EpochPlan(
@@ -165,9 +165,9 @@ def as_plans(
         world_size=1,
         accumulate_grad_batches=1,
         order=np.asarray(b.pool, dtype=np.int64),
-        tile_start=start,
-        tile_size=size,
-        tile_cost=tile_cost,
+        micro_batch_start=start,
+        micro_batch_size=size,
+        micro_batch_cost=micro_batch_cost,
         assign=np.arange(size.size).reshape(-1, 1, 1),
     )
     steps = int(b.step.max()) + 1 if b.step.size else 0
@@ -267,10 +267,10 @@ def plan_quality(
     q = _quality(
         diag,
         diag,
-        plan.tile_cost[run],
+        plan.micro_batch_cost[run],
         plan.num_steps,
         (per_rank, per_rank),
-        int(plan.tile_size[run].sum()),
+        int(plan.micro_batch_size[run].sum()),
     )
     if other_epoch is not None:
         q.d_order, q.d_comp = epoch_change(plan_batches(plan), other_epoch)
@@ -291,7 +291,7 @@ def quality(
     q = _quality(
         diagnose(p.planner, p.every_batch),
         diagnose(p.planner, p.full_steps),
-        p.every_batch.tile_cost,
+        p.every_batch.micro_batch_cost,
         p.steps,
         (p.count_min, p.count_max),
         int(b.size.sum()),

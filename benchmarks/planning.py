@@ -20,7 +20,7 @@ Definitions:
 * **floor**: ``rng.permutation(n)`` plus ``np.argsort(key.astype(np.int16), kind="stable")``
   (one random permutation and one stable radix sort), ``key`` computed beforehand.
 * **rank 0 planned + iterated** (the planner's time): ``EpochPlanner(lengths, config)`` +
-  ``plan(0, world_size)`` + for each tile of rank 0 ``plan.tile_ids(t).tolist()`` (each list
+  ``plan(0, world_size)`` + for each tile of rank 0 ``plan.micro_batch_ids(t).tolist()`` (each list
   discarded at once) + ``plan.step_tokens``. **plan all ranks**: construction + ``plan()``.
 * Timings: floor, planner and sampler are interleaved, ``--repeats`` times (default 3); the
   tables show the **median** (the best is printed alongside). Baselines: median as well.
@@ -119,8 +119,8 @@ from benchmarks.planning_report import (
     print_targets,
     qual_row,
 )
-from lightning_varbatch.planner.epoch_planner import EpochPlanner, PlanConfig
-from lightning_varbatch.planner.synthetic import wmt_like_lengths
+from lightning_varbatch import EpochPlanner, PlanConfig
+from lightning_varbatch.planner import wmt_like_lengths
 
 MAIN_DEFAULT = 4_500_000
 BIG_DEFAULT = 100_000_000

@@ -49,7 +49,7 @@ from benchmarks.plan_metrics import (
 )
 from benchmarks.planning_measure import ours_rank
 from benchmarks.planning_report import Perf, SizeResult, qual_row
-from lightning_varbatch.planner.epoch_planner import EpochPlanner, PlanConfig
+from lightning_varbatch import EpochPlanner, PlanConfig
 
 
 @dataclass

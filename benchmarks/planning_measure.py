@@ -25,13 +25,13 @@ from benchmarks.harness import (
     timed,
     traced,
 )
-from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, PlanConfig
-from lightning_varbatch.planner.synthetic import wmt_like_lengths
+from lightning_varbatch import EpochPlan, EpochPlanner, PlanConfig
+from lightning_varbatch.planner import wmt_like_lengths
 
 
 def _iterate_plan(plan: EpochPlan, rank: int) -> None:
-    for tile in plan.rank_tiles(rank).tolist():
-        ids = plan.tile_ids(tile).tolist()
+    for tile in plan.rank_micro_batches(rank).tolist():
+        ids = plan.micro_batch_ids(tile).tolist()
         del ids  # consumed batch by batch, never kept
     _ = plan.step_tokens
 
@@ -68,7 +68,7 @@ def floor_once(key: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def load_sampler_cls() -> Any:
     try:
-        from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+        from lightning_varbatch import TokenBudgetBatchSampler
     except ImportError:
         return None
     return TokenBudgetBatchSampler
@@ -78,17 +78,17 @@ def profile_pieces(
     lengths: np.ndarray, config: PlanConfig, world: int, rank: int, calls: int
 ) -> list[tuple[str, Callable[[], object]]]:
     """The planner's pieces, each a callable that can be called ``calls`` times."""
-    from lightning_varbatch.planner.layout import Layout, SortedGroups
     from lightning_varbatch.planner.lengths import prepare_lengths
+    from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 
     prep = prepare_lengths(lengths, config)
     groups = SortedGroups.build(prep.key, prep.kept, config.bucket_width)
     planner = EpochPlanner(lengths, config)
     plan = planner.plan(0, world)
-    fresh = [planner.plan(0, world) for _ in range(calls)]  # tile_tokens is cached per plan
+    fresh = [planner.plan(0, world) for _ in range(calls)]  # micro_batch_tokens is cached per plan
     warm = [planner.plan(0, world) for _ in range(calls)]
     for p in warm:
-        _ = p.tile_tokens
+        _ = p.micro_batch_tokens
 
     def shuffle() -> np.ndarray:
         rng = np.random.default_rng(0)
@@ -107,12 +107,15 @@ def profile_pieces(
             "SortedGroups.build (radix argsort of the key)",
             lambda: SortedGroups.build(prep.key, prep.kept, config.bucket_width),
         ),
-        ("Layout.build (greedy cut of the groups)", lambda: Layout.build(groups, config)),
+        ("SortedCut.build (greedy cut of the groups)", lambda: SortedCut.build(groups, config)),
         ("plan(epoch), sort + layout cached (per-epoch work)", lambda: planner.plan(1, world)),
         ("  of which: ids.copy + shuffle within groups", shuffle),
-        ("iterate rank 0: tile_ids(t).tolist()", lambda: _iterate_rank_only(plan, rank)),
-        ("tile_tokens (loss[order] gather + reduceat)", lambda: fresh.pop().tile_tokens),
-        ("step_tokens, tile_tokens known", lambda: warm.pop().step_tokens),
+        ("iterate rank 0: micro_batch_ids(t).tolist()", lambda: _iterate_rank_only(plan, rank)),
+        (
+            "micro_batch_tokens (loss[order] gather + reduceat)",
+            lambda: fresh.pop().micro_batch_tokens,
+        ),
+        ("step_tokens, micro_batch_tokens known", lambda: warm.pop().step_tokens),
     ]
 
 
@@ -132,8 +135,8 @@ def profile(
 
 
 def _iterate_rank_only(plan: EpochPlan, rank: int) -> None:
-    for tile in plan.rank_tiles(rank).tolist():
-        ids = plan.tile_ids(tile).tolist()
+    for tile in plan.rank_micro_batches(rank).tolist():
+        ids = plan.micro_batch_ids(tile).tolist()
         del ids
 
 

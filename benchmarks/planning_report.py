@@ -14,7 +14,7 @@ from typing import Any
 
 from benchmarks.harness import fmt
 from benchmarks.plan_metrics import Quality
-from lightning_varbatch.planner.epoch_planner import PlanConfig
+from lightning_varbatch import PlanConfig
 
 
 @dataclass

@@ -11,6 +11,8 @@ Run from the repository root (venv active)::
     python -m benchmarks --only packing         # issue 16 (~4-5 min; quick ~25 s)
     python -m benchmarks --only streaming       # issue 15 (~6 min busy; quick ~50 s)
     python -m benchmarks --only compile_shapes  # issue 17 (~8 min, inductor; quick ~20 s)
+    python -m benchmarks --only training_peers  # issue 25 (~7 min quiet; peers: the bench extra)
+    python -m benchmarks --only length_warmup   # issue 24's planner figures
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
 own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
@@ -42,6 +44,8 @@ BENCHMARKS = (
     "packing",
     "streaming",
     "compile_shapes",
+    "training_peers",
+    "length_warmup",
 )
 WITH_JSON = (
     "planning",
@@ -51,6 +55,7 @@ WITH_JSON = (
     "packing",
     "streaming",
     "compile_shapes",
+    "training_peers",
 )
 
 

@@ -108,9 +108,8 @@ def _versions() -> str:
 
 
 def _offline(lengths: np.ndarray, max_tokens: int) -> dict[str, Any]:
-    from lightning_varbatch.planner.diagnostics import diagnose
-    from lightning_varbatch.planner.epoch_planner import EpochPlanner
-    from lightning_varbatch.planner.settings import PlanConfig
+    from lightning_varbatch import EpochPlanner, PlanConfig
+    from lightning_varbatch.planner import diagnose
 
     t0 = time.perf_counter()
     planner = EpochPlanner(lengths, PlanConfig(max_tokens=max_tokens, seed=0))
@@ -126,7 +125,7 @@ def _offline(lengths: np.ndarray, max_tokens: int) -> dict[str, Any]:
         "pad_eff": d.padding_efficiency,
         "imb_mean": d.imbalance_linear_mean,
         "imb_max": d.imbalance_linear_max,
-        "over": int((plan.tile_cost[run] > max_tokens).sum()),
+        "over": int((plan.micro_batch_cost[run] > max_tokens).sum()),
         "steps": d.num_steps,
         "counts": f"{d.micro_batches_per_rank}",
         "coverage": d.coverage,
@@ -135,9 +134,8 @@ def _offline(lengths: np.ndarray, max_tokens: int) -> dict[str, Any]:
 
 
 def _windowed(lengths: np.ndarray, max_tokens: int, shard_rows: int, window: int) -> dict:
-    from lightning_varbatch.planner.diagnostics import diagnose
-    from lightning_varbatch.planner.settings import PlanConfig
-    from lightning_varbatch.planner.windows import WindowedPlanner
+    from lightning_varbatch import PlanConfig, WindowedPlanner
+    from lightning_varbatch.planner import diagnose
 
     n = lengths.shape[0]
     rows = [min(shard_rows, n - s) for s in range(0, n, shard_rows)]
@@ -164,7 +162,7 @@ def _windowed(lengths: np.ndarray, max_tokens: int, shard_rows: int, window: int
         imb_max = max(imb_max, d.imbalance_linear_max)
         steps += d.num_steps
         run = p.plan.assign.reshape(-1)
-        over += int((p.plan.tile_cost[run] > max_tokens).sum())
+        over += int((p.plan.micro_batch_cost[run] > max_tokens).sum())
         counts.add(p.plan.num_micro_batches_per_rank)
         seen.append(p.example_ids())
     assert len(counts) >= 1
@@ -227,7 +225,7 @@ def _lhotse(lengths: np.ndarray, max_tokens: int, buffer_size: int) -> dict[str,
 
 
 def run_plans(args: argparse.Namespace) -> dict[str, Any]:
-    from lightning_varbatch.planner.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner import wmt_like_lengths
 
     lengths = wmt_like_lengths(args.pairs, seed=0)
     rows = [_offline(lengths, args.max_tokens)]
@@ -289,7 +287,7 @@ def _write_lengths_shards(folder: str, n: int, shard_rows: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lightning_varbatch.planner.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner import wmt_like_lengths
 
     os.makedirs(folder)
     for i, start in enumerate(range(0, n, shard_rows)):
@@ -303,13 +301,10 @@ def child_memory(mode: str, folder: str, max_tokens: int, window: int) -> dict[s
     """One measurement in this (fresh) process; the parent reads its result line."""
     import pyarrow.parquet as pq
 
-    from lightning_varbatch.planner.epoch_planner import EpochPlanner
-    from lightning_varbatch.planner.settings import PlanConfig
-    from lightning_varbatch.planner.windows import WindowedPlanner
+    from lightning_varbatch import EpochPlanner, PlanConfig, WindowedPlanner
 
     if mode == "stream":  # torch only where it is used
-        from lightning_varbatch.data.streaming import StreamingBatches
-        from lightning_varbatch.sources.shards import shards_from_files
+        from lightning_varbatch import StreamingBatches, shards_from_files
 
     paths = sorted(os.path.join(folder, p) for p in os.listdir(folder))
     base = proc_kib("VmRSS") or 0  # after the imports
@@ -428,7 +423,7 @@ def _write_token_shards(folder: str, n: int, shard_rows: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lightning_varbatch.planner.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner import wmt_like_lengths
 
     os.makedirs(folder)
     lengths = wmt_like_lengths(n, seed=0)
@@ -451,8 +446,7 @@ def _stats_dir() -> str | None:
 
 
 def _make_batches(folder: str, rank: int, world: int, max_tokens: int, window: int) -> Any:
-    from lightning_varbatch.data.streaming import StreamingBatches
-    from lightning_varbatch.sources.shards import shards_from_files
+    from lightning_varbatch import StreamingBatches, shards_from_files
 
     class Recorded(StreamingBatches):
         """Writes this worker's read counts when its iteration ends (they live in the worker)."""

@@ -50,7 +50,7 @@ DEFAULTS = TranslationSettings(
 
 def workload_lengths(s: TranslationSettings) -> np.ndarray:
     """(n, 2) int64 (source, target) lengths: WMT-like, scaled, enough real target tokens."""
-    from lightning_varbatch.planner.synthetic import wmt_like_lengths
+    from lightning_varbatch.planner import wmt_like_lengths
 
     n = max(16, int(2 * s.target_tokens / max(1.0, 26.0 * s.length_scale)))
     while True:

@@ -43,11 +43,13 @@ if TYPE_CHECKING:
     from lightning_varbatch.data.micro_batch import MicroBatch
     from lightning_varbatch.data.packed_collate import PackingCollate
     from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+    from lightning_varbatch.data.sampler_state import ON_MISMATCH
     from lightning_varbatch.data.streaming import StreamingBatches
     from lightning_varbatch.data.streaming_datamodule import StreamingDataModule
     from lightning_varbatch.data.streaming_loader import StreamingDataLoader
     from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
     from lightning_varbatch.memory import BudgetResult, find_max_tokens
+    from lightning_varbatch.peak_memory import measure_peak
     from lightning_varbatch.planner import (
         DataSource,
         EpochPlan,
@@ -70,12 +72,14 @@ _WHERE = {
     "WorstBatchCheck": "lightning_varbatch.callbacks",
     "BudgetResult": "lightning_varbatch.memory",
     "find_max_tokens": "lightning_varbatch.memory",
+    "measure_peak": "lightning_varbatch.peak_memory",
     "MicroBatch": "lightning_varbatch.data.micro_batch",
     "PaddingCollate": "lightning_varbatch.data.collate",
     "PackingCollate": "lightning_varbatch.data.packed_collate",
     "document_attention": "lightning_varbatch.attention",
     "transformer_flops": "lightning_varbatch.planner.flops",
     "TokenBudgetBatchSampler": "lightning_varbatch.data.sampler",
+    "ON_MISMATCH": "lightning_varbatch.data.sampler_state",
     "StreamingBatches": "lightning_varbatch.data.streaming",
     "StreamingDataLoader": "lightning_varbatch.data.streaming_loader",
     "StreamingDataModule": "lightning_varbatch.data.streaming_datamodule",
@@ -103,6 +107,7 @@ _WHERE = {
 }
 
 __all__ = [
+    "ON_MISMATCH",
     "BatchSizeLRScaler",
     "BudgetResult",
     "DataSource",
@@ -133,6 +138,7 @@ __all__ = [
     "document_attention",
     "example_mean_loss",
     "find_max_tokens",
+    "measure_peak",
     "plan_epoch",
     "shards_from_files",
     "shards_from_hf_iterable",

@@ -53,15 +53,14 @@ from lightning_varbatch.errors import SettingError
 from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
-from lightning_varbatch.planner.lengths import as_int_lengths
 from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.mixture_datasets import MIXING_POLICIES, DataSource
 from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import PlanConfig
-from lightning_varbatch.planner.sources import MIXING_POLICIES, DataSource
 from lightning_varbatch.planner.synthetic import wmt_like_lengths
-from lightning_varbatch.sources.arrow_lengths import column_lengths
-from lightning_varbatch.sources.saved_arrow import open_arrow_table
+from lightning_varbatch.planner.warmup_report import step_figures, warmup_report
+from lightning_varbatch.sources.length_files import dataset_lengths, npy_lengths
 
 __all__ = ["main"]
 
@@ -159,46 +158,9 @@ def _load_lengths(args: argparse.Namespace) -> tuple[list[np.ndarray], str]:
         which = ", ".join(repr(c) for c in columns)
         label = f"column {which}" if len(columns) == 1 else f"columns {which}"
         shown = ", ".join(str(p) for p in args.dataset)
-        return [_load_dataset(path, columns) for path in args.dataset], f"{shown} ({label})"
+        return [dataset_lengths(path, columns) for path in args.dataset], f"{shown} ({label})"
     paths: list[Path] = args.lengths
-    return [_load_one(path) for path in paths], ", ".join(str(p) for p in paths)
-
-
-def _load_dataset(path: Path, columns: list[str]) -> np.ndarray:
-    """The lengths of ``columns`` of the dataset at ``path`` (``--dataset``, ``--column``).
-
-    Raises:
-        ValueError: for a path that cannot be read as a dataset (missing, a ``DatasetDict``
-            folder, not Arrow or parquet) or a column the dataset does not have.
-        TypeError: for a column of text, floats or another type that holds no lengths.
-    """
-    shown = f"--dataset {str(path)!r}"
-    kinds = (
-        "a folder written by Dataset.save_to_disk (one split), an .arrow file, a .parquet file "
-        "or a folder of parquet files"
-    )
-    if not path.exists():
-        raise ValueError(
-            f"cannot read {shown}: no such file or folder (looked in "
-            f"{str(path.resolve().parent)!r}); pass {kinds}."
-        )
-    try:
-        table = open_arrow_table(path)
-    except (OSError, ValueError, KeyError) as err:
-        if type(err) is ValueError:  # the reader's own: a DatasetDict, a folder of neither
-            split = (path / "dataset_dict.json").exists()
-            hint = " Pass that split's folder to --dataset." if split else ""
-            raise ValueError(f"cannot read {shown}: {err}{hint}") from None
-        raise ValueError(
-            f"cannot read {shown} as a dataset ({type(err).__name__}: {err}); pass {kinds}."
-        ) from None
-    for column in columns:
-        if column not in table.column_names:
-            raise ValueError(
-                f"--column {column!r}: {shown} has no such column; its columns are "
-                f"{table.column_names}: pass --column with a column of lengths or of token ids."
-            )
-    return column_lengths(table, columns, shown)
+    return [npy_lengths(path) for path in paths], ", ".join(str(p) for p in paths)
 
 
 def _check_columns(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -229,39 +191,6 @@ def _check_columns(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         )
 
 
-def _load_one(path: Path) -> np.ndarray:
-    shown = f"--lengths {str(path)!r}"
-    if not path.exists():
-        raise ValueError(
-            f"cannot read {shown}: no such file (looked in "
-            f"{str(path.resolve().parent)!r}); pass the path of a .npy file written with "
-            "np.save(path, lengths)."
-        )
-    if path.is_dir():
-        raise ValueError(
-            f"cannot read {shown}: it is a directory; pass the path of one .npy file written with "
-            "np.save(path, lengths)."
-        )
-    try:
-        lengths = np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as err:
-        raise ValueError(
-            f"cannot read {shown} as a .npy array ({type(err).__name__}: {err}); write the "
-            "lengths with np.save(path, np.asarray(lengths)) (numbers, not pickled objects)."
-        ) from None
-    if not isinstance(lengths, np.ndarray):
-        lengths.close()
-        raise ValueError(
-            f"cannot read {shown}: it is an .npz archive of several arrays; save the one "
-            "lengths array with np.save(path, lengths)."
-        )
-    try:
-        as_int_lengths(lengths, "lengths")
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{shown}: {err}") from None
-    return lengths
-
-
 def _png_path(path: Path) -> Path:
     """The file the figure goes to: ``--png`` with ``.png`` added when it has no suffix.
 
@@ -288,21 +217,61 @@ def _png_path(path: Path) -> Path:
     return path
 
 
-def _write_png(path: Path, diag: PlanDiagnostics, sizes: np.ndarray, loads: np.ndarray) -> None:
-    """Write the two-panel figure (examples per micro-batch; per-rank load over steps).
+def _warmup_panel(ax: Any, warm: dict[str, np.ndarray]) -> None:
+    """The length warm-up over the steps: realised cap, longest example, examples per step."""
+    steps = np.arange(warm["longest"].shape[0])
+    ax.plot(steps, warm["longest"], lw=0.6, color="tab:gray", label="longest example")
+    ax.step(
+        np.arange(warm["realised"].shape[0]),
+        warm["realised"],
+        where="post",
+        color="tab:red",
+        label="realised cap",
+    )
+    ax.step(
+        np.arange(warm["scheduled"].shape[0]),
+        warm["scheduled"],
+        where="post",
+        color="tab:red",
+        ls=":",
+        label="scheduled cap",
+    )
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("length (planning key)")
+    ax.legend(fontsize="small", loc="lower right")
+    examples = ax.twinx()
+    examples.plot(steps, warm["examples"], lw=0.6, color="tab:blue")
+    examples.set_ylabel("examples per step", color="tab:blue")
+    ax.set_title(f"length warm-up: {warm['scheduled'].shape[0]} steps")
+
+
+def _write_png(
+    path: Path,
+    diag: PlanDiagnostics,
+    sizes: np.ndarray,
+    loads: np.ndarray,
+    warm: dict[str, np.ndarray] | None = None,
+) -> None:
+    """Write the figure (examples per micro-batch; per-rank load; the length warm-up, if on).
 
     Args:
         path: the PNG to write.
         diag: the plan's diagnostics (for titles and the budget line).
         sizes: examples of every micro-batch run.
         loads: ``(num_steps, world_size)`` linear loads (:func:`rank_loads`).
+        warm: per-step ``longest``, ``examples``, and per warm-up step ``scheduled`` and
+            ``realised`` caps (``PlanConfig.length_warmup``); ``None``: no third panel.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (hist, load) = plt.subplots(1, 2, figsize=(13, 4.5), constrained_layout=True)
+    panels = 2 if warm is None else 3
+    fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), constrained_layout=True)
+    hist, load = axes[0], axes[1]
+    if warm is not None:
+        _warmup_panel(axes[2], warm)
     lo, hi = (int(sizes.min()), int(sizes.max())) if sizes.size else (1, 1)
     if hi > 20 * lo:
         hist.hist(sizes, bins=np.geomspace(lo, hi + 1, 50), color="tab:blue")
@@ -334,6 +303,19 @@ def _write_png(path: Path, diag: PlanDiagnostics, sizes: np.ndarray, loads: np.n
     )
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _warm_series(planner: Planner, plan: EpochPlan) -> dict[str, np.ndarray] | None:
+    """What the warm-up panel draws (``None`` for a plan without a length warm-up)."""
+    trace = plan.length_warmup
+    if trace is None:
+        return None
+    return {
+        "longest": trace.step_longest,
+        "examples": step_figures(planner, plan)["examples"],
+        "scheduled": trace.scheduled,
+        "realised": trace.realised,
+    }
 
 
 def _planner(args: argparse.Namespace, lengths: list[np.ndarray], config: PlanConfig) -> Planner:
@@ -389,6 +371,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"warning: {warning.message}", file=sys.stderr)
     plan: EpochPlan = planner.plan(args.epoch, args.world_size, args.accumulate_grad_batches)
     diag = diagnose(planner, plan)
+    warm = warmup_report(planner, plan)
     shares = dataset_breakdown(planner, plan) if isinstance(planner, MixturePlanner) else None
     elapsed = time.perf_counter() - start
     note = sys.stderr if args.json else sys.stdout
@@ -396,16 +379,22 @@ def _run(args: argparse.Namespace) -> int:
         report: dict[str, object] = dict(diag.to_dict())
         if shares is not None:
             report["datasets"] = [row.to_dict() for row in shares]
+        if warm is not None:
+            report["length_warmup"] = warm.to_dict()
         print(json.dumps(report, indent=2))
     else:
         print(f"{source}: planned and diagnosed in {elapsed:.2f} s")
         print(diag.format())
+        if warm is not None:
+            print(warm.format())
         if shares is not None:
             print(format_breakdown(shares))
     if png is not None:
-        sizes = plan.tile_size[plan.assign.reshape(-1)]
+        sizes = plan.micro_batch_size[plan.assign.reshape(-1)]
         try:
-            _write_png(png, diag, sizes, rank_loads(planner, plan, "linear"))
+            _write_png(
+                png, diag, sizes, rank_loads(planner, plan, "linear"), _warm_series(planner, plan)
+            )
         except OSError as err:
             raise ValueError(
                 f"cannot write --png {str(png)!r}: {err.strerror or err}; pass a path in a "

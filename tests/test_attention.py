@@ -14,6 +14,8 @@ from torch import nn
 
 import lightning_varbatch.attention as attention_module
 import lightning_varbatch.attention.choice as choice_module
+import lightning_varbatch.attention.flash as flash_module
+import lightning_varbatch.attention.flex as flex_backend
 import lightning_varbatch.attention.sdpa as sdpa_module
 import lightning_varbatch.attention.sdpa_cost as sdpa_cost
 from lightning_varbatch.attention import (
@@ -488,12 +490,14 @@ def test_the_public_face_keeps_every_name_and_the_old_private_entry_points_are_g
 
     assert attention_module.__all__ == [
         "BACKENDS",
+        "Backend",
         "document_attention",
         "document_ids",
         "select_backend",
     ]
     assert (document_attention, document_ids, select_backend) == (entry, ids, choice_select)
     assert BACKENDS == choice_module.BACKENDS == ("auto", "flash", "flex", "sdpa")
+    assert attention_module.Backend is choice_module.Backend  # the type of ``backend=``
 
 
 # --------------------------------------------------------------------------- document_ids
@@ -619,3 +623,44 @@ def test_bad_inputs_raise_clearly(make, error, message):
 def test_good_inputs_pass():
     assert document_attention(**_good()).shape == (6, HEADS, DIM)
     assert set(BACKENDS) == {"auto", "flash", "flex", "sdpa"}
+
+
+# -- the backend modules on their own ------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_backend_passes_only_real_tokens_and_zeroes_the_padding(monkeypatch, causal):
+    """flash_attn leaves rows outside cu_seqlens uninitialised: only real tokens go in."""
+    calls = []
+
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal):
+        calls.append((q.shape[0], cu_q.dtype, max_q, max_k, dropout_p))
+        lengths = (cu_q[1:] - cu_q[:-1]).tolist()
+        return _reference(q, k, v, lengths, causal, softmax_scale)
+
+    monkeypatch.setattr(flash_module, "flash_varlen", lambda: (fake_varlen, ""))
+    q, k, v = _qkv()
+    cu = _cu(LENGTHS)
+    out = flash_module.flash_attention(q, k, v, cu, cu.tolist(), None, causal, None)
+    assert calls == [(sum(LENGTHS), torch.int32, max(LENGTHS), max(LENGTHS), 0.0)]
+    assert out.shape == (sum(LENGTHS) + PAD, HEADS, DIM)
+    torch.testing.assert_close(out[: sum(LENGTHS)], _reference(q, k, v, LENGTHS, causal))
+    assert out[sum(LENGTHS) :].abs().sum().item() == 0.0
+    # no real token: zeros, and the kernel is not called
+    empty = flash_module.flash_attention(q, k, v, _cu([]), [0], None, causal, None)
+    assert len(calls) == 1 and empty.abs().sum().item() == 0.0
+
+
+@pytest.mark.skipif(not _flex_importable(), reason="torch without FlexAttention")
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_backend_on_cpu_equals_each_example_alone(causal):
+    q, k, v = _qkv(kv_heads=1, heads=HEADS)
+    q, k, v = (x.float() for x in (q, k, v))
+    v[sum(LENGTHS) :] = float("nan")  # a non-finite padding value must not leak
+    out = flex_backend.flex_attention(q, k, v, _cu(LENGTHS), causal, None)
+    kv = [x.repeat_interleave(HEADS, 1) for x in (k, v)]
+    want = _reference(q, kv[0], kv[1], LENGTHS, causal)
+    torch.testing.assert_close(out[: sum(LENGTHS)], want, atol=1e-5, rtol=1e-5)
+    assert out[sum(LENGTHS) :].abs().sum().item() == 0.0
+    none = flex_backend.flex_attention(q, k, v, torch.tensor([0]), causal, None)
+    assert none.abs().sum().item() == 0.0

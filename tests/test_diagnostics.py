@@ -1,4 +1,4 @@
-"""Plan diagnostics: hand-computed values, a per-tile reference on random plans, edge cases."""
+"""Plan diagnostics: hand-computed values, a per-micro-batch reference on random plans, edges."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_equal_lengths_pad_nothing_and_fill_the_budget() -> None:
 
 
 def test_hand_computed_tiny_plan() -> None:
-    # Sorted 9, 9, 4, 2, 2 with budget 18: tiles {9, 9} (cost 18) and {4, 2, 2} (cost 12).
+    # Sorted 9, 9, 4, 2, 2 with budget 18: micro-batches {9, 9} (cost 18) and {4, 2, 2} (cost 12).
     _, _, d = _diag(np.array([2, 9, 9, 4, 2]), world_size=2, max_tokens=18)
     assert (d.real_tokens, d.padded_tokens) == (26, 30)
     assert d.padding_efficiency == pytest.approx(26 / 30)
@@ -59,7 +59,7 @@ def test_hand_computed_tiny_plan() -> None:
 
 
 def test_pairs_are_measured_by_the_longer_side() -> None:
-    # Keys max(src, tgt) = 4, 9, 5; budget 12: tiles {9} and {5, 4}.
+    # Keys max(src, tgt) = 4, 9, 5; budget 12: micro-batches {9} and {5, 4}.
     _, _, d = _diag(np.array([[3, 4], [9, 2], [5, 5]]), max_tokens=12)
     assert (d.real_tokens, d.padded_tokens) == (18, 19)
     assert d.num_examples == d.num_planned == 3
@@ -80,7 +80,7 @@ def test_quadratic_imbalance_uses_the_configured_coefficient() -> None:
 
 
 def _reference(planner: EpochPlanner, plan: EpochPlan) -> dict[str, float]:
-    """Per-tile Python loop over the plan's own accessors: what diagnose must reproduce."""
+    """Per-micro-batch Python loop over the plan's own accessors: what diagnose must reproduce."""
     cfg = planner.config
     key = planner.prepared.key.astype(np.int64)
     p = cfg.pad_to_multiple_of
@@ -163,14 +163,15 @@ def test_matches_a_per_tile_reference(
 
 
 def test_bucket_width_uses_the_true_longest_member() -> None:
-    # One bucket [8, 16) holding 15 and many 8s: tiles that miss the 15 pad only to 8.
+    # One bucket [8, 16) holding 15 and many 8s: micro-batches that miss the 15 pad only to 8.
     lengths = np.array([15] + [8] * 40)
     planner, plan, d = _diag(lengths, max_tokens=64, bucket_width=8, shuffle=True, seed=3)
     longest = [
-        int(planner.prepared.key[plan.tile_ids(t)].max()) for t in range(len(plan.tile_size))
+        int(planner.prepared.key[plan.micro_batch_ids(t)].max())
+        for t in range(len(plan.micro_batch_size))
     ]
     assert sorted(set(longest)) == [8, 15]
-    want = sum(int(n) * m for n, m in zip(plan.tile_size.tolist(), longest, strict=True))
+    want = sum(int(n) * m for n, m in zip(plan.micro_batch_size.tolist(), longest, strict=True))
     assert d.padded_tokens == want
     assert d.real_tokens == int(lengths.sum())
 

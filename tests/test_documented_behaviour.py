@@ -86,8 +86,8 @@ def test_flop_attention_deals_packed_plans_and_leaves_padded_plans_alone(
         first = plans[0]
         for plan in plans[1:]:  # never what a micro-batch holds
             assert np.array_equal(plan.order, first.order)
-            assert np.array_equal(plan.tile_start, first.tile_start)
-            assert np.array_equal(plan.tile_size, first.tile_size)
+            assert np.array_equal(plan.micro_batch_start, first.micro_batch_start)
+            assert np.array_equal(plan.micro_batch_size, first.micro_batch_size)
         if layout == "padded":
             assert len(prints) == 1
             assert all(np.array_equal(p.assign, first.assign) for p in plans)
@@ -157,7 +157,7 @@ def _own_shape(lengths: np.ndarray, shape_lengths: np.ndarray, multiple: int) ->
 
 
 def _layout_order(plan: Any) -> np.ndarray:
-    return np.argsort(plan.tile_start, kind="stable")
+    return np.argsort(plan.micro_batch_start, kind="stable")
 
 
 @st.composite
@@ -214,10 +214,10 @@ def test_an_example_runs_in_its_own_shape_or_fills_up_a_longer_one(case: dict[st
         assert (np.diff(own[plan.order]) <= 0).all()
         # 2. consecutive micro-batches, each padded to its longest example's shape, within its rows
         tiles = _layout_order(plan)
-        assert (np.diff(plan.tile_shape[tiles, 1]) <= 0).all()
+        assert (np.diff(plan.micro_batch_shape[tiles, 1]) <= 0).all()
         for t in tiles:
-            members = own[plan.tile_ids(int(t))]
-            rows, length = plan.tile_shape[t]
+            members = own[plan.micro_batch_ids(int(t))]
+            rows, length = plan.micro_batch_shape[t]
             assert length == members.max() and len(members) <= rows
             assert (rows, length) in {tuple(s) for s in shapes.tolist()}
 
@@ -233,7 +233,7 @@ def test_only_the_tail_has_masked_rows(case: dict[str, Any]) -> None:
     def short(plan: Any) -> np.ndarray:
         """Whether each tile of the layout order has masked rows."""
         tiles = _layout_order(plan)
-        return plan.tile_size[tiles] < plan.tile_shape[tiles, 0]
+        return plan.micro_batch_size[tiles] < plan.micro_batch_shape[tiles, 0]
 
     greedy = made["pad"][1]  # type: ignore[index]
     # "pad" and "drop" keep the greedy cut: only its last micro-batch may be short
@@ -245,8 +245,8 @@ def test_only_the_tail_has_masked_rows(case: dict[str, Any]) -> None:
     same = 0
     while (
         same < min(a.size, b.size)
-        and spread.tile_start[a[same]] == greedy.tile_start[b[same]]
-        and spread.tile_size[a[same]] == greedy.tile_size[b[same]]
+        and spread.micro_batch_start[a[same]] == greedy.micro_batch_start[b[same]]
+        and spread.micro_batch_size[a[same]] == greedy.micro_batch_size[b[same]]
     ):
         same += 1
     # the re-cut is whole steps at the end (its first tiles may equal the greedy ones)
@@ -254,7 +254,7 @@ def test_only_the_tail_has_masked_rows(case: dict[str, Any]) -> None:
     # (a re-cut that equals the greedy cut leaves its last, short micro-batch in place)
     assert not short(spread)[: min(a.size - recut, a.size - 1)].any()
     if not case["shuffle"]:  # steps run in the cut's order: the tail steps run last
-        is_short = spread.tile_size < spread.tile_shape[:, 0]
+        is_short = spread.micro_batch_size < spread.micro_batch_shape[:, 0]
         steps = np.flatnonzero(is_short[spread.assign].any(axis=(1, 2)))
         if steps.size:
             assert steps.tolist() == list(range(spread.num_steps - steps.size, spread.num_steps))

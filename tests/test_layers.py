@@ -141,8 +141,14 @@ def module_name(path: Path) -> str:
 
 
 def python_files() -> list[Path]:
-    skip = {".venv", ".git", "outputs", "build", "__pycache__"}
-    return sorted(p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts))
+    """The repository's modules: not under a hidden folder (``.venv``, ...) or build output."""
+    skip = {"outputs", "build", "__pycache__"}
+    return sorted(
+        p
+        for p in ROOT.rglob("*.py")
+        if not skip & set(p.relative_to(ROOT).parts)
+        and not any(part.startswith(".") for part in p.relative_to(ROOT).parts)
+    )
 
 
 def imports_of(path: Path, known: set[str]) -> set[str]:
@@ -237,7 +243,7 @@ LAYERS = {  # what each layer of the package may import from the package (and VO
         "lightning_varbatch.planner",
         "lightning_varbatch.peak_memory",  # the worst-batch check measures with it
     },
-    "lightning_varbatch.memory": {"lightning_varbatch.planner"},
+    "lightning_varbatch.memory": {"lightning_varbatch.memory", "lightning_varbatch.planner"},
     "lightning_varbatch.peak_memory": set(),  # stdlib (torch for CUDA): benchmarks share it
 }
 THIRD_PARTY_OF_PLANNER = {"numpy"}
@@ -295,47 +301,72 @@ def test_no_module_imports_another_modules_private_names() -> None:
     assert found == []
 
 
-def test_benchmarks_import_only_public_names() -> None:
-    """``benchmarks/`` takes only public names from the package and from each other."""
-    ours = ("lightning_varbatch", "benchmarks")
+#: The folders outside the package whose modules take only public names from the repository.
+PUBLIC_ONLY = ("benchmarks", "examples")
+#: The repository's own top-level packages: a private name of any of them is off limits there.
+OURS = ("lightning_varbatch", *PUBLIC_ONLY)
 
-    def private_imports(source: str) -> list[str]:
-        found = []
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ImportFrom):
-                module = ".".join(filter(None, ["benchmarks" * (node.level > 0), node.module]))
-                names = [f"{module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            found += [
-                name
-                for name in names
-                if name.split(".")[0] in ours
-                and any(p.startswith("_") and not p.endswith("__") for p in name.split("."))
-            ]
-        return found
 
-    # the scan sees every way of writing a private import, and passes public ones
+def private_imports(source: str, package: str) -> list[str]:
+    """The repository's private names (``_x``, not ``__x__``) that ``source`` imports.
+
+    ``package`` is the dotted package of the file, against which relative imports resolve.
+    """
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            module = ".".join(filter(None, [*(base if node.level else []), node.module]))
+            names = [f"{module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        found += [
+            name
+            for name in names
+            if name.split(".")[0] in OURS
+            and any(p.startswith("_") and not p.endswith("__") for p in name.split("."))
+        ]
+    return found
+
+
+def test_the_private_import_scan_sees_every_way_of_writing_one() -> None:
     assert private_imports(
         "from lightning_varbatch.data.sampler import _state, TokenBudgetBatchSampler\n"
         "from lightning_varbatch._internal import x\n"
         "import lightning_varbatch.planner._cut\n"
         "from benchmarks.packing import _naive, sft_lengths\n"
         "from .harness import _tail\n"
+        "from ..translation.train import _stopped, train\n"
+        "from . import _helpers\n"
         "from lightning_varbatch import __version__\n"
-        "from torch._dynamo.utils import counters\n"
+        "from torch._dynamo.utils import counters\n",
+        "examples.lm",
     ) == [
         "lightning_varbatch.data.sampler._state",
         "lightning_varbatch._internal.x",
         "lightning_varbatch.planner._cut",
         "benchmarks.packing._naive",
-        "benchmarks.harness._tail",
+        "examples.lm.harness._tail",
+        "examples.translation.train._stopped",
+        "examples.lm._helpers",
     ]
+    assert private_imports("from .harness import _tail\n", "benchmarks") == [
+        "benchmarks.harness._tail"
+    ]
+
+
+@pytest.mark.parametrize("folder", PUBLIC_ONLY)
+def test_benchmarks_and_examples_import_only_public_names(folder: str) -> None:
+    """``benchmarks/`` and ``examples/`` take only public names from the package, from each
+    other and from their own modules (what two examples share lives in ``examples/common``)."""
     found = {
-        str(path.relative_to(ROOT)): private_imports(path.read_text())
-        for path in sorted((ROOT / "benchmarks").rglob("*.py"))
+        str(path.relative_to(ROOT)): private_imports(
+            path.read_text(), module_name(path if path.name == "__init__.py" else path.parent)
+        )
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "__pycache__" not in path.parts
     }
     assert len(found) > 10
     assert {path: names for path, names in found.items() if names} == {}

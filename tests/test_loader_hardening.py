@@ -26,7 +26,7 @@ from lightning_varbatch.data.loader import (
 from lightning_varbatch.data.micro_batch import resolve_rank_world
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.errors import SettingValueError
-from lightning_varbatch.planner.sources import DataSource
+from lightning_varbatch.planner.mixture_datasets import DataSource
 from tests.scripts.datamodule_common import Model, make_pairs, pair_lengths, quiet_trainer
 
 

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lightning_varbatch import DataSource, MixturePlanner, PlanConfig, TokenBudgetBatchSampler
-from lightning_varbatch.planner.sources import mixture_probabilities
+from lightning_varbatch.planner.mixture_datasets import mixture_probabilities
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -104,18 +104,20 @@ def test_mixture_invariants(case: dict) -> None:
     sources, offsets = case["sources"], planner.offsets
 
     # every rank runs the same number of micro-batches, and every micro-batch fits ITS budget
-    per_rank = [plan.rank_tiles(r).size for r in range(world)]
+    per_rank = [plan.rank_micro_batches(r).size for r in range(world)]
     assert len(set(per_rank)) == 1
-    for tile in np.unique(plan.assign):
-        d = int(plan.tile_dataset[tile])
-        ids = plan.tile_ids(int(tile)).astype(np.int64)
+    for micro_batch in np.unique(plan.assign):
+        d = int(plan.micro_batch_dataset[micro_batch])
+        ids = plan.micro_batch_ids(int(micro_batch)).astype(np.int64)
         assert ids.size > 0
         assert ((ids >= offsets[d]) & (ids < offsets[d + 1])).all(), "micro-batch mixes datasets"
         cap = sources[d].max_examples
         assert cap is None or ids.size <= cap
         key = _key(sources[d])[ids - offsets[d]]
         assert _cost(key, case["config"].cost) <= case["budgets"][d]
-        assert plan.tile_tokens[tile] == int(_loss(sources[d])[ids - offsets[d]].sum())
+        assert plan.micro_batch_tokens[micro_batch] == int(
+            _loss(sources[d])[ids - offsets[d]].sum()
+        )
 
     if case["mixing"] == "per_step":  # a step is one dataset on every rank and micro-batch
         for s in range(plan.num_steps):
@@ -180,9 +182,9 @@ def test_resume_with_another_world_size(case: dict, data: st.DataObject) -> None
     assume(total > 0)
     consumed = data.draw(st.integers(0, total))
     new_world = data.draw(st.sampled_from([1, 2, 4]))
-    left_tiles = plan.consumed_tiles(consumed)[1]
+    left_micro_batches = plan.consumed_micro_batches(consumed)[1]
     rest = planner.plan_resumed(epoch, new_world, 1, [(world, acc, consumed)])
-    left = Counter(plan.ids_of_tiles(left_tiles).tolist())
+    left = Counter(plan.ids_of_micro_batches(left_micro_batches).tolist())
     got = Counter(rest.example_ids().tolist())
     # every example not yet run is in the rest; anything extra is a counted repeat
     assert not (left - got)
@@ -190,7 +192,7 @@ def test_resume_with_another_world_size(case: dict, data: st.DataObject) -> None
     if case["mixing"] == "per_step":
         for s in range(rest.num_steps):
             assert np.unique(rest.step_dataset[s]).size == 1
-    assert len({rest.rank_tiles(r).size for r in range(new_world)}) == 1
+    assert len({rest.rank_micro_batches(r).size for r in range(new_world)}) == 1
 
 
 @pytest.mark.slow
@@ -229,9 +231,9 @@ def test_stream_covers_each_example_once_per_pass() -> None:
     ids: list[int] = []
     for epoch in range(4):
         plan = planner.plan(epoch, world_size=2)
-        tiles = plan.assign.reshape(-1)
-        tiles = tiles[plan.tile_dataset[tiles] == 1]
-        ids += plan.ids_of_tiles(tiles).tolist()
+        micro_batches = plan.assign.reshape(-1)
+        micro_batches = micro_batches[plan.micro_batch_dataset[micro_batches] == 1]
+        ids += plan.ids_of_micro_batches(micro_batches).tolist()
     per_pass = 12
     assert len(ids) >= 3 * per_pass
     for k in range(len(ids) // per_pass):

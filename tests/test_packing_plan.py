@@ -67,7 +67,7 @@ def rank_flops(planner: EpochPlanner, plan, fa: float) -> np.ndarray:
     for s in range(plan.num_steps):
         for r in range(plan.world_size):
             for t in plan.assign[s, r]:
-                ids = plan.tile_ids(int(t))
+                ids = plan.micro_batch_ids(int(t))
                 m = planner.config.pad_to_multiple_of
                 slots = -(-int(lengths[ids].sum()) // m) * m
                 out[s, r] += slots + fa * float((lengths[ids] ** 2).sum())
@@ -106,7 +106,7 @@ def test_packed_rows_fill_the_budget_without_padding() -> None:
     diag = diagnose(planner, plan)
     slots = 0
     for t in plan.assign.reshape(-1):
-        tokens = int(SFT[plan.tile_ids(int(t))].sum())
+        tokens = int(SFT[plan.micro_batch_ids(int(t))].sum())
         aligned = -(-tokens // 64) * 64
         assert aligned <= 8192
         slots += aligned
@@ -145,12 +145,12 @@ def test_mixtures_pack_every_dataset_and_balance_compute(mixing: str) -> None:
     ]
     planner = MixturePlanner(sources, config, mixing=mixing)
     plan = planner.plan(epoch=0, world_size=4, accumulate_grad_batches=2)
-    assert plan.tile_work is not None
-    seen = np.concatenate([plan.tile_ids(int(t)) for t in plan.assign.reshape(-1)])
+    assert plan.micro_batch_work is not None
+    seen = np.concatenate([plan.micro_batch_ids(int(t)) for t in plan.assign.reshape(-1)])
     assert np.array_equal(np.sort(seen), np.arange(6000))
     key = planner.prepared.key
     for t in plan.assign.reshape(-1):
-        assert int(key[plan.tile_ids(int(t))].sum()) <= 8192
+        assert int(key[plan.micro_batch_ids(int(t))].sum()) <= 8192
     flops = diagnose(planner, plan).imbalance_flops_mean
     if mixing == "per_step":  # a step's micro-batches come from one dataset: neighbours
         assert flops <= 1.05

@@ -15,7 +15,7 @@ from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler
 from lightning_varbatch.errors import SettingError, SettingTypeError
 from lightning_varbatch.plan import main
 from lightning_varbatch.planner.mixture import MixturePlanner
-from lightning_varbatch.planner.sources import DataSource, mixture_probabilities
+from lightning_varbatch.planner.mixture_datasets import DataSource, mixture_probabilities
 
 # -- §5: the tail is as even as the rest ----------------------------------------------------
 
@@ -26,8 +26,8 @@ def test_tail_of_13_equal_examples_is_cut_4_3_3_3() -> None:
     planner = EpochPlanner(np.full(13, 10), PlanConfig(max_tokens=40))
     plan = planner.plan(0, world_size=2, accumulate_grad_batches=2)
     assert plan.num_steps == 1
-    assert sorted(plan.tile_size[plan.assign[0]].ravel().tolist()) == [3, 3, 3, 4]
-    assert sorted(plan.tile_size[plan.assign[0]].sum(axis=1).tolist()) == [6, 7]
+    assert sorted(plan.micro_batch_size[plan.assign[0]].ravel().tolist()) == [3, 3, 3, 4]
+    assert sorted(plan.micro_batch_size[plan.assign[0]].sum(axis=1).tolist()) == [6, 7]
     samplers = [
         TokenBudgetBatchSampler(
             np.full(13, 10), 40, rank=r, world_size=2, accumulate_grad_batches=2
@@ -41,7 +41,7 @@ def test_tail_of_13_equal_examples_is_cut_4_3_3_3() -> None:
 
 def test_tail_after_full_steps_is_even_too() -> None:
     plan = plan_epoch(np.full(29, 10), 40, world_size=2, accumulate_grad_batches=2)
-    sizes = sorted(sorted(plan.tile_size[s].ravel().tolist()) for s in plan.assign)
+    sizes = sorted(sorted(plan.micro_batch_size[s].ravel().tolist()) for s in plan.assign)
     assert sizes == [[3, 3, 3, 4], [4, 4, 4, 4]]
 
 
@@ -117,7 +117,7 @@ def test_per_dataset_settings_are_honoured_and_errors_name_the_dataset() -> None
     capped = DataSource(np.full(8, 4), name="capped", max_examples=np.int64(2))
     planner = MixturePlanner([np.full(8, 4), capped], config)
     assert planner.planners[1].config.max_examples == 2
-    assert planner.plan(0).tile_size[planner.plan(0).tile_dataset == 1].max() == 2
+    assert planner.plan(0).micro_batch_size[planner.plan(0).micro_batch_dataset == 1].max() == 2
     bad = DataSource(np.full(8, 4), name="b", loss_lengths=np.ones(3))
     with pytest.raises(ValueError, match=r"Dataset 'b' \(index 1\): loss_lengths has shape"):
         MixturePlanner([np.full(8, 4), bad], config)
@@ -238,7 +238,7 @@ def test_lengths_far_above_2_22_within_the_budget_are_planned(
 ) -> None:
     plan = plan_epoch(lengths, budget)
     assert sorted(plan.example_ids().tolist()) == list(range(len(lengths)))
-    assert (plan.tile_cost <= budget).all()
+    assert (plan.micro_batch_cost <= budget).all()
 
 
 def test_truncation_to_a_length_above_2_22() -> None:
@@ -428,7 +428,7 @@ def test_float_rank_and_counts_are_refused() -> None:
 
     plan = EpochPlanner(np.full(20, 4), PlanConfig(16)).plan(0, 2)
     with pytest.raises(ValueError, match=r"rank must be an integer in \[0, 2\).*got 0.5"):
-        plan.rank_tiles(0.5)  # type: ignore[arg-type]
+        plan.rank_micro_batches(0.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"consumed micro-batches must be in .* got 1.5"):
         plan.consumed_ids(1.5)  # type: ignore[arg-type]
     with pytest.raises(SettingTypeError, match=r"num_examples must be a positive integer, got 2.5"):

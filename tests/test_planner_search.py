@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from lightning_varbatch.planner.costs import checked_cost
-from lightning_varbatch.planner.layout import full_batch_sizes
 from lightning_varbatch.planner.search import largest_true, smallest_true
 from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.sorted_cut import full_batch_sizes
 
 
 def brute_largest(edge: int, lo: int, hi: int) -> int:

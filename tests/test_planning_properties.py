@@ -217,13 +217,13 @@ def test_epochs_change_order_and_composition_but_not_padding() -> None:
     firsts = [tuple(p.micro_batch(0, 0).tolist()) for p in plans]
     assert len(set(firsts)) == 4  # batch order changes every epoch
     compositions = [
-        {frozenset(p.tile_ids(t).tolist()) for t in p.assign.reshape(-1)} for p in plans
+        {frozenset(p.micro_batch_ids(t).tolist()) for t in p.assign.reshape(-1)} for p in plans
     ]
     for a in range(4):
         for b in range(a + 1, 4):
             shared = len(compositions[a] & compositions[b]) / len(compositions[a])
             assert shared < 0.5  # most batches hold different examples
-    assert len({float(p.tile_cost.sum()) for p in plans}) == 1  # padding stays as tight
+    assert len({float(p.micro_batch_cost.sum()) for p in plans}) == 1  # padding stays as tight
 
 
 def test_seed_changes_the_plan() -> None:
@@ -238,7 +238,7 @@ def test_no_shuffle_is_sorted_longest_first_and_epoch_independent() -> None:
     planner = EpochPlanner(lengths, PlanConfig(max_tokens=18, shuffle=False))
     p0, p1 = planner.plan(0), planner.plan(1)
     assert np.array_equal(p0.assign, p1.assign) and np.array_equal(p0.order, p1.order)
-    assert [p0.tile_ids(int(t)).tolist() for t in p0.rank_tiles(0)] == [
+    assert [p0.micro_batch_ids(int(t)).tolist() for t in p0.rank_micro_batches(0)] == [
         [2, 4],
         [6, 7],
         [0, 3, 5],
@@ -249,14 +249,18 @@ def test_no_shuffle_is_sorted_longest_first_and_epoch_independent() -> None:
 def test_steps_group_similar_shapes_and_balance_ranks() -> None:
     lengths = np.random.default_rng(3).integers(1, 200, size=50000)
     plan = EpochPlanner(lengths, PlanConfig(max_tokens=16384)).plan(0, 8, 2)
-    per_rank = plan.tile_cost[plan.assign].sum(axis=2)  # (steps, ranks)
+    per_rank = plan.micro_batch_cost[plan.assign].sum(axis=2)  # (steps, ranks)
     imbalance = per_rank.max(axis=1) / per_rank.mean(axis=1)
     assert imbalance.mean() <= 1.01
     assert np.median(imbalance) <= 1.005
     # Within one step the longest examples differ little across ranks (no stragglers).
     longest = np.array(
         [
-            [plan.tile_ids(int(t)).size and int(lengths[plan.tile_ids(int(t))].max()) for t in row]
+            [
+                plan.micro_batch_ids(int(t)).size
+                and int(lengths[plan.micro_batch_ids(int(t))].max())
+                for t in row
+            ]
             for row in plan.assign[:, :, 0]
         ]
     )
@@ -268,7 +272,7 @@ def test_steps_group_similar_shapes_and_balance_ranks() -> None:
 def test_deal_pairs_big_with_small(acc: int) -> None:
     lengths = np.concatenate([np.full(30, 50), np.full(30, 10)])
     plan = EpochPlanner(lengths, PlanConfig(max_tokens=100, shuffle=False)).plan(0, 2, acc)
-    per_rank = plan.tile_cost[plan.assign].sum(axis=2)
+    per_rank = plan.micro_batch_cost[plan.assign].sum(axis=2)
     assert (per_rank.max(axis=1) / per_rank.mean(axis=1)).mean() <= 1.2
 
 
@@ -279,7 +283,7 @@ def test_default_tail_keeps_every_step_balanced(n: int, world: int, acc: int) ->
 
     lengths = wmt_like_lengths(n, seed=1)
     plan = EpochPlanner(lengths, PlanConfig(max_tokens=16384)).plan(0, world, acc)
-    per_rank = plan.tile_cost[plan.assign].sum(axis=2)
+    per_rank = plan.micro_batch_cost[plan.assign].sum(axis=2)
     imbalance = per_rank.max(axis=1) / per_rank.mean(axis=1)
     assert imbalance.max() <= 1.02
     assert np.array_equal(np.sort(plan.example_ids()), np.arange(n))
@@ -288,10 +292,10 @@ def test_default_tail_keeps_every_step_balanced(n: int, world: int, acc: int) ->
 # -- the tail step is as even as the rest (issue 12 §5) -----------------------------------
 
 
-def _last_step(plan: object, num_tiles: int) -> np.ndarray:
-    """Tile ids of the optimizer step that holds the last tile (the re-cut tail)."""
+def _last_step(plan: object, num_micro_batches: int) -> np.ndarray:
+    """Micro-batch ids of the optimizer step that holds the last micro-batch (the re-cut tail)."""
     assign = plan.assign  # type: ignore[attr-defined]
-    step = int(np.flatnonzero((assign == num_tiles - 1).any(axis=(1, 2)))[0])
+    step = int(np.flatnonzero((assign == num_micro_batches - 1).any(axis=(1, 2)))[0])
     return np.asarray(assign[step])
 
 
@@ -340,12 +344,12 @@ def test_tail_step_of_equal_lengths_is_even(
     assume(n >= world * acc)
     planner = EpochPlanner(np.full(n, length), config)
     plan = planner.plan(0, world, acc)
-    sizes = plan.tile_size
+    sizes = plan.micro_batch_size
     # more micro-batches than examples can fill (one example per budget): repeats are counted
     assume(plan.num_duplicated == 0)
     assert sorted(plan.example_ids().tolist()) == list(range(n))
-    assert (plan.tile_cost <= config.max_tokens).all()
-    last = _last_step(plan, plan.tile_start.size)
+    assert (plan.micro_batch_cost <= config.max_tokens).all()
+    last = _last_step(plan, plan.micro_batch_start.size)
     step_sizes = sizes[last]
     assert int(step_sizes.max()) - int(step_sizes.min()) <= 1, step_sizes.tolist()
     per_rank = step_sizes.sum(axis=1)
@@ -401,7 +405,7 @@ def test_tail_step_has_the_smallest_possible_largest_micro_batch(
     smallest micro-batch cost is the largest possible: both found here by brute force
     (dynamic programming over all cuts).
     """
-    from lightning_varbatch.planner.layout import Layout
+    from lightning_varbatch.planner.sorted_cut import SortedCut
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, high + 1, size=n)
@@ -417,15 +421,15 @@ def test_tail_step_has_the_smallest_possible_largest_micro_batch(
     )
     wa = world * acc
     planner = EpochPlanner(lengths, config)
-    greedy = Layout.build(planner.groups, config)
-    m = greedy.num_tiles
+    greedy = SortedCut.build(planner.groups, config)
+    m = greedy.num_micro_batches
     take = m % wa or wa
     assume(m >= take)
     start = int(greedy.starts[m - take])
     assume(n - start >= wa)  # the tail region is one step
     plan = planner.plan(0, world, acc)
-    last = _last_step(plan, plan.tile_start.size)
-    step_max = float(plan.tile_cost[last].max())
+    last = _last_step(plan, plan.micro_batch_start.size)
+    step_max = float(plan.micro_batch_cost[last].max())
     # brute force over the same examples in the same (length-sorted) order
     key = planner.groups.longest[planner.groups.group_of(np.arange(start, n))]
     k = n - start
@@ -438,12 +442,12 @@ def test_tail_step_has_the_smallest_possible_largest_micro_batch(
             first = -(-int(key[a]) // p) * p
             c = config.cost_fn(np.array([size]), np.array([first]), np.array([key[a:b].sum()]))
             costs[a, b] = float(c[0]) if float(c[0]) <= config.max_tokens else np.inf
-    shown = (plan.tile_size[last].tolist(), plan.tile_cost[last].tolist())
+    shown = (plan.micro_batch_size[last].tolist(), plan.micro_batch_cost[last].tolist())
     optimum = _min_max_cut(costs, wa)
     assert step_max == pytest.approx(optimum, rel=1e-6), shown
     # ... and under that largest cost, the smallest micro-batch is as large as it can be
     allowed = np.where(costs <= optimum * (1 + 1e-9), costs, np.inf)
-    assert float(plan.tile_cost[last].min()) == pytest.approx(
+    assert float(plan.micro_batch_cost[last].min()) == pytest.approx(
         _max_min_cut(allowed, wa), rel=1e-6
     ), shown
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler
-from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 
 LENGTHS = np.random.default_rng(0).integers(1, 50, size=(3000, 2))
 
@@ -382,14 +382,19 @@ def test_from_planner_builds_through_init() -> None:
 
 
 def test_sampler_arguments_are_the_plan_settings() -> None:
-    """Each PlanConfig field is a sampler argument with the same default."""
+    """Each PlanConfig field is a sampler keyword with the same default, restated nowhere."""
     import dataclasses
     import inspect
 
     from lightning_varbatch.planner.settings import PlanConfig
 
     params = inspect.signature(TokenBudgetBatchSampler.__init__).parameters
+    assert params["settings"].kind is inspect.Parameter.VAR_KEYWORD
+    restated = {f.name for f in dataclasses.fields(PlanConfig)} & set(params) - {"max_tokens"}
+    assert restated == set(), "the sampler forwards PlanConfig's fields, it does not list them"
+    sampler = TokenBudgetBatchSampler(LENGTHS, 512, rank=0, world_size=1)
     for setting in dataclasses.fields(PlanConfig):
-        assert setting.name in params, setting.name
         if setting.default is not dataclasses.MISSING:
-            assert params[setting.name].default == setting.default, setting.name
+            assert getattr(sampler.config, setting.name) == setting.default, setting.name
+    with pytest.raises(SettingTypeError, match="did you mean 'max_examples'"):
+        TokenBudgetBatchSampler(LENGTHS, 512, rank=0, world_size=1, max_example=4)

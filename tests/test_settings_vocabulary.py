@@ -158,7 +158,7 @@ TAKEN_BY: dict[str, list[str]] = {
     "tail": PLANNER_ENTRIES,
     "oversize": PLANNER_ENTRIES,
     "cost": PLANNER_ENTRIES,
-    "loss_offset": ["PaddingCollate", "StreamingDataModule", "StreamingBatches"],
+    "loss_offset": [*PLANNER_ENTRIES, "PaddingCollate"],
     "truncate_to": ["PaddingCollate", "PackingCollate"],
     "log_every_n_steps": ["BatchSizeLRScaler", "TokenThroughputMonitor"],
     "num_workers": ["TokenBudgetDataModule", "StreamingDataModule", "token_budget_dataloader"],

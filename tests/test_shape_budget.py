@@ -27,7 +27,7 @@ from lightning_varbatch import (
     TokenBudgetBatchSampler,
     token_budget_dataloader,
 )
-from lightning_varbatch.callbacks.worst_batch import check_names, worst_tiles
+from lightning_varbatch.callbacks.worst_batch import check_names, worst_micro_batches
 from lightning_varbatch.data.collate import attach_plan
 from lightning_varbatch.data.columnar import ColumnarItems, fetch_rows
 from lightning_varbatch.planner.diagnostics import diagnose
@@ -198,24 +198,27 @@ def _check_shapes_of_planner(planner: EpochPlanner) -> None:
 
 
 def _check_plan(planner: EpochPlanner, plan: Any) -> None:
-    """Every run tile: one of the planner's shapes, the tightest that holds it, in budget."""
+    """Every run micro-batch: one of the planner's shapes, the tightest that holds it, in budget."""
     cfg = planner.config
     p = cfg.pad_to_multiple_of
     key = planner.prepared.key
     shapes = {tuple(s) for s in planner.shapes.tolist()}
     lengths = planner.shape_lengths
-    assert plan.tile_shape is not None and plan.tile_shape.shape == (len(plan.tile_size), 2)
+    assert plan.micro_batch_shape is not None and plan.micro_batch_shape.shape == (
+        len(plan.micro_batch_size),
+        2,
+    )
     run = plan.assign.reshape(-1)
     seen_shapes = set()
     for t in run.tolist():
-        ids = plan.tile_ids(t)
-        rows, length = (int(x) for x in plan.tile_shape[t])
+        ids = plan.micro_batch_ids(t)
+        rows, length = (int(x) for x in plan.micro_batch_shape[t])
         seen_shapes.add((rows, length))
         assert (rows, length) in shapes
         assert 1 <= len(ids) <= rows
         longest = int(_round_up(int(key[ids].max()), p))
         assert longest <= length
-        # the shortest shape that holds the tile's longest example
+        # the shortest shape that holds the micro-batch's longest example
         assert length == int(lengths[np.searchsorted(lengths, longest)])
         assert _cost(rows, length, cfg) <= cfg.max_tokens
     assert len(seen_shapes) <= cfg.max_shapes
@@ -263,7 +266,7 @@ def test_plan_invariants_under_a_shape_budget(case: dict) -> None:
         again = EpochPlanner(lengths, config).plan(e, world, acc)
         assert np.array_equal(again.order, plan.order)
         assert np.array_equal(again.assign, plan.assign)
-        assert np.array_equal(again.tile_shape, plan.tile_shape)
+        assert np.array_equal(again.micro_batch_shape, plan.micro_batch_shape)
         assert np.array_equal(planner.shapes, first_shapes)  # chosen once for all epochs
 
 
@@ -339,14 +342,14 @@ def test_mixture_shares_one_set_of_lengths(
     assert lengths[0].size <= k
     assert int(lengths[0][-1]) == int(_round_up(max(int(a.max()), int(b.max())), pad))
     plan = mixture.plan(0, world, acc)
-    assert plan.tile_shape is not None
+    assert plan.micro_batch_shape is not None
     key = np.concatenate([a, b])
     run = plan.assign.reshape(-1)
-    assert np.unique(plan.tile_shape[run, 1]).size <= k
-    assert np.unique(plan.tile_shape[run], axis=0).shape[0] <= k
+    assert np.unique(plan.micro_batch_shape[run, 1]).size <= k
+    assert np.unique(plan.micro_batch_shape[run], axis=0).shape[0] <= k
     for t in run.tolist():
-        ids = plan.tile_ids(t)
-        rows, length = plan.tile_shape[t].tolist()
+        ids = plan.micro_batch_ids(t)
+        rows, length = plan.micro_batch_shape[t].tolist()
         assert length in lengths[0].tolist()
         assert 1 <= len(ids) <= rows
         assert int(_round_up(int(key[ids].max()), pad)) <= length
@@ -630,9 +633,9 @@ def test_diagnostics_count_the_static_shapes(case: dict) -> None:
     count: Counter[tuple[int, int]] = Counter()
     real: Counter[tuple[int, int]] = Counter()
     for t in run.tolist():
-        shape = tuple(int(x) for x in plan.tile_shape[t])
+        shape = tuple(int(x) for x in plan.micro_batch_shape[t])
         count[shape] += 1
-        real[shape] += int(key[plan.tile_ids(t)].sum())
+        real[shape] += int(key[plan.micro_batch_ids(t)].sum())
     want = tuple(
         (
             rows,
@@ -679,30 +682,30 @@ def test_worst_tiles_has_one_check_per_shape_on_every_rank(kinds: tuple[str, ...
         )
         shapes = sampler.planner.shapes.tolist()
         assert len(shapes) == 4
-        worst = worst_tiles(sampler, kinds)
+        worst = worst_micro_batches(sampler, kinds)
         names = check_names(sampler, kinds)
         assert len(worst) == len(kinds) + len(shapes) == len(names)
         assert [w.kind for w in worst] == names
         assert names == [*kinds, *(f"shape {r}x{n}" for r, n in shapes)]
-        mine = sampler.plan.rank_tiles(rank).tolist()
+        mine = sampler.plan.rank_micro_batches(rank).tolist()
         for w in worst:
-            assert w.rank == rank and mine[w.position] == w.tile
-            rows, length = sampler.plan.tile_shape[w.tile].tolist()
+            assert w.rank == rank and mine[w.position] == w.micro_batch
+            rows, length = sampler.plan.micro_batch_shape[w.micro_batch].tolist()
             assert w.longest == length
             assert w.padded_tokens == rows * length
             assert w.attention == rows * length * length
             mb = sampler.micro_batch(w.position)
-            assert list(mb) == sampler.plan.tile_ids(w.tile).tolist()
+            assert list(mb) == sampler.plan.micro_batch_ids(w.micro_batch).tolist()
             assert (mb.pad_rows, mb.pad_length) == (rows, length)
         for w, (rows, length) in zip(worst[len(kinds) :], shapes, strict=True):
             of_shape = [
                 p
                 for p, t in enumerate(mine)
-                if sampler.plan.tile_shape[t].tolist() == [rows, length]
+                if sampler.plan.micro_batch_shape[t].tolist() == [rows, length]
             ]
             if of_shape:  # this rank's fullest micro-batch of that shape
                 assert (w.examples, w.longest) == (
-                    max(int(sampler.plan.tile_size[mine[p]]) for p in of_shape),
+                    max(int(sampler.plan.micro_batch_size[mine[p]]) for p in of_shape),
                     length,
                 )
         reports.append(names)
@@ -728,7 +731,7 @@ def test_mixture_with_per_dataset_budgets_keeps_at_most_k_shapes() -> None:
         return
     plan = mixture.plan(0, 2, 1)
     run = plan.assign.reshape(-1)
-    shapes = np.unique(plan.tile_shape[run], axis=0)
+    shapes = np.unique(plan.micro_batch_shape[run], axis=0)
     assert len(shapes) <= 3, shapes.tolist()
     assert diagnose(mixture, plan).num_shapes <= 3
 
@@ -743,10 +746,10 @@ def test_worst_tiles_of_a_mixture_has_one_check_per_shape() -> None:
     for rank in range(2):
         mixture = MixturePlanner([a, b], config)
         sampler = TokenBudgetBatchSampler.from_planner(mixture, rank=rank, world_size=2)
-        assert sampler.plan.tile_shape is not None  # the micro-batches are shaped
+        assert sampler.plan.micro_batch_shape is not None  # the micro-batches are shaped
         shapes = mixture.planners[0].shapes.tolist()
         assert shapes == mixture.planners[1].shapes.tolist()
-        worst = worst_tiles(sampler, kinds)
+        worst = worst_micro_batches(sampler, kinds)
         want = [*kinds, *(f"shape {r}x{n}" for r, n in shapes)]
         assert check_names(sampler, kinds) == want
         assert [w.kind for w in worst] == want

@@ -144,12 +144,12 @@ def test_window_plans_keep_every_plan_guarantee(case: dict) -> None:
         assert np.array_equal(wplan.ids, expected)  # local ids = positions in the window
         plan = wplan.plan
         # Equal micro-batches on every rank, whole optimizer steps, none empty, none over budget.
-        per_rank = [plan.rank_tiles(r).size for r in range(world)]
+        per_rank = [plan.rank_micro_batches(r).size for r in range(world)]
         assert len(set(per_rank)) == 1 and per_rank[0] == plan.num_micro_batches_per_rank
         assert per_rank[0] % acc == 0 and per_rank[0] > 0
         for r in range(world):
-            for t in plan.rank_tiles(r).tolist():
-                ids = wplan.tile_ids(t)
+            for t in plan.rank_micro_batches(r).tolist():
+                ids = wplan.micro_batch_ids(t)
                 assert ids.size >= 1
                 assert set(ids.tolist()) <= set(expected.tolist())
                 assert ids.size * int(key[ids].max()) <= config.max_tokens
@@ -735,8 +735,8 @@ def test_windowed_padding_is_within_two_percent_of_the_offline_plan(
         imbalance.append(diag.imbalance_linear_mean)
         covered.append(window_plan.example_ids())
         run = window_plan.plan.assign.reshape(-1)
-        sizes = window_plan.plan.tile_size[run]
-        longest = np.array([key[window_plan.tile_ids(t)].max() for t in run.tolist()])
+        sizes = window_plan.plan.micro_batch_size[run]
+        longest = np.array([key[window_plan.micro_batch_ids(t)].max() for t in run.tolist()])
         assert (sizes * longest <= config.max_tokens).all()
     assert np.array_equal(np.sort(np.concatenate(covered)), np.arange(num))
     assert real == int(key.sum())

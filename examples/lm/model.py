@@ -51,8 +51,8 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 
 from examples.translation.model import FSDPNormClipping
-from lightning_varbatch.attention import BACKENDS, document_attention
-from lightning_varbatch.loss import step_token_mean
+from lightning_varbatch import document_attention, step_token_mean
+from lightning_varbatch.attention import BACKENDS
 
 __all__ = ["Block", "CausalLM", "rotary"]
 

@@ -33,12 +33,14 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from examples.translation.corpora import ConfigError
+from examples.common.config_checks import ConfigError
+from examples.common.summary import rank
 
 __all__ = [
     "DEFAULT_BACKEND",
     "CompileStats",
     "check_compile",
+    "compile_training",
     "graph_counters",
     "if_resolver",
     "raise_recompile_limit",
@@ -199,3 +201,41 @@ class CompileStats:
         if summary["graph_breaks"]:
             line += f", {summary['graph_breaks']} graph break(s)"
         return line
+
+
+def compile_training(cfg: DictConfig, model: Any, dm: Any) -> CompileStats | None:
+    """With ``compile=true``: compile the model's training forward; say what was set.
+
+    The shape budget itself (``data.max_shapes``, ``data.bucket_width``) is set by the config
+    (``conf/data/default.yaml``) and checked by :func:`check_compile`.
+
+    Returns:
+        The :class:`CompileStats` to summarise at the end, or ``None`` without
+        ``compile=true``.
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> compile_training(OmegaConf.create({"compile": False}), None, None) is None
+        True
+    """
+    if not cfg.get("compile"):
+        return None
+    backend = str(cfg.get("compile_backend", DEFAULT_BACKEND))
+    # A fresh dynamo cache: the jobs of a multirun (-m) share one process and one
+    # TranslationModel.forward code object, whose compiled versions would pile up past
+    # the recompile limit.
+    torch._dynamo.reset()
+    model.compile_forward(backend)
+    shapes = getattr(dm.planner("train"), "shapes", None)
+    stats = CompileStats(cfg.data.max_shapes, backend, None if shapes is None else shapes.tolist())
+    if rank() == 0:
+        listed = "" if shapes is None else ": " + ", ".join(f"{r}x{n}" for r, n in shapes.tolist())
+        count = "" if shapes is None else f"{len(shapes)} "
+        print(
+            f"compile=true: the training forward runs under torch.compile(dynamic=False, "
+            f"backend={backend!r}); data.max_shapes={cfg.data.max_shapes}, "
+            f"data.bucket_width={cfg.data.bucket_width}; the training split has "
+            f"{count}shapes (rows x length){listed}; dynamo recompile limit "
+            f"{stats.recompile_limit}. Validation and decoding run eager."
+        )
+    return stats

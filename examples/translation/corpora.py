@@ -16,7 +16,8 @@ files (``data.hf_path`` + ``data.source_column`` + ``data.target_column``, optio
       temperature: 1.0
       steps_per_epoch: 500     # null: an epoch is one pass over every corpus
 
-Every check here raises :class:`ConfigError` naming the setting to change.
+Every check here raises :class:`~examples.common.config_checks.ConfigError` naming the setting
+to change.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from examples.common.config_checks import ConfigError, check_int
 from examples.translation import data as corpus_io
-from lightning_varbatch.planner.sources import MIXING_POLICIES
+from lightning_varbatch.planner import MIXING_POLICIES
 
-__all__ = ["KINDS", "ConfigError", "Corpus", "mixture_settings", "read_corpora"]
+__all__ = ["KINDS", "Corpus", "mixture_settings", "read_corpora"]
 
 #: The settings of the single corpus of ``data.*`` that only apply to a Hugging Face dataset
 #: (a ``DatasetDict``'s splits: ``hf_split`` to train on, null ``hf_valid_split``/
@@ -55,10 +57,6 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 _COMMON = ("kind", "weight", "max_tokens", "max_examples", "valid", "test")
 _ENTRY_KEYS = (*_COMMON, *(key for keys in KINDS.values() for key in keys))
-
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message names the setting to change."""
 
 
 @dataclass(frozen=True)
@@ -165,17 +163,6 @@ class Corpus:
         return out
 
 
-def _is_int(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _check_int(setting: str, value: Any, minimum: int, nullable: bool = True) -> None:
-    if (value is None and nullable) or _is_int(value, minimum):
-        return
-    what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-    raise ConfigError(f"{setting} must be {what}{' or null' if nullable else ''}, got {value!r}.")
-
-
 def _hf_source(setting: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """The settings of a Hugging Face corpus, checked: the path and both columns together."""
     source = {key: given.get(key) for key in _HF_KEYS}
@@ -269,7 +256,7 @@ def _entry(data: DictConfig, name: str, entry: Any) -> Corpus:
         source["num_pairs"] = data.num_pairs if source["num_pairs"] is None else source["num_pairs"]
         source["seed"] = data.seed if source["seed"] is None else source["seed"]
         source["domain"] = source["domain"] or "mixed"
-        _check_int(f"{setting}.num_pairs", source["num_pairs"], 1, nullable=False)
+        check_int(f"{setting}.num_pairs", source["num_pairs"], 1)
         if source["domain"] not in corpus_io.DOMAINS:
             raise ConfigError(
                 f"{setting}.domain must be one of {', '.join(corpus_io.DOMAINS)}; got "
@@ -293,10 +280,10 @@ def _entry(data: DictConfig, name: str, entry: Any) -> Corpus:
             f"null, got {weight!r}."
         )
     for key in ("max_tokens", "max_examples"):
-        _check_int(f"{setting}.{key}", entry.get(key), 1)
+        check_int(f"{setting}.{key}", entry.get(key), 1, nullable=True)
     splits = {key: data[key] if entry.get(key) is None else entry[key] for key in ("valid", "test")}
-    _check_int(f"{setting}.valid", splits["valid"], 1, nullable=False)
-    _check_int(f"{setting}.test", splits["test"], 0, nullable=False)
+    check_int(f"{setting}.valid", splits["valid"], 1)
+    check_int(f"{setting}.test", splits["test"], 0)
     return Corpus(
         name,
         setting,
@@ -362,7 +349,7 @@ def mixture_settings(data: DictConfig, corpora: list[Corpus]) -> dict[str, Any]:
         or not (math.isfinite(temperature) and temperature > 0)
     ):
         raise ConfigError(f"data.temperature must be a positive number, got {temperature!r}.")
-    _check_int("data.steps_per_epoch", steps, 1)
+    check_int("data.steps_per_epoch", steps, 1, nullable=True)
     if corpora[0].name is None:
         if steps is not None:
             raise ConfigError(

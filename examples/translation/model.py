@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from torchmetrics import MeanMetric
 from torchmetrics.text import CHRFScore, SacreBLEUScore
 
-from lightning_varbatch.loss import step_token_mean
+from lightning_varbatch import step_token_mean
 
 __all__ = ["DecoderCache", "FSDPNormClipping", "TranslationModel"]
 

@@ -36,16 +36,28 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
+from examples.common.config_checks import ConfigError
+from examples.common.oversize import fitting_length
+from examples.common.summary import rank
 from examples.translation import tokenizer as tok
-from examples.translation.batching import fitting_length, loss_lengths
-from examples.translation.corpora import ConfigError
-from lightning_varbatch import PaddingCollate, StreamingDataModule
-from lightning_varbatch.sources.shards import SHARD_SUFFIXES, ShardedSource, shards_from_files
+from examples.translation.batching import loss_lengths
+from lightning_varbatch import (
+    PaddingCollate,
+    ShardedSource,
+    StreamingDataModule,
+    shards_from_files,
+)
+from lightning_varbatch.sources import SHARD_SUFFIXES
 
 __all__ = [
+    "LEGACY_STATE_KEY",
     "MANIFEST",
     "SHARD_COLUMNS",
+    "announce",
+    "build",
+    "check_resume",
     "check_stream",
+    "open_shards",
     "prepare_shards",
 ]
 
@@ -55,10 +67,6 @@ MANIFEST = "manifest.json"
 FORMAT = "lightning_varbatch translation shards 1"
 #: How long a rank other than 0 waits for rank 0's shards.
 WAIT_SECONDS = 1800.0
-
-
-def _rank() -> int:
-    return int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
 
 
 def check_stream(cfg: DictConfig) -> None:
@@ -300,11 +308,11 @@ def prepare_shards(
                 "longest": None,
                 "truncated": 0,
             }
-        if _rank() == 0:
+        if rank() == 0:
             break
         if time.monotonic() > deadline:
             raise ConfigError(
-                f"rank {_rank()} waited {WAIT_SECONDS:.0f}s for rank 0 to write the shards to "
+                f"rank {rank()} waited {WAIT_SECONDS:.0f}s for rank 0 to write the shards to "
                 f"data.shard_dir={folder}: with several nodes that folder must be shared (or "
                 "written beforehand by a one-process run with the same settings)."
             )
@@ -346,6 +354,18 @@ def open_shards(shards: Mapping[str, Any], cache_dir: str | None) -> ShardedSour
             f"{' and '.join(SHARD_COLUMNS)} columns of token ids (lists of ints, source "
             "'... EOS', target 'BOS ... EOS', from this example's tokenizer)."
         ) from error
+
+
+def announce(shards: Mapping[str, Any], folder: Path, rows: int) -> None:
+    """Say (rank 0, on stderr) how many pairs are streamed from which shards."""
+    if rank() == 0:
+        what = "your own shards" if shards["own"] else "shards"
+        print(
+            f"data.stream=true: training on {rows:,} pairs streamed from {shards['files']} "
+            f"{what} in {folder}"
+            + ("" if shards["written"] or shards["own"] else " (reused: same manifest hash)"),
+            file=sys.stderr,
+        )
 
 
 #: The name this example's streaming DataModule had when it subclassed the library's (its

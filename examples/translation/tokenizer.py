@@ -26,6 +26,7 @@ __all__ = [
     "BOS_ID",
     "EOS",
     "EOS_ID",
+    "MIN_VOCAB_SIZE",
     "PAD",
     "PAD_ID",
     "SPECIAL_TOKENS",
@@ -42,6 +43,8 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 _SPECIAL_IDS = frozenset((PAD_ID, BOS_ID, EOS_ID, UNK_ID))
+#: The smallest vocabulary the byte-level BPE can have: the 4 specials and the 256 bytes.
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
 
 
 def _fingerprint(texts: Sequence[str], vocab_size: int) -> str:

@@ -45,9 +45,8 @@ Example:
 
 from __future__ import annotations
 
-from lightning_varbatch.attention.choice import BACKENDS, select_backend
-from lightning_varbatch.attention.choice import Backend as Backend  # the type of `backend`
+from lightning_varbatch.attention.choice import BACKENDS, Backend, select_backend
 from lightning_varbatch.attention.document import document_attention
 from lightning_varbatch.attention.packed_row import document_ids
 
-__all__ = ["BACKENDS", "document_attention", "document_ids", "select_backend"]
+__all__ = ["BACKENDS", "Backend", "document_attention", "document_ids", "select_backend"]

@@ -1,5 +1,8 @@
 """Callbacks for token-budgeted batches: LR scaling, global throughput, the worst-batch check.
 
+:func:`check_names` lists what :class:`WorstBatchCheck` runs for a sampler (its kinds, then
+one micro-batch per static shape).
+
 The callbacks need Lightning; they are imported on first use, so the pure maths of this
 package (:mod:`~lightning_varbatch.callbacks.throughput_window`) imports without torch or
 Lightning.
@@ -18,14 +21,16 @@ if TYPE_CHECKING:
     from lightning_varbatch.callbacks.lr_scaling import BatchSizeLRScaler
     from lightning_varbatch.callbacks.throughput import TokenThroughputMonitor
     from lightning_varbatch.callbacks.worst_batch import WorstBatchCheck
+    from lightning_varbatch.callbacks.worst_micro_batches import check_names
 
 _WHERE = {
     "BatchSizeLRScaler": "lightning_varbatch.callbacks.lr_scaling",
     "TokenThroughputMonitor": "lightning_varbatch.callbacks.throughput",
     "WorstBatchCheck": "lightning_varbatch.callbacks.worst_batch",
+    "check_names": "lightning_varbatch.callbacks.worst_micro_batches",
 }
 
-__all__ = ["BatchSizeLRScaler", "TokenThroughputMonitor", "WorstBatchCheck"]
+__all__ = ["BatchSizeLRScaler", "TokenThroughputMonitor", "WorstBatchCheck", "check_names"]
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,8 @@
 Lightning's ``ThroughputMonitor`` runs on rank 0 and multiplies rank 0's counts by the world
 size, which is wrong when ranks carry different loads. :class:`TokenThroughputMonitor` gathers
 every rank's counts and times (a collective on every rank, outside any rank-zero-only hook) and
-logs the global figures from rank 0.
+logs the global figures from rank 0. When training ends it also puts the run's totals in
+``trainer.callback_metrics`` on every rank, for a script's summary.
 
 Example:
     >>> monitor = TokenThroughputMonitor(log_every_n_steps=10, peak_flops=312e12)
@@ -33,14 +34,36 @@ from lightning_varbatch.callbacks.batch_counts import (
 from lightning_varbatch.callbacks.throughput_window import (
     RankWindow,
     dataset_metrics,
+    run_metrics,
     window_metrics,
 )
 from lightning_varbatch.checks import check_flag
 from lightning_varbatch.errors import SettingTypeError
 
-__all__ = ["TokenThroughputMonitor"]
+__all__ = ["TokenThroughputMonitor", "length_cap"]
 
 PaddingFn = Callable[[Any], "tuple[int | float | torch.Tensor, int | float | torch.Tensor]"]
+
+
+def length_cap(trainer: Trainer, step: int) -> int | None:
+    """The realised length-warm-up cap of the run's optimizer ``step``, from the sampler's plan.
+
+    ``None`` without a token-budget training sampler, without a warm-up or outside it. The plan
+    is the sampler's current epoch's, the one its loader iterates (cached, not planned again);
+    only epoch 0 has a warm-up, and a plan resumed mid-warm-up counts from the run's step.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> length_cap(SimpleNamespace(train_dataloader=None), 0) is None
+        True
+    """
+    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+    config = getattr(sampler, "config", None)
+    warmup = getattr(config, "length_warmup", None)
+    if warmup is None or step >= warmup or getattr(sampler, "epoch", None) != 0:
+        return None
+    trace = getattr(sampler.plan, "length_warmup", None)  # type: ignore[union-attr]
+    return None if trace is None else trace.cap_at(step)
 
 
 class TokenThroughputMonitor(Callback):
@@ -104,9 +127,36 @@ class TokenThroughputMonitor(Callback):
     ``train/dataset/<name>/batch_share``     its share of the window's micro-batches (0-1;
                                              under per-step mixing, its share of steps)
     ``train/dataset/<name>/total_tokens``    its loss tokens since the start of training
+    ``train/length_cap``                the longest example (planning length) the window's
+                                        last step could hold under the training sampler's
+                                        length warm-up (``PlanConfig.length_warmup``,
+                                        docs/length-warmup.md): the realised cap, read from
+                                        the plan (``plan.length_warmup.cap_at(step)``)
     ==================================  ================================================
 
-    The ``train/dataset/...`` keys appear only when several datasets are mixed.
+    The ``train/dataset/...`` keys appear only when several datasets are mixed, and
+    ``train/length_cap`` only during a length warm-up (the first ``length_warmup`` optimizer
+    steps of epoch 0, with a :class:`~lightning_varbatch.TokenBudgetBatchSampler`).
+
+    When training ends (``on_train_end``, a collective on every rank) the run's totals go into
+    ``trainer.callback_metrics`` on every rank (not to the loggers), where a script reads them
+    after ``fit`` (the ``train/run/...`` counts are this ``fit`` call's, from its first training
+    micro-batch; the padding keys only when every micro-batch had padding counts):
+
+    ==================================  ================================================
+    Key                                 Meaning
+    ==================================  ================================================
+    ``train/total_tokens``              loss tokens since the start of training (as logged)
+    ``train/total_examples``            examples since the start of training (likewise)
+    ``train/run/loss_tokens``           loss tokens of the run, all ranks
+    ``train/run/examples``              examples of the run, all ranks
+    ``train/run/seconds``               wall seconds from the first training micro-batch
+                                        to the end of training (this rank's clock)
+    ``train/run/input_tokens``          real tokens of every padded field, all ranks
+    ``train/run/padded_tokens``         token slots after padding, all ranks
+    ``train/run/input_tokens_per_sec``  real tokens / ``train/run/seconds``
+    ``train/run/padding_efficiency``    real tokens / padded slots of the run (0-1)
+    ==================================  ================================================
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -167,6 +217,9 @@ class TokenThroughputMonitor(Callback):
         self._window_start: float | None = None
         self._batch_start = 0.0
         self._names: list[str] = []
+        # this fit call's counts on this rank (the windows logged so far) and its start
+        self._run = RankWindow()
+        self._run_start: float | None = None
 
     def _padding(self, batch: Any) -> tuple[float, float] | None:
         if self.padding_fn is not None:
@@ -193,6 +246,8 @@ class TokenThroughputMonitor(Callback):
         if len(self.dataset_tokens) != len(names):
             self.dataset_tokens = [0.0] * len(names)
         self._window = RankWindow.empty(len(names))
+        self._run = RankWindow()
+        self._run_start = None
 
     @override
     def on_train_batch_start(
@@ -201,6 +256,8 @@ class TokenThroughputMonitor(Callback):
         now = perf_counter()
         if self._window_start is None:
             self._window_start = now
+        if self._run_start is None:
+            self._run_start = now
         self._batch_start = now
         name = type(self).__name__
         w = self._window
@@ -274,6 +331,9 @@ class TokenThroughputMonitor(Callback):
                 windows, self._names, metrics["train/tokens_per_sec"], self.dataset_tokens
             )
         )
+        cap = length_cap(trainer, trainer.global_step - 1)
+        if cap is not None:
+            metrics["train/length_cap"] = float(cap)
         log_rank_zero(trainer, metrics, trainer.global_step - 1)
         if self.prog_bar:
             pl_module.log(
@@ -284,9 +344,29 @@ class TokenThroughputMonitor(Callback):
                 on_step=True,
                 on_epoch=False,
             )
+        self._run.add_counts(self._window)
         self._window = RankWindow.empty(len(self._names))
         self._steps_in_window = 0
         self._window_start = now
+
+    @override
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        now = perf_counter()
+        run = RankWindow()
+        run.add_counts(self._run)
+        run.add_counts(self._window)  # the micro-batches since the last logged window
+        # Every rank ends training together: gather on all of them.
+        local = torch.tensor(
+            run.to_vector(), dtype=torch.float64, device=trainer.strategy.root_device
+        )
+        gathered = trainer.strategy.all_gather(local).reshape(-1, local.numel()).cpu()
+        seconds = now - (now if self._run_start is None else self._run_start)
+        totals = run_metrics([RankWindow.from_vector(r) for r in gathered.tolist()], seconds)
+        totals["train/total_tokens"] = self.total_tokens
+        totals["train/total_examples"] = self.total_examples
+        trainer.callback_metrics.update(
+            {key: torch.tensor(value, dtype=torch.float64) for key, value in totals.items()}
+        )
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RankWindow", "dataset_metrics", "window_metrics"]
+__all__ = ["RankWindow", "dataset_metrics", "run_metrics", "window_metrics"]
 
 _SCALARS = ("tokens", "examples", "real", "padded", "busy", "elapsed", "no_padding")
 
@@ -52,6 +52,22 @@ class RankWindow:
     def empty(cls, num_datasets: int) -> RankWindow:
         """A window with zero counts for ``num_datasets`` mixed datasets."""
         return cls(dataset_tokens=[0.0] * num_datasets, dataset_batches=[0.0] * num_datasets)
+
+    def add_counts(self, other: RankWindow) -> None:
+        """Add ``other``'s token and example counts (not its times or per-dataset counts).
+
+        Example:
+            >>> run = RankWindow()
+            >>> run.add_counts(RankWindow(tokens=3, examples=1, real=4, padded=8))
+            >>> run.add_counts(RankWindow(tokens=2, examples=1, real=2, padded=2, no_padding=1.0))
+            >>> run.tokens, run.examples, run.real, run.padded, run.no_padding
+            (5.0, 2.0, 6.0, 10.0, 1.0)
+        """
+        self.tokens += other.tokens
+        self.examples += other.examples
+        self.real += other.real
+        self.padded += other.padded
+        self.no_padding = max(self.no_padding, other.no_padding)
 
     def to_vector(self) -> list[float]:
         """Flat floats (scalars, then tokens and batches per dataset) for one all-gather."""
@@ -148,3 +164,35 @@ def dataset_metrics(
         out[prefix + "batch_share"] = d_batches / batches if batches > 0 else 0.0
         out[prefix + "total_tokens"] = totals[d]
     return out
+
+
+def run_metrics(windows: list[RankWindow], seconds: float) -> dict[str, float]:
+    """The totals of a whole training run from every rank's counts (see the monitor's table).
+
+    Args:
+        windows: one :class:`RankWindow` per rank holding its counts of the run.
+        seconds: the run's wall time, from its first training micro-batch to its end.
+
+    Example:
+        >>> a = RankWindow(tokens=90, examples=3, real=100, padded=200)
+        >>> b = RankWindow(tokens=30, examples=1, real=60, padded=120)
+        >>> m = run_metrics([a, b], seconds=8.0)
+        >>> m["train/run/loss_tokens"], m["train/run/input_tokens_per_sec"]
+        (120.0, 20.0)
+        >>> m["train/run/padding_efficiency"]
+        0.5
+    """
+    metrics = {
+        "train/run/loss_tokens": float(sum(w.tokens for w in windows)),
+        "train/run/examples": float(sum(w.examples for w in windows)),
+        "train/run/seconds": float(seconds),
+    }
+    if any(w.no_padding for w in windows):
+        return metrics
+    real = float(sum(w.real for w in windows))
+    padded = float(sum(w.padded for w in windows))
+    metrics["train/run/input_tokens"] = real
+    metrics["train/run/padded_tokens"] = padded
+    metrics["train/run/input_tokens_per_sec"] = real / seconds if seconds > 0 else float("nan")
+    metrics["train/run/padding_efficiency"] = real / padded if padded else float("nan")
+    return metrics

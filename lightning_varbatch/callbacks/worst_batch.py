@@ -8,11 +8,13 @@ of memory (or exceeds ``memory_limit_bytes``), raises an error that names the ba
 the rank and the settings to lower.
 
 The pieces live in one module each, and stay importable from here:
-:mod:`~lightning_varbatch.callbacks.worst_tiles` picks the micro-batches (:func:`worst_tiles`,
-:func:`check_names`, :class:`WorstBatch`, :data:`KINDS`),
-:mod:`lightning_varbatch.peak_memory` measures them (:func:`measure_peak`),
-:mod:`~lightning_varbatch.callbacks.training_state` keeps the model's state through the check
-and :mod:`~lightning_varbatch.callbacks.worst_report` words the result (:func:`advice`,
+:mod:`~lightning_varbatch.callbacks.worst_micro_batches` picks the micro-batches
+(:func:`worst_micro_batches`, :func:`check_names`, :class:`WorstBatch`, :data:`KINDS`),
+:mod:`~lightning_varbatch.callbacks.worst_batch_run` runs one (:data:`OUT_OF_MEMORY`),
+:mod:`lightning_varbatch.peak_memory` measures it (:func:`measure_peak`),
+:mod:`~lightning_varbatch.callbacks.training_state` keeps the model's state through the check,
+:mod:`~lightning_varbatch.callbacks.worst_ranks` gathers every rank's results and
+:mod:`~lightning_varbatch.callbacks.worst_report` words them (:func:`advice`,
 :func:`format_report`).
 
 Example:
@@ -24,7 +26,7 @@ Example:
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -34,13 +36,20 @@ from typing_extensions import override
 
 from lightning_varbatch.callbacks.batch_counts import log_rank_zero
 from lightning_varbatch.callbacks.training_state import KeepTrainingState
-from lightning_varbatch.callbacks.worst_report import advice, format_report, gib
-from lightning_varbatch.callbacks.worst_tiles import (
+from lightning_varbatch.callbacks.worst_batch_run import (
+    OUT_OF_MEMORY,
+    failure_message,
+    run_micro_batch,
+)
+from lightning_varbatch.callbacks.worst_micro_batches import (
     KINDS,
     WorstBatch,
     check_names,
+    worst_micro_batches,
     worst_tiles,
 )
+from lightning_varbatch.callbacks.worst_ranks import gather_reports, over_limit, worst_metrics
+from lightning_varbatch.callbacks.worst_report import advice, format_report, gib
 from lightning_varbatch.checks import check_choice, check_count, check_flag
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
@@ -55,15 +64,9 @@ __all__ = [
     "check_names",
     "format_report",
     "measure_peak",
+    "worst_micro_batches",
     "worst_tiles",
 ]
-
-#: What :class:`WorstBatchCheck` reports as "ran out of memory", by type only:
-#: ``torch.OutOfMemoryError`` (CUDA and the other devices whose allocator raises it) and
-#: Python's ``MemoryError``. torch's CPU allocator raises a plain ``RuntimeError`` ("can't
-#: allocate memory"), which is not told apart from other errors: it propagates unchanged, with
-#: a note naming the micro-batch that raised it and the settings that shrink it.
-OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 
 
 def _no_log(*args: Any, **kwargs: Any) -> None:
@@ -124,10 +127,11 @@ class WorstBatchCheck(Callback):
 
     After the check, :attr:`report` holds this rank's results (one dict per kind: ``kind``,
     ``examples``, ``longest``, ``padded_tokens``, ``attention``, ``peak_bytes``, ``memory``,
-    ``rank``, ``position``, ``tile``) and :attr:`all_reports` every rank's (``kind``,
-    ``examples``, ``longest``, ``peak_bytes``, ``over``; one all-gather on every rank, so
-    when one rank is over ``memory_limit_bytes`` every rank raises instead of waiting for
-    it). Global rank 0 prints them and logs, for each kind, the rank with the largest peak:
+    ``rank``, ``position``, ``micro_batch`` and ``tile``, its old name) and
+    :attr:`all_reports` every rank's (``kind``, ``examples``, ``longest``, ``peak_bytes``,
+    ``over``; one all-gather on every rank, so when one rank is over ``memory_limit_bytes``
+    every rank raises instead of waiting for it). Global rank 0 prints them and logs, for each
+    kind, the rank with the largest peak:
 
     =======================================  ===========================================
     Key                                      Meaning
@@ -238,7 +242,7 @@ class WorstBatchCheck(Callback):
     ) -> list[WorstBatch]:
         """Run this rank's worst micro-batches, the module's state kept and its logging off."""
         dataset, collate = loader.dataset, loader.collate_fn
-        worst = worst_tiles(sampler, self.kinds)
+        worst = worst_micro_batches(sampler, self.kinds)
         self._names = check_names(sampler, self.kinds)
         device = trainer.strategy.root_device
         optimizers = list(trainer.optimizers)
@@ -248,7 +252,7 @@ class WorstBatchCheck(Callback):
         try:
             with KeepTrainingState(pl_module, optimizers), torch.enable_grad():
                 for w in worst:
-                    peak, source = self._run(trainer, sampler, dataset, collate, w, device)
+                    peak, source = run_micro_batch(trainer, sampler, dataset, collate, w, device)
                     report.append(replace(w, peak_bytes=int(peak), memory=source))
         finally:
             del pl_module.log, pl_module.log_dict
@@ -259,16 +263,7 @@ class WorstBatchCheck(Callback):
 
     def _publish(self, trainer: Trainer) -> None:
         """Log each kind's largest peak over ranks (rank 0) and print the report (verbose)."""
-        metrics: dict[str, float] = {}
-        for i, kind in enumerate(self._names):
-            rows = [rows[i] for rows in self.all_reports if len(rows) > i]
-            if not rows:
-                continue
-            top = max(rows, key=lambda x: x["peak_bytes"])
-            base = f"memory/worst/{kind.replace(' ', '_')}"
-            metrics[f"{base}/peak_bytes"] = float(top["peak_bytes"])
-            metrics[f"{base}/examples"] = float(top["examples"])
-            metrics[f"{base}/longest"] = float(top["longest"])
+        metrics = worst_metrics(self.all_reports, self._names)
         if metrics:
             log_rank_zero(trainer, metrics, trainer.global_step)
         if self.verbose and trainer.is_global_zero:
@@ -281,120 +276,19 @@ class WorstBatchCheck(Callback):
                 print(f"  rank {rank}: {shown or 'no micro-batches'}")
 
     def _over(self, w: WorstBatch) -> bool:
-        limit = self.memory_limit_bytes
-        return limit is not None and w.peak_bytes is not None and w.peak_bytes > limit
+        return over_limit(w, self.memory_limit_bytes)
 
     def _gather(self, trainer: Trainer, report: list[WorstBatch]) -> list[list[dict[str, Any]]]:
         """Every rank's (kind, examples, longest, peak_bytes, over): one all-gather."""
-        rows = [[w.examples, w.longest, w.peak_bytes or 0, float(self._over(w))] for w in report]
-        if int(trainer.world_size) < 2:
-            gathered = [rows]
-        else:
-            rows += [[0, 0, 0, 0.0]] * (len(self._names) - len(rows))  # a rank without batches
-            local = torch.tensor(rows, dtype=torch.float64, device=trainer.strategy.root_device)
-            out = trainer.strategy.all_gather(local).reshape(-1, len(self._names), 4)
-            gathered = out.cpu().tolist()
-        return [
-            [
-                {
-                    "kind": kind,
-                    "examples": int(r[0]),
-                    "longest": int(r[1]),
-                    "peak_bytes": int(r[2]),
-                    "over": bool(r[3]),
-                }
-                for kind, r in zip(self._names, ranks, strict=False)
-                if r[0] > 0
-            ]
-            for ranks in gathered
-        ]
-
-    def _run(
-        self,
-        trainer: Trainer,
-        sampler: TokenBudgetBatchSampler,
-        dataset: Any,
-        collate: Callable[[Any], Any] | None,
-        w: WorstBatch,
-        device: torch.device,
-    ) -> tuple[int, str]:
-        mb = sampler.micro_batch(w.position)
-        try:
-            _, peak, source = measure_peak(
-                lambda: _step_once(trainer, dataset, collate, mb, w), device
-            )
-        except OUT_OF_MEMORY as error:  # by type only; see OUT_OF_MEMORY
-            for opt in trainer.optimizers:
-                opt.zero_grad(set_to_none=True)
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            raise RuntimeError(
-                _message(
-                    sampler,
-                    w,
-                    "ran out of memory",
-                    f" ({type(error).__name__}: "
-                    f"{str(error).splitlines()[0][:200] if str(error) else ''})",
-                )
-            ) from error
-        except Exception as error:  # anything else keeps its type; say where it happened
-            error.add_note(
-                _message(
-                    sampler, w, f"raised {type(error).__name__} in its forward or backward", ""
-                )
-                + " If this is an allocation failure (torch's CPU allocator raises a plain "
-                "RuntimeError), the same advice applies."
-            )
-            raise
-        return peak, source
+        return gather_reports(trainer, report, self._names, self.memory_limit_bytes)
 
     def _limit_message(self, sampler: TokenBudgetBatchSampler, w: WorstBatch) -> str:
         limit = self.memory_limit_bytes
         assert limit is not None and w.peak_bytes is not None
-        return _message(
+        return failure_message(
             sampler,
             w,
             f"needs {gib(w.peak_bytes)} ({w.peak_bytes} bytes, {w.memory}), over "
             f"memory_limit_bytes={limit} ({gib(limit)})",
             "",
         )
-
-
-def _step_once(
-    trainer: Trainer,
-    dataset: Any,
-    collate: Callable[[Any], Any] | None,
-    mb: Sequence[int],
-    w: WorstBatch,
-) -> None:
-    """Fetch, collate and move micro-batch ``mb``, run its step and backward, drop the grads."""
-    items = (
-        dataset.__getitems__(mb) if hasattr(dataset, "__getitems__") else [dataset[i] for i in mb]
-    )
-    batch = items if collate is None else collate(items)
-    batch = trainer.strategy.batch_to_device(batch)
-    output = trainer.strategy.training_step(batch, 0)
-    loss = output.get("loss") if isinstance(output, Mapping) else output
-    if not isinstance(loss, torch.Tensor):
-        raise RuntimeError(
-            "WorstBatchCheck: training_step returned no loss tensor for the check "
-            f"batch ({w.shape()}); return the loss (or a dict with 'loss')."
-        )
-    strategy = trainer.strategy
-    strategy.pre_backward(loss)
-    strategy.precision_plugin.backward(loss, trainer.lightning_module, None)
-    strategy.post_backward(loss)
-    for opt in trainer.optimizers:
-        opt.zero_grad(set_to_none=True)
-
-
-def _message(sampler: TokenBudgetBatchSampler, w: WorstBatch, what: str, detail: str) -> str:
-    return (
-        f"WorstBatchCheck: on rank {w.rank}, the micro-batch with the most {w.kind} "
-        f"({w.shape()} = {w.padded_tokens} padded tokens, attention term {w.attention}; "
-        f"micro-batch {w.position} of epoch {sampler.plan.epoch}) {what}{detail}. Training "
-        f"would fail when it reaches this batch: {advice(w.kind, sampler.config)} (a setting "
-        "of the DataModule or sampler; find_max_tokens can pick max_tokens for a memory "
-        "limit), or use less memory per token (activation checkpointing, a smaller model or "
-        "precision, FSDP/DeepSpeed sharding)."
-    )

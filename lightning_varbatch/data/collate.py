@@ -1,13 +1,10 @@
 """Padding collate for token-budgeted batches, carrying the plan's bookkeeping onto the batch.
 
-The batch sampler yields :class:`~lightning_varbatch.MicroBatch` lists that know their token
-counts and the whole optimizer step's token count. torch's fetcher hands that list, as it is,
-to ``dataset.__getitems__``; the loader's dataset wrapper
-(:mod:`lightning_varbatch.data.loader`) passes it with the fetched items to
-:func:`attach_plan`, which returns the items as a list carrying the plan's counts
-(:data:`lightning_varbatch.keys.PLAN_COUNTS`; also across DataLoader worker processes, since it
-pickles with them). :class:`PaddingCollate` pads the fields and puts the counts of
+:class:`PaddingCollate` pads the token fields of a micro-batch's items and puts the counts of
 :mod:`lightning_varbatch.keys` on the batch, checking the real token count against the plan.
+What the plan attaches to the items (their counts, ids and planned lengths) is
+:mod:`lightning_varbatch.data.plan_items`'s; reading the token fields is
+:mod:`lightning_varbatch.data.token_fields`'s (both re-exported here under their old names).
 
 Example:
     >>> import torch
@@ -23,201 +20,51 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import IterableDataset
 
 from lightning_varbatch import keys
 from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.data.columnar import ColumnarItems
-from lightning_varbatch.data.ragged import Ragged, arrow_list_problem
-from lightning_varbatch.errors import SettingTypeError, SettingValueError
-from lightning_varbatch.sources.arrow_lengths import is_arrow_table
+from lightning_varbatch.data.plan_items import (
+    PlanItems,
+    attach_plan,
+    batch_info,
+    check_map_style,
+    count_entries,
+    item_label,
+    plan_entries,
+    static_shape,
+)
+from lightning_varbatch.data.ragged import Ragged
+from lightning_varbatch.data.token_fields import (
+    HF_TOKENS_KEY,
+    TOKENS_KEY,
+    as_tokens,
+    check_key,
+    other_entries,
+    ragged_field,
+)
+from lightning_varbatch.errors import SettingValueError
 
 __all__ = [
+    "HF_TOKENS_KEY",
+    "TOKENS_KEY",
     "PaddingCollate",
     "attach_plan",
     "batch_info",
+    "check_key",
     "check_map_style",
+    "check_static_width",
     "count_entries",
     "item_label",
     "other_entries",
     "plan_entries",
     "ragged_field",
+    "static_shape",
 ]
 
-TOKENS_KEY = "tokens"
-#: The token field of Hugging Face tokenizers' output, found when ``tokens_key`` is the default.
-HF_TOKENS_KEY = "input_ids"
-
-
-def check_key(name: str, key: object) -> str:
-    """Validate a collate's field-name setting: a non-empty string.
-
-    Raises:
-        SettingTypeError: for a value that is not a string.
-        SettingValueError: for an empty string.
-
-    Example:
-        >>> check_key("tokens_key", "input_ids")
-        'input_ids'
-    """
-    if not isinstance(key, str):
-        raise SettingTypeError(
-            f"{name} must be a non-empty string (an item key), got {key!r} ({type(key).__name__}).",
-            setting=name,
-            value=key,
-        )
-    if not key:
-        raise SettingValueError(
-            f"{name} must be a non-empty string (an item key), got ''.", setting=name, value=key
-        )
-    return key
-
-
-class _CollatedItems(list[Any]):
-    """The items of one micro-batch plus the plan's metadata for it (``info``).
-
-    Attributes:
-        info: the micro-batch's plan counts (:func:`batch_info`: one entry per row of
-            :data:`lightning_varbatch.keys.PLAN_COUNTS`, ``None`` where unknown), or ``None``
-            when the indices were a plain list.
-        ids: the dataset index of every item (``None``: unknown), for error messages.
-        planned_lengths: the length the plan budgeted for every item
-            (:attr:`~lightning_varbatch.MicroBatch.planned_lengths`), ``None``: unknown.
-
-    Example:
-        >>> items = _CollatedItems([{"tokens": [1]}], info={"ntokens": 1})
-        >>> len(items), items.info
-        (1, {'ntokens': 1})
-    """
-
-    def __init__(
-        self,
-        items: Sequence[Any],
-        info: Mapping[str, int | None] | None = None,
-        ids: list[int] | None = None,
-        planned_lengths: list[int] | None = None,
-    ) -> None:
-        super().__init__(items)
-        self.info = info
-        self.ids = ids
-        self.planned_lengths = planned_lengths
-
-
-def batch_info(indices: Sequence[int]) -> dict[str, int | None] | None:
-    """The plan's counts of a :class:`~lightning_varbatch.MicroBatch`, else ``None``.
-
-    One entry per row of :data:`lightning_varbatch.keys.PLAN_COUNTS`, under its ``attribute``
-    name (``None``: unknown); ``None`` for a plain list of indices.
-
-    Example:
-        >>> from lightning_varbatch.data.micro_batch import MicroBatch
-        >>> mb = MicroBatch([3], epoch=0, step=1, micro=0, rank=0, ntokens=4,
-        ...                 step_ntokens=9, step_nexamples=2)
-        >>> batch_info(mb)["step_ntokens"], batch_info(mb)["truncate_to"], batch_info([3])
-        (9, None, None)
-    """
-    if not all(hasattr(indices, c.attribute) for c in keys.PLAN_COUNTS if c.required):
-        return None
-    info: dict[str, int | None] = {}
-    for count in keys.PLAN_COUNTS:
-        value = getattr(indices, count.attribute, None)
-        info[count.attribute] = count.default if value is None else int(value)
-    return info
-
-
-def plan_entries(info: Mapping[str, int | None]) -> dict[str, int]:
-    """The batch entries of the plan's counts: every keyed, known row of ``PLAN_COUNTS``.
-
-    Example:
-        >>> plan_entries({"ntokens": 4, "step_ntokens": 9, "dataset": None})
-        {'step_ntokens': 9}
-    """
-    out = {}
-    for count in keys.PLAN_COUNTS:
-        value = info.get(count.attribute)
-        if count.key is not None and value is not None:
-            out[count.key] = int(value)
-    return out
-
-
-def count_entries(
-    counts: Mapping[str, int], info: Mapping[str, int | None] | None
-) -> dict[str, torch.Tensor]:
-    """A batch's counts and the plan's (:func:`plan_entries`) as 0-dim long tensors.
-
-    All of them are views of one tensor: a DataLoader worker then ships one shared-memory
-    block per batch instead of one per count (about a millisecond each).
-
-    Example:
-        >>> entries = count_entries({"ntokens": 4}, {"step_ntokens": 9})
-        >>> {k: int(v) for k, v in entries.items()}, entries["ntokens"].shape
-        ({'ntokens': 4, 'step_ntokens': 9}, torch.Size([]))
-    """
-    merged = dict(counts)
-    if info is not None:
-        merged.update(plan_entries(info))
-    values = torch.tensor(list(merged.values()), dtype=torch.long)
-    return {key: values[i] for i, key in enumerate(merged)}
-
-
-def attach_plan(items: Any, indices: Sequence[int]) -> Sequence[Any]:
-    """The fetched ``items`` of ``indices`` as :class:`PaddingCollate` reads them: with the plan.
-
-    ``items`` is a list of items, or an Arrow table of the rows (a Hugging Face dataset read
-    in one call), returned as :class:`~lightning_varbatch.data.columnar.ColumnarItems`.
-    When ``indices`` is a :class:`~lightning_varbatch.data.micro_batch.MicroBatch`, the
-    returned items also carry its plan counts (:func:`batch_info`), the dataset ids and the
-    planned lengths, for the collate's entries, checks and messages; it pickles with them, so
-    it crosses DataLoader worker processes.
-
-    Raises:
-        RuntimeError: when there is not one item per index.
-
-    Example:
-        >>> from lightning_varbatch.data.micro_batch import MicroBatch
-        >>> mb = MicroBatch([1, 0], epoch=0, step=0, micro=0, rank=0, ntokens=3,
-        ...                 step_ntokens=3, step_nexamples=2)
-        >>> items = attach_plan([{"tokens": [3]}, {"tokens": [1, 2]}], mb)
-        >>> items.info["step_ntokens"], items.ids
-        (3, [1, 0])
-    """
-    size = items.num_rows if is_arrow_table(items) else len(items)
-    if size != len(indices):
-        raise RuntimeError(
-            f"the dataset returned {size} items for {len(indices)} indices; its "
-            "__getitems__ must return one item per index, in order."
-        )
-    planned = getattr(indices, "planned_lengths", None)
-    kind = ColumnarItems if is_arrow_table(items) else _CollatedItems
-    return kind(
-        items,
-        batch_info(indices),
-        ids=[int(i) for i in indices],
-        planned_lengths=None if planned is None else list(planned),
-    )
-
-
-def static_shape(info: Mapping[str, int | None] | None, rows: int) -> tuple[int, int] | None:
-    """The static ``(rows, length)`` a micro-batch is padded to (``max_shapes``), else ``None``.
-
-    Raises:
-        ValueError: when the micro-batch has more items than its shape has rows.
-
-    Example:
-        >>> static_shape({"pad_rows": 4, "pad_length": 16}, 3), static_shape(None, 3)
-        ((4, 16), None)
-    """
-    if info is None or info.get("pad_rows") is None or info.get("pad_length") is None:
-        return None
-    shape = (int(info["pad_rows"] or 0), int(info["pad_length"] or 0))
-    if rows > shape[0]:
-        raise ValueError(
-            f"The micro-batch has {rows} items but its static shape only {shape[0]} rows: the "
-            "dataset returned more items than the plan's indices (a wrapper changed the items)."
-        )
-    return shape
+#: The old name of :class:`~lightning_varbatch.data.plan_items.PlanItems`.
+_CollatedItems = PlanItems
 
 
 def check_static_width(
@@ -236,168 +83,6 @@ def check_static_width(
             f"{shape[0]} x {shape[1]}: the sampler's `lengths` understate this field. Pass "
             "lengths that cover every padded field (the longest field of each example)."
         )
-
-
-def check_map_style(dataset: Any, name: str = "dataset") -> None:
-    """Refuse an iterable-style dataset where a map-style one (items by index) is needed.
-
-    Raises:
-        TypeError: for a :class:`torch.utils.data.IterableDataset` or an object without
-            ``__getitem__``; the message says what to pass instead.
-
-    Example:
-        >>> check_map_style([{"tokens": [1]}])
-        >>> from torch.utils.data import IterableDataset
-        >>> class Stream(IterableDataset):
-        ...     def __iter__(self):
-        ...         yield {"tokens": [1]}
-        >>> check_map_style(Stream())  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        TypeError: dataset is an iterable-style dataset (Stream), but ...map-style dataset...
-    """
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-        kind = (
-            "an iterable-style dataset"
-            if isinstance(dataset, IterableDataset)
-            else "not indexable (no __getitem__)"
-        )
-        raise TypeError(
-            f"{name} is {kind} ({type(dataset).__name__}), but token budgeting needs a "
-            "map-style dataset: the plan picks items by index (dataset[i]) from one length per "
-            "item. Materialise the data as a list or a torch Dataset with __getitem__ and "
-            "__len__ (for Hugging Face data: load it without streaming=True)."
-        )
-
-
-_INTEGER_DTYPES = frozenset(
-    {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8}
-    | {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
-)
-
-
-def item_label(items: Sequence[Any], position: int) -> str:
-    """How an error message names the item at ``position`` of a micro-batch.
-
-    Example:
-        >>> item_label([{"tokens": [1]}], 0)
-        'item 0 of the micro-batch'
-    """
-    ids = getattr(items, "ids", None)
-    info = getattr(items, "info", None)
-    text = (
-        f"dataset item {ids[position]}"
-        if ids is not None
-        else f"item {position} of the micro-batch"
-    )
-    if info is not None:
-        text += (
-            f" (epoch {info['epoch']}, step {info['step']}, micro-batch {info['micro']}, "
-            f"position {position})"
-        )
-    return text
-
-
-def _as_tokens(value: Any, field: str, where: str) -> torch.Tensor:
-    """``value`` as a 1-D long tensor of token ids, or a clear error naming the item."""
-    if isinstance(value, torch.Tensor):
-        tensor = value
-    elif isinstance(value, (str, bytes)):
-        raise TypeError(
-            f"Field {field!r} of {where} is a {type(value).__name__} ({value[:40]!r}); "
-            "expected a 1-D sequence of integer token ids: tokenize the text in the dataset."
-        )
-    else:
-        if isinstance(value, np.ndarray) and not value.flags.writeable:
-            value = value.copy()  # zero-copy Arrow reads are read-only; torch warns on those
-        try:
-            tensor = torch.as_tensor(value)
-        except (TypeError, ValueError, RuntimeError) as error:
-            raise TypeError(
-                f"Field {field!r} of {where} is not a sequence of integer token ids "
-                f"({type(value).__name__}: {str(value)[:60]}): {error}. Expected a 1-D list, "
-                "numpy array or LongTensor of ints; tokenize the text in the dataset."
-            ) from None
-    if tensor.dim() != 1:
-        raise ValueError(
-            f"Field {field!r} of {where} must be a 1-D sequence of token ids, got shape "
-            f"{tuple(tensor.shape)}."
-        )
-    if tensor.dtype is torch.long:
-        return tensor
-    if tensor.dtype not in _INTEGER_DTYPES and tensor.numel():
-        raise TypeError(
-            f"Field {field!r} of {where} holds {tensor.dtype} values "
-            f"({tensor[:5].tolist()}...); expected integer token ids (a float or bool would be "
-            "silently cut to an id). Store the ids as ints."
-        )
-    return tensor.long()
-
-
-def _row(value: Any, field: str, items: Sequence[Any], position: int) -> torch.Tensor:
-    """One item's token field as a 1-D long tensor (a long tensor passes without a check)."""
-    if isinstance(value, torch.Tensor) and value.dtype is torch.long and value.dim() == 1:
-        return value  # the common case, checked cheaply
-    return _as_tokens(value, field, item_label(items, position))
-
-
-def _arrow_field(items: ColumnarItems, field: str) -> Ragged:
-    """A token column of a micro-batch read as Arrow, checked, as flat values and lengths."""
-    column = items.table.column(field)
-    problem = arrow_list_problem(column)
-    if problem is None:
-        return Ragged.from_arrow(column)
-    nulls = [i for i, v in enumerate(column.is_null().to_pylist()) if v]
-    position = nulls[0] if nulls else 0
-    error = ValueError if "null" in problem else TypeError
-    raise error(f"Field {field!r} of {item_label(items, position)} {problem}.")
-
-
-def ragged_field(items: Sequence[Any], field: str) -> Ragged:
-    """One token field of a micro-batch as flat values plus lengths, every row checked.
-
-    ``items`` is a list of mappings (or the collate's item list) or
-    :class:`~lightning_varbatch.data.columnar.ColumnarItems`; each row must be a 1-D sequence of
-    integer token ids (errors name the field and the item).
-
-    Example:
-        >>> ragged_field([{"tokens": [1, 2]}, {"tokens": [3]}], "tokens").lengths.tolist()
-        [2, 1]
-    """
-    if isinstance(items, ColumnarItems):
-        return _arrow_field(items, field)
-    return Ragged.from_rows([_row(item[field], field, items, i) for i, item in enumerate(items)])
-
-
-def other_entries(items: Sequence[Any], fields: Sequence[str]) -> dict[str, Any]:
-    """The items' non-token entries: ints as a ``(batch,)`` long tensor, others as a list.
-
-    Example:
-        >>> other_entries([{"tokens": [1], "id": 4}, {"tokens": [2], "id": 7}], ["tokens"])
-        {'id': tensor([4, 7])}
-    """
-    out: dict[str, Any] = {}
-    if isinstance(items, ColumnarItems):
-        import pyarrow as pa
-
-        for name in items.column_names:
-            if name in fields:
-                continue
-            column = items.table.column(name)
-            if pa.types.is_integer(column.type) and not column.null_count:
-                out[name] = torch.from_numpy(column.to_numpy().astype(np.int64))
-            else:
-                out[name] = column.to_pylist()
-        return out
-    for name in items[0]:
-        if name in fields:
-            continue
-        values = [item.get(name) for item in items]
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-            out[name] = torch.tensor(values, dtype=torch.long)
-        else:
-            out[name] = values
-    return out
 
 
 class PaddingCollate:
@@ -565,10 +250,10 @@ class PaddingCollate:
             ...
             ValueError: PaddingCollate expects items with ... dataset item 5 has keys ['source']...
         """
-        items = _CollatedItems([item], ids=[int(index)])
+        items = PlanItems([item], ids=[int(index)])
         fields, _ = self._fields(item, item_label(items, 0))
         for field in fields:
-            row = _as_tokens(item[field], field, item_label(items, 0))
+            row = as_tokens(item[field], field, item_label(items, 0))
             width = min([len(row), *(t for t in (truncate_to, self.truncate_to) if t)])
             if planned_length is not None and self.check_widths and width > planned_length:
                 raise ValueError(
@@ -588,7 +273,7 @@ class PaddingCollate:
         )
 
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Collate one micro-batch of items (a :class:`_CollatedItems` or a plain list)."""
+        """Collate one micro-batch of items (a :class:`PlanItems` or a plain list)."""
         if len(items) == 0:
             raise ValueError(
                 "PaddingCollate got an empty micro-batch: a batch sampler must yield at least "

@@ -31,10 +31,11 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
 from lightning_varbatch.checks import check_count, check_flag
-from lightning_varbatch.data.collate import PaddingCollate, attach_plan, check_map_style
+from lightning_varbatch.data.collate import PaddingCollate
 from lightning_varbatch.data.columnar import fetch_rows
 from lightning_varbatch.data.packed_collate import PackingCollate
 from lightning_varbatch.data.pairing import PLAN_COLLATES, collate_for_plan
+from lightning_varbatch.data.plan_items import attach_plan, check_map_style
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.errors import SettingTypeError
 
@@ -231,7 +232,12 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         check_map_style(inner, "dataset")
         check_dataset_size(inner, batch_sampler)
         # the plan's layout decides the default and refuses a library collate that disagrees
-        collate_fn = collate_for_plan(batch_sampler.config, collate_fn, setting="collate_fn")
+        collate_fn = collate_for_plan(
+            batch_sampler.config,
+            collate_fn,
+            loss_offset=batch_sampler.config.loss_offset or None,  # the plan's, when it has one
+            setting="collate_fn",
+        )
         ours = isinstance(collate_fn, PLAN_COLLATES)
         if isinstance(collate_fn, PLAN_COLLATES):
             collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)

@@ -141,19 +141,21 @@ def micro_batch_of(
     total = plan.num_micro_batches_per_rank
     if not 0 <= position < total:
         raise IndexError(f"position {position} is not in [0, {total}) for this epoch.")
-    tile = int(plan.rank_tiles(rank)[position])
+    index = int(plan.rank_micro_batches(rank)[position])
     acc = plan.accumulate_grad_batches
     step, micro = divmod(position, acc)
-    local = plan.tile_ids(tile)
+    local = plan.micro_batch_ids(index)
     dataset = int(plan.step_dataset[step, rank, micro])
-    shape = (None, None) if plan.tile_shape is None else plan.tile_shape[tile].tolist()
+    shape = (
+        (None, None) if plan.micro_batch_shape is None else plan.micro_batch_shape[index].tolist()
+    )
     return MicroBatch(
         (local if ids is None else ids[local]).tolist(),
         epoch=epoch,
         step=step,
         micro=micro,
         rank=rank,
-        ntokens=int(plan.tile_tokens[tile]),
+        ntokens=int(plan.micro_batch_tokens[index]),
         step_ntokens=int(plan.step_tokens[step]),
         step_nexamples=int(plan.step_examples[step]),
         dataset=dataset,

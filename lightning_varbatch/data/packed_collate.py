@@ -47,18 +47,16 @@ import torch
 
 from lightning_varbatch import keys
 from lightning_varbatch.checks import check_count, check_flag
-from lightning_varbatch.data.collate import (
+from lightning_varbatch.data.columnar import ColumnarItems
+from lightning_varbatch.data.plan_items import attach_plan, count_entries, item_label
+from lightning_varbatch.data.ragged import Ragged
+from lightning_varbatch.data.token_fields import (
     HF_TOKENS_KEY,
     TOKENS_KEY,
-    attach_plan,
     check_key,
-    count_entries,
-    item_label,
     other_entries,
     ragged_field,
 )
-from lightning_varbatch.data.columnar import ColumnarItems
-from lightning_varbatch.data.ragged import Ragged
 from lightning_varbatch.errors import SettingValueError
 
 __all__ = ["PACKED_KEYS", "PackingCollate"]

@@ -84,8 +84,9 @@ def collate_for_plan(
     Args:
         config: the plan's settings (``layout``, ``max_shapes``, ``pad_to_multiple_of``).
         collate: the user's collate, or ``None`` for the plan's default.
-        loss_offset: the default :class:`PaddingCollate`'s ``loss_offset``; a packed row
-            counts each example's length minus one, so a stream's packed plan needs
+        loss_offset: the plan's ``loss_offset``: the default :class:`PaddingCollate` gets it,
+            and a given one with ``check_ntokens`` must have it (when it is not 0); a packed
+            row counts each example's length minus one, so a packed plan with an offset needs
             ``loss_offset=1`` (``None``: the plan's loss counts are not known here).
         keys: the default collate's field names (``source_key``/``target_key`` or
             ``tokens_key``; :func:`column_keys`), or a callable returning them (called only
@@ -161,6 +162,7 @@ def collate_for_plan(
             setting=setting,
             value=collate,
         )
+    _check_loss_offset(collate, loss_offset, setting)
     if isinstance(collate, PLAN_COLLATES) and layout != "max_shapes":
         planned = config.pad_to_multiple_of
         if planned % collate.pad_to_multiple_of:
@@ -173,6 +175,26 @@ def collate_for_plan(
                 value=collate,
             )
     return collate
+
+
+def _check_loss_offset(collate: Any, loss_offset: int | None, setting: str) -> None:
+    """Refuse a given PaddingCollate that counts loss tokens with another offset than the plan.
+
+    Only a plan with a ``loss_offset`` is checked (``None`` or 0: the plan's loss lengths may
+    have been given explicitly), and only a collate that checks its count against the plan.
+    """
+    if not loss_offset or not isinstance(collate, PaddingCollate) or not collate.check_ntokens:
+        return
+    if collate.loss_offset != loss_offset:
+        raise SettingValueError(
+            f"{setting}=PaddingCollate(loss_offset={collate.loss_offset}) counts each "
+            f"example's loss tokens as its length minus {collate.loss_offset}, but the plan "
+            f"counts them with loss_offset={loss_offset}: every micro-batch's count would "
+            f"disagree with the plan. Pass PaddingCollate(loss_offset={loss_offset}) (or leave "
+            f"{setting} unset: the default collate takes the plan's loss_offset).",
+            setting=setting,
+            value=collate,
+        )
 
 
 def _is_token_type(kind: Any) -> bool:

@@ -1,5 +1,10 @@
 """One rank's view of the epoch plan, as a torch batch sampler that resumes mid-epoch.
 
+The planner settings are one :class:`~lightning_varbatch.planner.settings.PlanConfig`, given as
+``config=`` or as keywords of the same names (:mod:`lightning_varbatch.data.plan_settings`
+builds it); the position in the epoch and its checkpoints are
+:mod:`lightning_varbatch.data.sampler_state`'s.
+
 Example:
     >>> import numpy as np
     >>> lengths = np.array([3, 5, 2, 7, 4, 6, 1, 8])
@@ -12,159 +17,59 @@ Example:
 
 from __future__ import annotations
 
-import difflib
-import hashlib
 import inspect
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import fields
-from typing import Any, Literal, TypeAlias
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
-import numpy as np
 import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from lightning_varbatch.checks import check_choice, check_count
 from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
-from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
-from lightning_varbatch.planner.costs import CostFn, CostName
+from lightning_varbatch.data.plan_settings import (
+    PLAN_SETTINGS,
+    check_accumulate,
+    check_topology,
+    plain,
+    plain_settings,
+    plan_config,
+    reject_unknown,
+)
+from lightning_varbatch.data.sampler_state import (
+    ON_MISMATCH,
+    STATE_VERSION,
+    EpochPosition,
+    OnMismatch,
+    lengths_digest,
+    read_state,
+    restore_position,
+    save_state,
+    state_differences,
+)
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.mixture_datasets import DataSource, MixingPolicy, Weights
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import (
-    DEFAULT_FLOP_ATTENTION,
-    LayoutName,
-    OversizePolicy,
-    PlanConfig,
-    TailPolicy,
-)
-from lightning_varbatch.planner.sources import DataSource, MixingPolicy, Weights
+from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.sources.arrow_lengths import source_with_column_lengths
 
-OnMismatch: TypeAlias = Literal["error", "restart_epoch"]
-ON_MISMATCH: tuple[OnMismatch, ...] = ("error", "restart_epoch")
-
-STATE_VERSION = 2
-_STATE_KEYS_V1 = frozenset(
-    {
-        "version",
-        "epoch",
-        "seed",
-        "num_examples",
-        "fingerprint",
-        "world_size",
-        "accumulate_grad_batches",
-        "consumed",
-        "history",
-    }
-)
-_STATE_KEYS = _STATE_KEYS_V1 | {"lengths_digest", "restart_offset", "settings"}
+__all__ = [
+    "ON_MISMATCH",
+    "STATE_VERSION",
+    "OnMismatch",
+    "TokenBudgetBatchSampler",
+    "lengths_digest",
+    "plain_settings",
+    "reject_unknown",
+]
 
 
-def lengths_digest(planner: Planner) -> str:
-    """A 16-hex-digit digest of the lengths a plan is made from.
-
-    It covers every example's planning length (after truncation), loss length and whether it
-    is skipped, so any change of the data's lengths (a re-tokenised corpus, a lowered
-    ``max_length``, an edited file with the same line count) changes it. It does not depend
-    on the dtype the lengths were given in. About 10 ms per million examples, computed once
-    per sampler.
-
-    Example:
-        >>> from lightning_varbatch.planner.settings import PlanConfig
-        >>> a = EpochPlanner([3, 4, 5], PlanConfig(max_tokens=8))
-        >>> b = EpochPlanner([3, 4, 6], PlanConfig(max_tokens=8))
-        >>> lengths_digest(a) == lengths_digest(a), lengths_digest(a) == lengths_digest(b)
-        (True, False)
-    """
-    prepared = planner.prepared
-    h = hashlib.blake2b(digest_size=8)
-    h.update(np.ascontiguousarray(prepared.key, dtype=np.int32).data)
-    h.update(np.ascontiguousarray(prepared.loss, dtype=np.int32).data)
-    if prepared.kept is not None:
-        h.update(b"kept")
-        h.update(np.ascontiguousarray(prepared.kept, dtype=np.int64).data)
-    return h.hexdigest()
-
-
-def _plain(value: Any) -> Any:
-    """A numpy scalar as the Python scalar (``np.int64(1024)`` -> ``1024``); else ``value``."""
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def reject_unknown(owner: str, unknown: Iterable[str], valid: Iterable[str]) -> None:
-    """Refuse misspelt settings with the closest valid names (a TypeError naming ``owner``).
-
-    Example:
-        >>> reject_unknown("f", ["max_tokens"], ["max_tokens", "seed"])  # all known: no error
-    """
-    valid = sorted(valid)
-    given = unknown
-    unknown = sorted(set(unknown) - set(valid))
-    if not unknown:
-        return
-    hints = [
-        f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
-        for name in unknown
-        for close in [difflib.get_close_matches(name, valid, n=1)]
-    ]
-    raise SettingTypeError(
-        f"{owner} got unknown setting(s) {', '.join(hints)}; valid settings: {valid}. "
-        "Check the spelling.",
-        setting=unknown[0],
-        value=given[unknown[0]] if isinstance(given, Mapping) else None,
-    )
-
-
-def plain_settings(**settings: Any) -> dict[str, Any]:
-    """Planner settings with numpy scalars made plain (PlanConfig checks their values)."""
-    reject_unknown("The planner", settings, (f.name for f in fields(PlanConfig)))
-    return {k: _plain(v) for k, v in settings.items()}
-
-
-def _check_accumulate(value: Any) -> int:
-    return check_count(
-        "accumulate_grad_batches",
-        value,
-        what=" (micro-batches per rank per optimizer step, as Trainer(accumulate_grad_batches))",
-    )
-
-
-def _check_topology(rank: Any, world_size: Any) -> tuple[int | None, int | None]:
-    """``rank`` and ``world_size`` as given (``None``: found later), checked as settings."""
-    world = check_count("world_size", world_size, allow_none=True)
-    if rank is None:
-        return None, world
-    rank = check_count("rank", rank, minimum=0)
-    if world is not None and rank >= world:
-        raise SettingValueError(
-            f"rank must be in [0, world_size={world}), got {rank}; pass this process's rank "
-            "(in a LightningModule or DataModule: trainer.global_rank).",
-            setting="rank",
-            value=rank,
-        )
-    return rank, world
-
-
-def _state_int(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
-    value = state[key]
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(
-            f"Not a valid TokenBudgetBatchSampler state: {key}={value!r} must be an integer "
-            f">= {minimum}; the checkpoint is damaged or was not written by this sampler."
-        )
-    return int(value)
-
-
-def _difference(name: str, saved: Any, now: Any) -> str:
-    """One difference between a saved sampler state and the run, in words."""
-    if name == "lengths":
-        return (
-            "the lengths (or loss lengths) differ from those the saved plan was made from "
-            f"(lengths digest: saved {saved!r}, now {now!r})"
-        )
-    return f"{name}: saved {saved!r}, now {now!r}"
+def _own_arguments() -> frozenset[str]:
+    """The sampler's own keyword arguments (not planner settings, not private)."""
+    names = inspect.signature(TokenBudgetBatchSampler.__init__).parameters
+    return frozenset(n for n in names if n not in ("self", "settings") and n[0] != "_")
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
@@ -175,37 +80,30 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     ``(s, micro 0), (s, micro 1), ...``. Batches are :class:`MicroBatch` lists that also carry
     their token counts and the whole step's token count, for exact loss normalisation.
 
-    The planner settings (``max_tokens``, ``max_examples`` ... ``oversize``) are the fields of
-    :class:`PlanConfig`, with the same names and defaults (a test keeps them in step); their
-    full descriptions are there.
+    The planner settings are one :class:`PlanConfig`: pass it as ``config=``, or pass its
+    fields (``max_tokens``, ``max_examples``, ``cost``, ``tail``, ``oversize``, ``layout``,
+    ``loss_offset``, ...) as keywords of the same names and defaults; their full descriptions
+    are there. A setting added to :class:`PlanConfig` is a keyword here without an edit.
 
     Args:
         lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths, one per dataset item.
-        max_tokens: token budget of one micro-batch on one rank (see :class:`PlanConfig`).
+        max_tokens: token budget of one micro-batch on one rank (see :class:`PlanConfig`);
+            leave it unset with ``config``.
+        config: every planner setting at once (then no planner setting as a keyword).
         rank: this rank; default: torch.distributed, else the ``RANK`` environment variable.
         world_size: number of ranks; default: torch.distributed, else ``WORLD_SIZE``.
         accumulate_grad_batches: micro-batches per rank per optimizer step.
-        max_examples: cap on examples per micro-batch.
-        cost: cost model name or callable.
-        quadratic_coef: coefficient of the quadratic cost.
-        batch_size_multiple: round micro-batch sizes down to a multiple of this.
-        pad_to_multiple_of: the cost model sees lengths padded to this multiple.
-        bucket_width: width of the length buckets mixed freely.
-        shuffle: reshuffle every epoch.
-        seed: random seed; the plan depends only on it and the epoch.
-        tail: ``"spread"``, ``"drop"`` or ``"pad"`` (see :class:`PlanConfig`).
-        oversize: ``"error"``, ``"skip"`` or ``"truncate"``.
-        layout: ``"padded"`` batches or ``"packed"`` rows (see :class:`PlanConfig`; use
-            :class:`~lightning_varbatch.data.packed_collate.PackingCollate` with ``"packed"``).
-        flop_attention: attention compute per (query, key) pair relative to one token's
-            linear compute; packed micro-batches are dealt to ranks by it.
-        max_shapes: pad every micro-batch to one of at most this many static ``(rows,
-            length)`` shapes, for ``torch.compile`` (see :class:`PlanConfig`); each
-            :class:`MicroBatch` then carries ``pad_rows`` and ``pad_length``.
-        loss_lengths: loss tokens per example when they are not the lengths / target column.
+        loss_lengths: loss tokens per example when they are not the lengths / target column
+            (not with ``loss_offset``, which derives them: see :class:`PlanConfig`).
         epoch: the starting epoch.
+        **settings: the other planner settings, the fields of :class:`PlanConfig` (``cost``,
+            ``seed``, ``tail``, ``oversize``, ``layout``, ``max_shapes``, ``loss_offset``,
+            ...). With ``max_shapes`` every :class:`MicroBatch` carries ``pad_rows`` and
+            ``pad_length``; use :class:`~lightning_varbatch.data.packed_collate.PackingCollate`
+            with ``layout="packed"``.
 
     Raises:
+        SettingTypeError: for an unknown setting (the closest valid name is suggested).
         ValueError: for bad lengths or settings; the message names the setting to change.
 
     Example:
@@ -214,66 +112,46 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         ...                                   rank=0, world_size=1)
         >>> [(list(b), b.ntokens, b.step_ntokens) for b in sampler]
         [([1], 2, 2), ([2, 0], 9, 9)]
+        >>> same = TokenBudgetBatchSampler([[3, 4], [9, 2], [5, 5]], rank=0, world_size=1,
+        ...                                config=sampler.config)
+        >>> [list(b) for b in same] == [list(b) for b in sampler]
+        True
     """
 
     def __init__(
         self,
         lengths: npt.ArrayLike,
-        max_tokens: int,
+        max_tokens: int | None = None,
         *,
+        config: PlanConfig | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         accumulate_grad_batches: int = 1,
-        max_examples: int | None = None,
-        cost: CostName | CostFn = "padded",
-        quadratic_coef: float = 1 / 64,
-        batch_size_multiple: int = 1,
-        pad_to_multiple_of: int = 1,
-        bucket_width: int = 1,
-        shuffle: bool = True,
-        seed: int = 0,
-        tail: TailPolicy = "spread",
-        oversize: OversizePolicy = "error",
-        layout: LayoutName = "padded",
-        flop_attention: float = DEFAULT_FLOP_ATTENTION,
-        max_shapes: int | None = None,
         loss_lengths: npt.ArrayLike | None = None,
         epoch: int = 0,
         _planner: Planner | None = None,
-        **unknown: Any,
+        **settings: Any,
     ) -> None:
-        reject_unknown(
-            "TokenBudgetBatchSampler",
-            unknown,
-            (p for p in inspect.signature(type(self).__init__).parameters if p[0] != "_"),
-        )
+        reject_unknown("TokenBudgetBatchSampler", settings, PLAN_SETTINGS | _own_arguments())
         planner: Planner
         if _planner is None:
-            given = locals()  # the PlanConfig fields are arguments of the same name
-            config = PlanConfig(
-                **plain_settings(**{f.name: given[f.name] for f in fields(PlanConfig)})
-            )
-            _check_accumulate(accumulate_grad_batches)
-            planner = EpochPlanner(lengths, config, loss_lengths)
+            plan = plan_config({"max_tokens": max_tokens, **settings}, config)
+            check_accumulate(accumulate_grad_batches)
+            plan.check_loss_lengths(loss_lengths)
+            planner = EpochPlanner(lengths, plan, loss_lengths)
         else:  # from_planner: the lengths and settings are the planner's
-            _check_accumulate(accumulate_grad_batches)
+            check_accumulate(accumulate_grad_batches)
             planner = _planner
         self.planner = planner
         # Found in the environment (not given): re-read from the process group once it exists.
         self._inferred = rank is None or world_size is None
-        self.rank, self.world_size = resolve_rank_world(*_check_topology(rank, world_size))
+        self.rank, self.world_size = resolve_rank_world(*check_topology(rank, world_size))
         self.accumulate_grad_batches = 1
-        self._epoch = 0
-        self._consumed = 0
-        self._restored = False  # a restored position is honoured even at the epoch's end
-        self._history: list[tuple[int, int, int]] = []
-        # Micro-batches the training loop counted in this epoch before it was restarted afresh
-        # (load_state_dict(on_mismatch="restart_epoch")): counted, but no example is excluded.
-        self._offset = 0
+        self._position = EpochPosition()
         self._cache: tuple[tuple[Any, ...], EpochPlan] | None = None
         self._digest: str | None = None
-        self.set_distributed(self.rank, self.world_size, _plain(accumulate_grad_batches))
-        self.set_epoch(_plain(epoch))
+        self.set_distributed(self.rank, self.world_size, plain(accumulate_grad_batches))
+        self.set_epoch(plain(epoch))
 
     @classmethod
     def from_sources(
@@ -328,9 +206,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 source_with_column_lengths(s, f"sources[{i}]") if isinstance(s, DataSource) else s
                 for i, s in enumerate(sources)
             ]
+        config = PlanConfig(**plain_settings(max_tokens=max_tokens, **settings))
+        for source in sources:
+            if isinstance(source, DataSource):
+                config.check_loss_lengths(source.loss_lengths)
         planner = MixturePlanner(
             sources,
-            PlanConfig(**plain_settings(max_tokens=max_tokens, **settings)),
+            config,
             mixing=mixing,
             weights=weights,
             temperature=temperature,
@@ -340,8 +222,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             planner,
             rank=rank,
             world_size=world_size,
-            accumulate_grad_batches=_plain(accumulate_grad_batches),
-            epoch=_plain(epoch),
+            accumulate_grad_batches=plain(accumulate_grad_batches),
+            epoch=plain(epoch),
         )
 
     @classmethod
@@ -396,12 +278,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     @property
     def epoch(self) -> int:
         """The current epoch."""
-        return self._epoch
+        return self._position.epoch
 
     @property
     def consumed(self) -> int:
         """Micro-batches of the current plan this rank has taken (yielded or restored)."""
-        return self._consumed
+        return self._position.consumed
 
     @property
     def epoch_length(self) -> int:
@@ -413,8 +295,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         restarted afresh (``load_state_dict(..., on_mismatch="restart_epoch")``) it also counts
         the micro-batches the loop had counted before the restart.
         """
-        done = self._offset + sum(c for _, _, c in self._history)
-        return done + self.plan.num_micro_batches_per_rank
+        return self._position.counted_before + self.plan.num_micro_batches_per_rank
 
     def consumed_from_epoch_count(self, trained: int) -> int:
         """Convert an epoch-level count of trained micro-batches to the current plan's count.
@@ -425,7 +306,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             ...                         ).consumed_from_epoch_count(2)
             2
         """
-        return trained - self._offset - sum(c for _, _, c in self._history)
+        return trained - self._position.counted_before
 
     @property
     def lengths_digest(self) -> str:
@@ -441,12 +322,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             ValueError: for a negative epoch.
         """
         epoch = check_count("epoch", epoch, minimum=0)
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._consumed = 0
-            self._restored = False
-            self._history = []
-            self._offset = 0
+        if epoch != self._position.epoch:
+            self._position.start(epoch)
 
     def set_distributed(
         self, rank: int, world_size: int, accumulate_grad_batches: int | None = None
@@ -462,13 +339,15 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         acc = (
             self.accumulate_grad_batches
             if accumulate_grad_batches is None
-            else _check_accumulate(accumulate_grad_batches)
+            else check_accumulate(accumulate_grad_batches)
         )
-        rank, world_size = resolve_rank_world(*_check_topology(rank, world_size))
+        rank, world_size = resolve_rank_world(*check_topology(rank, world_size))
         changed = (world_size, acc) != (self.world_size, self.accumulate_grad_batches)
-        if changed and self._consumed:
-            self._history.append((self.world_size, self.accumulate_grad_batches, self._consumed))
-            self._consumed = 0
+        position = self._position
+        if changed and position.consumed:
+            topology = (self.world_size, self.accumulate_grad_batches, position.consumed)
+            position.history.append(topology)
+            position.consumed = 0
         self.rank, self.world_size, self.accumulate_grad_batches = rank, world_size, acc
 
     # -- the plan ------------------------------------------------------------------------
@@ -476,11 +355,17 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     @property
     def plan(self) -> EpochPlan:
         """The current epoch's plan (re-planned remainder after a topology change)."""
-        key = (self._epoch, tuple(self._history), self.world_size, self.accumulate_grad_batches)
+        position = self._position
+        key = (
+            position.epoch,
+            tuple(position.history),
+            self.world_size,
+            self.accumulate_grad_batches,
+        )
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         plan = self.planner.plan_resumed(
-            self._epoch, self.world_size, self.accumulate_grad_batches, self._history
+            position.epoch, self.world_size, self.accumulate_grad_batches, position.history
         )
         self._cache = (key, plan)
         return plan
@@ -514,20 +399,22 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """Micro-batches the next iteration yields (the rest of the epoch after a resume)."""
         self._sync_with_process_group()
         total = self.plan.num_micro_batches_per_rank
-        if self._consumed >= total and not self._restored:
+        position = self._position
+        if position.consumed >= total and not position.restored:
             return total  # a finished epoch iterated again starts over
-        return total - self._consumed
+        return total - position.consumed
 
     def __iter__(self) -> Iterator[list[int]]:
         """Yield this rank's :class:`MicroBatch` es from the current position."""
         self._sync_with_process_group()
         plan = self.plan
         total = plan.num_micro_batches_per_rank
-        if self._consumed >= total and not self._restored:
-            self._consumed = 0  # a finished epoch iterated again starts over
-        self._restored = False
-        for j in range(self._consumed, total):
-            self._consumed = j + 1
+        position = self._position
+        if position.consumed >= total and not position.restored:
+            position.consumed = 0  # a finished epoch iterated again starts over
+        position.restored = False
+        for j in range(position.consumed, total):
+            position.consumed = j + 1
             yield self.micro_batch(j)
 
     def micro_batch(self, position: int) -> MicroBatch:
@@ -542,7 +429,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             >>> list(sampler.micro_batch(1)), sampler.micro_batch(1).step
             ([0, 1], 1)
         """
-        return micro_batch_of(self.plan, self.planner, self.rank, position, epoch=self._epoch)
+        return micro_batch_of(
+            self.plan, self.planner, self.rank, position, epoch=self._position.epoch
+        )
 
     # -- checkpointing -------------------------------------------------------------------
 
@@ -560,7 +449,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         Raises:
             ValueError: when ``consumed`` is outside the current plan.
         """
-        consumed = self._consumed if consumed is None else consumed
+        position = self._position
+        consumed = position.consumed if consumed is None else consumed
         total = self.plan.num_micro_batches_per_rank
         consumed = check_count("consumed", consumed, minimum=0)
         if consumed > total:
@@ -569,20 +459,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 setting="consumed",
                 value=consumed,
             )
-        return {
-            "version": STATE_VERSION,
-            "epoch": self._epoch,
-            "seed": self.config.seed,
-            "num_examples": self.planner.num_examples,
-            "fingerprint": self.planner.fingerprint(),
-            "lengths_digest": self.lengths_digest,
-            "settings": self.config.plain(),
-            "world_size": self.world_size,
-            "accumulate_grad_batches": self.accumulate_grad_batches,
-            "consumed": int(consumed),
-            "history": [list(h) for h in self._history],
-            "restart_offset": self._offset,
-        }
+        saved = EpochPosition(
+            position.epoch, consumed, history=position.history, offset=position.offset
+        )
+        return save_state(
+            saved, self.planner, self.world_size, self.accumulate_grad_batches, self.lengths_digest
+        )
 
     def load_state_dict(
         self, state: Mapping[str, Any], *, on_mismatch: OnMismatch = "error"
@@ -642,126 +524,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             ON_MISMATCH,
             what=" (what to do with a state saved for other data or settings)",
         )
-        if not isinstance(state, Mapping):
-            raise TypeError(
-                "load_state_dict expects the dict returned by TokenBudgetBatchSampler."
-                f"state_dict(), got {type(state).__name__}: {str(state)[:60]}. Pass the "
-                "saved sampler state (in a Lightning checkpoint: "
-                "ckpt['datamodule_state_dict'] or your own key)."
-            )
-        keys = set(state)
-        version = state.get("version")
-        allowed = _STATE_KEYS_V1 if version == 1 else _STATE_KEYS
-        if keys != allowed:
-            raise ValueError(
-                "Not a TokenBudgetBatchSampler state: missing keys "
-                f"{sorted(allowed - keys)}, unknown keys {sorted(map(str, keys - allowed))}. "
-                "Pass the dict that TokenBudgetBatchSampler.state_dict() returned, unchanged "
-                "(in a Lightning checkpoint: ckpt['datamodule_state_dict']['train_sampler'])."
-            )
-        if version not in (1, STATE_VERSION):
-            raise ValueError(
-                f"The sampler state has version {version!r}; this version of "
-                f"lightning_varbatch reads versions 1 and {STATE_VERSION}: resume with the "
-                "version of the library that wrote the checkpoint."
-            )
-        epoch = _state_int(state, "epoch")
-        consumed = _state_int(state, "consumed")
-        saved_topology = (
-            _state_int(state, "world_size", 1),
-            _state_int(state, "accumulate_grad_batches", 1),
+        saved = read_state(state)
+        restore_position(
+            self._position,
+            saved,
+            state_differences(saved, self.planner, self.lengths_digest),
+            restart=on_mismatch == "restart_epoch",
+            topology=(self.world_size, self.accumulate_grad_batches),
+            total=lambda: self.plan.num_micro_batches_per_rank,
         )
-        offset = _state_int(state, "restart_offset") if version != 1 else 0
-        try:
-            history = [(int(w), int(a), int(c)) for w, a, c in state["history"]]
-        except (TypeError, ValueError):
-            raise ValueError(
-                "Not a valid TokenBudgetBatchSampler state: history must be a list of "
-                f"[world_size, accumulate_grad_batches, consumed] triples, got "
-                f"{state['history']!r}."
-            ) from None
-        expected = {
-            "seed": self.config.seed,
-            "num_examples": self.planner.num_examples,
-            "fingerprint": self.planner.fingerprint(),
-        }
-        # What differs, as data: name -> (saved, now); "lengths" compares the lengths digests.
-        differences: dict[str, tuple[Any, Any]] = {}
-        if (
-            version != 1
-            and state["num_examples"] == expected["num_examples"]  # else implied by the count
-            and state["lengths_digest"] != self.lengths_digest
-        ):
-            differences["lengths"] = (state["lengths_digest"], self.lengths_digest)
-        differences.update((k, (state[k], v)) for k, v in expected.items() if state[k] != v)
-        saved_settings = state.get("settings")
-        if isinstance(saved_settings, Mapping) and "fingerprint" in differences:
-            # the saved settings say which ones changed: name them instead of the hash
-            changed = {
-                k: (saved_settings.get(k), v)
-                for k, v in self.config.plain().items()
-                if k != "seed" and saved_settings.get(k) != v
-            }
-            if changed or "seed" in differences:  # they explain the hash: name them only
-                del differences["fingerprint"]
-                differences.update(changed)
-        wrong = [_difference(k, saved, now) for k, (saved, now) in differences.items()]
-        restart = on_mismatch == "restart_epoch"
-        if wrong and not restart:
-            raise ResumeMismatchError(
-                "The sampler state was saved for other data or settings ("
-                + "; ".join(wrong)
-                + f"). Resuming epoch {epoch} from it would train some of its examples twice "
-                "and never others. Resume with the same dataset, lengths, seed and batching "
-                "settings (max_tokens, cost, tail, ...), or start that epoch afresh: "
-                "load_state_dict(state, on_mismatch='restart_epoch') "
-                "(TokenBudgetDataModule(on_resume_mismatch='restart_epoch'); in the "
-                "translation example the data.on_resume_mismatch setting).",
-                changed=list(differences),
-            )
-        if version == 1 and not wrong:
-            reason = "cannot prove that the lengths are unchanged (it has no lengths digest)"
-            if not restart:
-                warnings.warn(
-                    f"The sampler state is from an older lightning_varbatch and {reason}: "
-                    "resuming as saved. If the data's lengths changed since, resume with "
-                    "on_mismatch='restart_epoch' to start the epoch afresh.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            else:
-                wrong = [reason]
-        # The training loop's count of this epoch's micro-batches when the state was saved.
-        counted = offset + sum(c for _, _, c in history) + consumed
-        self._epoch = epoch
-        self._restored = True
-        self._consumed = 0
-        if wrong:
-            warnings.warn(
-                f"Starting epoch {epoch} afresh (on_mismatch='restart_epoch'): the sampler "
-                "state was saved for other data or settings (" + "; ".join(wrong) + "). Every "
-                f"example of epoch {epoch} is trained once from its start; {counted} "
-                "micro-batch(es) of it trained before the checkpoint are not undone.",
-                UserWarning,
-                stacklevel=2,
-            )
-            self._history = []
-            self._offset = counted
-            return
-        self._history = history
-        self._offset = offset
-        if saved_topology == (self.world_size, self.accumulate_grad_batches):
-            total = self.plan.num_micro_batches_per_rank
-            if not 0 <= consumed <= total:
-                if restart:
-                    self._history, self._offset = [], counted
-                    return
-                raise ResumeMismatchError(
-                    f"The sampler state says {consumed} micro-batches were consumed but epoch "
-                    f"{epoch} has {total}; the checkpoint does not match this data. Start the "
-                    "epoch afresh with load_state_dict(state, on_mismatch='restart_epoch').",
-                    changed=["consumed"],
-                )
-            self._consumed = consumed
-        elif consumed:
-            self._history.append((*saved_topology, consumed))

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_varbatch.data.sampler import TokenBudgetBatchSampler, plain_settings
+from lightning_varbatch.data.plan_settings import plain_settings
+from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.errors import ResumeMismatchError, SettingError, SettingValueError
 from lightning_varbatch.planner.settings import PlanConfig
 

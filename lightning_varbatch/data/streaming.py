@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
-from lightning_varbatch.data.collate import attach_plan
 from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
 from lightning_varbatch.data.pairing import collate_for_plan, source_column_keys
+from lightning_varbatch.data.plan_items import attach_plan
 from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError
 from lightning_varbatch.planner.settings import PlanConfig, check_count
 from lightning_varbatch.planner.windows import WindowedPlanner, WindowPlan

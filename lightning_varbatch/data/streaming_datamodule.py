@@ -36,117 +36,46 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 from lightning.pytorch import LightningDataModule
 
-from lightning_varbatch.checks import check_choice, check_count, check_flag
-from lightning_varbatch.data.collate import check_map_style
-from lightning_varbatch.data.datamodule import check_ranks_agree
-from lightning_varbatch.data.loader import TokenBudgetDataLoader
-from lightning_varbatch.data.pairing import (
-    collate_for_plan,
-    dataset_column_keys,
-    source_column_keys,
+from lightning_varbatch.checks import check_count, check_flag
+from lightning_varbatch.data.datamodule_settings import (
+    REFUSED,
+    check_budgets,
+    check_loader_settings,
+    check_stream_arguments,
+    with_loss_offset,
 )
-from lightning_varbatch.data.sampler import ON_MISMATCH, OnMismatch, TokenBudgetBatchSampler
-from lightning_varbatch.data.splits import (
-    STAGES,
-    STATE_VERSION,
-    check_evaluation,
-    check_position_restored,
-    check_state_version,
-    evaluation_config,
-    split_error,
+from lightning_varbatch.data.datamodule_state import (
+    ResumableState,
+    read_state_mapping,
+    trained_this_epoch,
+    versioned,
 )
+from lightning_varbatch.data.pairing import source_column_keys
+from lightning_varbatch.data.rank_agreement import check_same_stream_everywhere
+from lightning_varbatch.data.sampler import OnMismatch, TokenBudgetBatchSampler
+from lightning_varbatch.data.split_inputs import read_stream_split
+from lightning_varbatch.data.split_loaders import SplitLoaders, plan_split
 from lightning_varbatch.data.streaming import StreamingBatches
 from lightning_varbatch.data.streaming_loader import StreamingDataLoader
-from lightning_varbatch.errors import (
-    ResumeMismatchError,
-    SettingError,
-    SettingTypeError,
-    SettingValueError,
-)
+from lightning_varbatch.errors import ResumeMismatchError, SettingError, SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
-from lightning_varbatch.planner.epoch_planner import EpochPlanner
-from lightning_varbatch.planner.sources import DataSource
-from lightning_varbatch.sources.arrow_lengths import column_lengths, is_column_spec
+from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.sources.arrow_lengths import is_column_spec
 from lightning_varbatch.sources.shards import ShardedSource
 
 __all__ = ["REFUSED", "StreamingDataModule"]
 
 _STATE_KEYS = frozenset({"stream", "trained"})
-_EVAL = ("val", "test")
-
-#: What :class:`~lightning_varbatch.TokenBudgetDataModule` takes and a stream cannot do: the
-#: argument, why, and what to do instead (each refused with a ``SettingValueError``).
-REFUSED: dict[str, str] = {
-    "train_lengths": "a stream's lengths come from its shards: pass the columns when you "
-    "open them instead (shards_from_files(paths, columns=...))",
-    "train_loss_lengths": "a stream counts its training loss tokens as each example's length "
-    "(the target's for pairs) minus loss_offset: pass loss_offset=1 for teacher forcing",
-    "mixing": "a stream reads one ShardedSource; to mix datasets, list all their files in "
-    "one ShardedSource, or use TokenBudgetDataModule with a list of DataSource",
-    "weights": "a stream reads every shard once per epoch in (shuffled) order and cannot "
-    "sample by weight: use TokenBudgetDataModule with a list of DataSource and "
-    "steps_per_epoch",
-    "temperature": "a stream cannot sample datasets by weight: use TokenBudgetDataModule "
-    "with a list of DataSource and steps_per_epoch",
-    "steps_per_epoch": "a stream's epoch is one pass over its shards; its length is not known "
-    "in advance: stop training with Trainer(max_steps=...) instead",
-}
 
 
-def _stream_digest(stream: StreamingBatches) -> int:
-    """A 63-bit digest of the stream's shards and plan settings."""
-    digest = hashlib.blake2b(stream.fingerprint().encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def _check_same_stream_everywhere(trainer: Any, stream: StreamingBatches) -> None:
-    """Every rank must plan the same stream, else ranks get different counts and hang."""
-    check_ranks_agree(
-        trainer,
-        _stream_digest(stream),
-        "The ranks stream different shards or plan settings (ranks grouped by what they "
-        "planned: {groups}): every rank must be given the same shard files in the same order "
-        "and the same max_tokens, window and planner settings.",
-    )
-
-
-def _lengths_of(stage: str, dataset: Any, given: Any, what: str = "lengths") -> np.ndarray:
-    """One length (or loss length) per item of ``dataset``, from an array, columns or callable."""
-    name = f"{stage}_{what}"
-    if is_column_spec(given):
-        given = column_lengths(dataset, given, name)
-    elif callable(given):
-        given = given(dataset)
-    try:
-        lengths = np.asarray(given)
-    except ValueError as error:
-        raise SettingValueError(
-            f"{name} is ragged or not numeric ({error}): pass one integer length per "
-            "item, shape (n,), or one (source, target) pair per item, shape (n, 2).",
-            setting=name,
-            value=given,
-            stage=stage,
-        ) from None
-    n = len(dataset)
-    if lengths.ndim == 0 or lengths.shape[0] != n:
-        raise SettingValueError(
-            f"{name} has {lengths.size} entries but {stage}_dataset has {n} items: pass one "
-            "length per item.",
-            setting=name,
-            value=given,
-            stage=stage,
-        )
-    return lengths
-
-
-class StreamingDataModule(LightningDataModule):
+class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
     """Token-budget training micro-batches streamed from shards; map-style validation and test.
 
     The same contract as :class:`~lightning_varbatch.TokenBudgetDataModule` wherever a stream
@@ -250,61 +179,17 @@ class StreamingDataModule(LightningDataModule):
         **plan_settings: Any,
     ) -> None:
         super().__init__()
-        if isinstance(train_source, (list, tuple)) and any(
-            isinstance(s, DataSource) for s in train_source
-        ):
-            raise SettingTypeError(
-                "train_source is a list of DataSource, a mixture of map-style datasets; a "
-                "stream reads one ShardedSource: pass TokenBudgetDataModule(train_dataset=[...]) "
-                "for the mixture, or put every dataset's files in one shards_from_files(...).",
-                setting="train_source",
-                value=train_source,
-            )
-        if not isinstance(train_source, ShardedSource):
-            raise SettingTypeError(
-                "train_source must be a ShardedSource (from shards_from_files, "
-                "shards_from_hf_iterable or shards_from_litdata), got "
-                f"{type(train_source).__name__}; for a map-style dataset use "
-                "TokenBudgetDataModule.",
-                setting="train_source",
-                value=train_source,
-            )
-        for name, why in REFUSED.items():
-            if name in plan_settings:
-                raise SettingValueError(
-                    f"StreamingDataModule does not take {name}=: {why}.",
-                    setting=name,
-                    value=plan_settings[name],
-                )
-        for name in ("rank", "world_size", "accumulate_grad_batches"):
-            if name in plan_settings:
-                raise SettingTypeError(
-                    f"StreamingDataModule reads {name} from the Trainer: do not pass {name}=.",
-                    setting=name,
-                    value=plan_settings[name],
-                )
-        if collate is not None and not callable(collate):
-            raise SettingTypeError(
-                f"collate must be callable (e.g. PaddingCollate(...)) or None, got "
-                f"{type(collate).__name__} {collate!r}.",
-                setting="collate",
-                value=collate,
-            )
-        self.num_workers = check_count(
-            "num_workers", num_workers, minimum=0, what=" (0: load in the main process)"
-        )
-        self.pin_memory = check_flag("pin_memory", pin_memory)
-        self.on_resume_mismatch: OnMismatch = check_choice(
-            "on_resume_mismatch", on_resume_mismatch, ON_MISMATCH
+        check_stream_arguments(train_source, plan_settings)
+        self._collate_given, self.num_workers, self.pin_memory, self.on_resume_mismatch = (
+            check_loader_settings(collate, num_workers, pin_memory, on_resume_mismatch)
         )
         self.train_source = train_source
-        self.max_tokens = check_count("max_tokens", max_tokens)  # as the planner checks it
+        self.max_tokens, self.val_max_tokens, self._val_budget_default = check_budgets(
+            max_tokens, val_max_tokens
+        )
         self.window = window
         self.shuffle_shards = check_flag("shuffle_shards", shuffle_shards)
-        self.plan_settings = dict(plan_settings)
-        if check_count("loss_offset", loss_offset, minimum=0):  # the stream's own check
-            self.plan_settings["loss_offset"] = loss_offset
-        self._collate_given = collate
+        self.plan_settings = with_loss_offset(plan_settings, loss_offset)
         # Settings are checked now, before any Trainer exists: a 1-rank stream plans nothing
         # until iterated, so this costs only the checks. Its collate is the plan's.
         self.collate: Callable[[Any], Any] = self._stream_for(0, 1, 1).collate
@@ -312,18 +197,11 @@ class StreamingDataModule(LightningDataModule):
         self._pending: dict[str, Any] | None = None
         self._restored = False  # whether a checkpoint gave this DataModule a state
         self._base: tuple[int, int] | None = None  # (epoch, trained count) of the restore
-        self._val_budget_default = val_max_tokens is None
-        self.val_max_tokens = (
-            self.max_tokens
-            if val_max_tokens is None
-            else check_count("val_max_tokens", val_max_tokens)
-        )
         self.val_dataset, self.test_dataset = val_dataset, test_dataset
         self.val_lengths: np.ndarray | None = None
         self.test_lengths: np.ndarray | None = None
-        self.val_sampler: TokenBudgetBatchSampler | None = None
         self._columns: dict[str, Any] = {}
-        self._planners: dict[str, EpochPlanner] = {}
+        self._planners: dict[str, Planner] = {}
         self.samplers: dict[str, TokenBudgetBatchSampler] = {}
         for stage, dataset, lengths, loss in (
             ("val", val_dataset, val_lengths, val_loss_lengths),
@@ -355,8 +233,9 @@ class StreamingDataModule(LightningDataModule):
         return int(self.plan_settings.get("loss_offset", 0) or 0)
 
     @property
-    def _trainer(self) -> Any:
-        return getattr(self, "trainer", None)
+    def val_sampler(self) -> TokenBudgetBatchSampler | None:
+        """This rank's validation sampler, once :meth:`val_dataloader` built it."""
+        return self.samplers.get("val")
 
     def _epoch(self) -> int:
         """The epoch the fit loop is in (0 outside a Trainer: the stream's own epoch)."""
@@ -368,11 +247,7 @@ class StreamingDataModule(LightningDataModule):
     def train_dataloader(self) -> StreamingDataLoader:
         """This rank's training loader (the stream is built once per topology, then reused)."""
         trainer = self._trainer
-        if trainer is None:
-            rank, world, accumulate = None, None, 1
-        else:
-            rank, world = int(trainer.global_rank), int(trainer.world_size)
-            accumulate = int(trainer.accumulate_grad_batches)
+        rank, world, accumulate = self._topology("train")
         stream = self.stream
         if stream is None or (
             trainer is not None
@@ -382,11 +257,11 @@ class StreamingDataModule(LightningDataModule):
             stream = self._stream_for(rank, world, accumulate)
             self.stream, self._base = stream, None
         if trainer is not None:
-            _check_same_stream_everywhere(trainer, stream)
+            check_same_stream_everywhere(trainer, stream)
         if self._pending is not None:
             self._restore(stream, self._pending)
             self._pending = None
-        check_position_restored(trainer, type(self).__name__, self._restored)
+        self._check_restored()
         return StreamingDataLoader(
             stream,
             epoch=self._epoch if trainer is not None else None,
@@ -394,71 +269,12 @@ class StreamingDataModule(LightningDataModule):
             pin_memory=self.pin_memory,
         )
 
+    def _train_plan(self, world_size: int, accumulate: int, epoch: int) -> EpochPlan | None:
+        stream = self._stream_for(0, world_size, accumulate)
+        stream.set_epoch(epoch)
+        return stream.window_plan(0).plan if stream.planner.num_windows else None
+
     # -- planning without a Trainer -------------------------------------------------------
-
-    def check(
-        self,
-        world_size: int = 1,
-        accumulate_grad_batches: int = 1,
-        *,
-        stages: Sequence[str] = STAGES,
-        epoch: int = 0,
-    ) -> dict[str, EpochPlan]:
-        """Plan and check every split as a Trainer with this topology would, without one.
-
-        As :meth:`TokenBudgetDataModule.check`: evaluation splits are planned for
-        ``world_size`` ranks and checked (every example once, at least one per rank). The
-        training split of a stream is planned window by window while it is read; its entry
-        is the plan of the epoch's first window (the whole epoch is not known in advance).
-        Nothing is kept.
-
-        Args:
-            world_size: number of ranks the run will have.
-            accumulate_grad_batches: the Trainer's ``accumulate_grad_batches``.
-            stages: the splits to check; those without data are left out.
-            epoch: the training epoch to plan.
-
-        Returns:
-            The plan of every checked split, by name.
-
-        Raises:
-            SettingValueError: for a bad topology or stage, or a split that cannot be
-                planned or evaluated with it (``.stage`` names the split).
-
-        Example:
-            >>> import numpy as np
-            >>> from lightning_varbatch.sources.shards import ShardedSource
-            >>> class Shard:
-            ...     def __init__(self, name, rows): self.name, self.rows = name, rows
-            ...     num_rows = property(lambda self: len(self.rows))
-            ...     def lengths(self): return np.array([len(r) for r in self.rows])
-            ...     def read(self, rows): return ({"tokens": np.array(r)} for r in rows)
-            >>> dm = StreamingDataModule(ShardedSource([Shard("a", [[1, 2], [3], [4]])]),
-            ...                          max_tokens=4, val_dataset=[{"tokens": [1]}] * 2,
-            ...                          val_lengths=[1, 1])
-            >>> plans = dm.check(world_size=2)
-            >>> sorted(plans), plans["val"].world_size
-            (['train', 'val'], 2)
-        """
-        if isinstance(stages, str) or any(s not in STAGES for s in stages):
-            raise SettingValueError(
-                f"stages must be a sequence of {', '.join(STAGES)}, got {stages!r}.",
-                setting="stages",
-                value=stages,
-            )
-        world_size = check_count("world_size", world_size)
-        accumulate = check_count("accumulate_grad_batches", accumulate_grad_batches)
-        epoch = check_count("epoch", epoch, minimum=0)
-        plans: dict[str, EpochPlan] = {}
-        for stage in stages:
-            if stage == "train":
-                stream = self._stream_for(0, world_size, accumulate)
-                stream.set_epoch(epoch)
-                if stream.planner.num_windows:
-                    plans[stage] = stream.window_plan(0).plan
-            elif stage in self._planners:
-                plans[stage] = self._eval_sampler(stage, 0, world_size).plan
-        return plans
 
     def planner(self, stage: str) -> Any:
         """The planner of ``stage``, as :meth:`TokenBudgetDataModule.planner`.
@@ -493,7 +309,7 @@ class StreamingDataModule(LightningDataModule):
                 (``.changed`` lists them) or by another version.
             ValueError: for something that is not a :class:`StreamingDataModule` state.
         """
-        state = self._checked_state(state_dict)
+        state = self._read_state(read_state_mapping(type(self).__name__, state_dict))
         if state is not None:
             self._restore(self._stream_for(0, 1, 1), state, on_mismatch="error")
 
@@ -530,14 +346,10 @@ class StreamingDataModule(LightningDataModule):
         ``on_train_batch_end`` saves). A position at the end of an epoch restores as that
         epoch, finished: the next epoch's ``set_epoch`` starts it.
         """
-        version = {"version": STATE_VERSION}
         stream = self.stream
         if stream is None:
-            return version if self._pending is None else {**version, **self._pending}
-        trainer = self._trainer
-        trained = 0
-        if trainer is not None:
-            trained = int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+            return versioned() if self._pending is None else versioned(**self._pending)
+        trained = trained_this_epoch(self._trainer)
         base = 0
         if self._base is not None and self._base[0] == stream.epoch:
             base = self._base[1]
@@ -547,15 +359,10 @@ class StreamingDataModule(LightningDataModule):
                 f"{base} the stream was restored after: the Trainer's progress and the "
                 "datamodule's position disagree (was load_state_dict called by hand?)."
             )
-        return {**version, "stream": stream.state_dict(trained - base), "trained": trained}
+        return versioned(stream=stream.state_dict(trained - base), trained=trained)
 
-    def _checked_state(self, state_dict: Any) -> dict[str, Any] | None:
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(
-                "StreamingDataModule.load_state_dict expects the dict returned by its "
-                f"state_dict(), got {type(state_dict).__name__}."
-            )
-        check_state_version("StreamingDataModule", state_dict)
+    def _read_state(self, state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
+        self._check_version(state_dict)
         rest = {k: v for k, v in state_dict.items() if k != "version"}
         if not rest:
             return None
@@ -567,21 +374,7 @@ class StreamingDataModule(LightningDataModule):
             )
         return {"stream": dict(rest["stream"]), "trained": int(rest["trained"])}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Keep a saved position; it is applied when the training stream is built.
-
-        States saved before states had a version load as version 1.
-
-        Raises:
-            TypeError: when ``state_dict`` is not a mapping.
-            ValueError: when it is not a :class:`StreamingDataModule` state.
-            ResumeMismatchError: for another state version; when applied, for other shards
-                or settings under ``on_resume_mismatch="error"``.
-        """
-        state = self._checked_state(state_dict)
-        self._restored = True
-        if state is None:
-            return
+    def _keep_state(self, state: dict[str, Any]) -> None:
         if self.stream is not None:
             self._restore(self.stream, state)
         else:
@@ -590,55 +383,35 @@ class StreamingDataModule(LightningDataModule):
     # -- validation and test ---------------------------------------------------------------
 
     def _eval_setup(self, stage: str, dataset: Any, lengths: Any, loss: Any) -> None:
-        if (dataset is None) != (lengths is None):
-            raise SettingValueError(
-                f"{stage}_dataset and {stage}_lengths go together: pass both or neither.",
-                setting=f"{stage}_lengths" if dataset is not None else f"{stage}_dataset",
-                value=None,
-                stage=stage,
-            )
-        if dataset is None:
-            if loss is not None:
-                raise SettingValueError(
-                    f"{stage}_loss_lengths was given without {stage}_dataset: pass both or "
-                    "neither.",
-                    setting=f"{stage}_loss_lengths",
-                    value=loss,
-                    stage=stage,
-                )
+        split = read_stream_split(stage, dataset, lengths, loss)
+        if split is None:
             return
-        if isinstance(dataset, (list, tuple)) and any(isinstance(d, DataSource) for d in dataset):
-            raise SettingTypeError(
-                f"{stage}_dataset is a list of DataSource: StreamingDataModule evaluates one "
-                "map-style dataset per split; concatenate them (and their lengths), or use "
-                "TokenBudgetDataModule for a mixture.",
-                setting=f"{stage}_dataset",
-                value=dataset,
-                stage=stage,
-            )
-        check_map_style(dataset, f"{stage}_dataset")
+        array, loss = split
         self._columns[stage] = lengths if is_column_spec(lengths) else None
-        array = _lengths_of(stage, dataset, lengths)
         setattr(self, f"{stage}_lengths", array)
-        if loss is not None:
-            loss = _lengths_of(stage, dataset, loss, "loss_lengths")
-        elif self.loss_offset:  # the stream's loss_offset, as the evaluation loss lengths
-            counted = array[:, 1] if array.ndim == 2 else array
-            loss = np.maximum(counted.astype(np.int64) - self.loss_offset, 0)
-        settings = {k: v for k, v in self.plan_settings.items() if k != "loss_offset"}
-        try:  # the evaluation rule TokenBudgetDataModule uses
-            config = evaluation_config(self.val_max_tokens, settings)
-            self._planners[stage] = EpochPlanner(array, config, loss)
-        except SettingError as error:
-            raise split_error(
-                error,
-                stage,
-                self.val_max_tokens,
-                budget_default=self._val_budget_default,
-                longest=int(array.max()) if array.size else None,
-            ) from error
+        settings = dict(self.plan_settings)
+        if loss is not None:  # given loss lengths take precedence over the loss_offset
+            settings.pop("loss_offset", None)
+        # else the planner derives them from loss_offset, after truncation (PlanConfig.loss_tokens)
+        self._planners[stage] = plan_split(
+            stage,
+            self.val_max_tokens,
+            settings,
+            array,
+            loss,
+            budget_default=self._val_budget_default,
+        )
         self.collate_for(stage)  # a collate that disagrees with the plan fails now
-        self._eval_sampler(stage, 0, 1)  # checks the split now
+        self.check(stages=(stage,))  # at least one example a rank, each once
+
+    def _dataset(self, stage: str) -> Any:
+        return getattr(self, f"{stage}_dataset")
+
+    def _default_keys(self) -> dict[str, str]:
+        return source_column_keys(self.train_source)
+
+    def _collate_loss_offset(self, config: PlanConfig) -> int | None:
+        return self.loss_offset  # the stream's, whatever the split's loss lengths
 
     def collate_for(self, stage: str) -> Callable[[Any], Any]:
         """The collate of ``stage``, as :meth:`TokenBudgetDataModule.collate_for`.
@@ -651,55 +424,4 @@ class StreamingDataModule(LightningDataModule):
         """
         if stage == "train":
             return self.collate
-        columns = self._columns.get(stage)
-        dataset = getattr(self, f"{stage}_dataset")
-        return collate_for_plan(
-            self._planners[stage].config,
-            self.collate,
-            loss_offset=self.loss_offset,
-            keys=lambda: (
-                source_column_keys(self.train_source)
-                if columns is None
-                else dataset_column_keys(dataset, columns)
-            ),
-        )
-
-    def _eval_sampler(
-        self, stage: str, rank: int | None, world: int | None
-    ) -> TokenBudgetBatchSampler:
-        sampler = TokenBudgetBatchSampler.from_planner(
-            self._planners[stage], rank=rank, world_size=world
-        )
-        check_evaluation(stage, sampler)
-        return sampler
-
-    def _eval_loader(self, stage: str) -> TokenBudgetDataLoader:
-        trainer = self._trainer
-        rank, world = (None, None) if trainer is None else (trainer.global_rank, trainer.world_size)
-        sampler = self._eval_sampler(stage, rank, world)
-        self.samplers[stage] = sampler
-        if stage == "val":
-            self.val_sampler = sampler
-        return TokenBudgetDataLoader(
-            getattr(self, f"{stage}_dataset"),
-            sampler,
-            collate_fn=self.collate_for(stage),
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            evaluation=True,
-        )
-
-    def val_dataloader(self) -> TokenBudgetDataLoader | list[Any]:
-        """This rank's validation loader (every example once across ranks), or ``[]``."""
-        if "val" not in self._planners:
-            return []
-        return self._eval_loader("val")
-
-    def test_dataloader(self) -> TokenBudgetDataLoader:
-        """This rank's test loader (every example once across ranks)."""
-        if "test" not in self._planners:
-            raise ValueError(
-                "StreamingDataModule has no test_dataset: pass test_dataset= and "
-                "test_lengths= when you build it to run trainer.test."
-            )
-        return self._eval_loader("test")
+        return super().collate_for(stage)

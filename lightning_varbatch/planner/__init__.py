@@ -18,20 +18,48 @@ Example:
 from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner, plan_epoch
+from lightning_varbatch.planner.flops import FlopModel
+from lightning_varbatch.planner.length_warmup import SCHEDULES as LENGTH_WARMUP_SCHEDULES
+from lightning_varbatch.planner.length_warmup import LengthWarmupTrace
+from lightning_varbatch.planner.lengths import MAX_OVERSIZE_FRACTION
 from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.mixture_datasets import MIXING_POLICIES, DataSource
+from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import PlanConfig
-from lightning_varbatch.planner.sources import DataSource
+from lightning_varbatch.planner.settings import (
+    DEFAULT_FLOP_ATTENTION,
+    LAYOUTS,
+    OVERSIZE_POLICIES,
+    TAIL_POLICIES,
+    PlanConfig,
+)
+from lightning_varbatch.planner.synthetic import wmt_like_lengths
+from lightning_varbatch.planner.warmup_report import WarmupReport, WarmupStage, warmup_report
 
 __all__ = [
+    "DEFAULT_FLOP_ATTENTION",
+    "LAYOUTS",
+    "LENGTH_WARMUP_SCHEDULES",
+    "MAX_OVERSIZE_FRACTION",
+    "MIXING_POLICIES",
+    "OVERSIZE_POLICIES",
+    "TAIL_POLICIES",
     "DataSource",
     "EpochPlan",
     "EpochPlanner",
+    "FlopModel",
+    "LengthWarmupTrace",
     "MixturePlanner",
     "PlanConfig",
     "PlanDiagnostics",
     "Planner",
+    "WarmupReport",
+    "WarmupStage",
+    "dataset_breakdown",
     "diagnose",
+    "format_breakdown",
     "plan_epoch",
     "rank_loads",
+    "warmup_report",
+    "wmt_like_lengths",
 ]

@@ -32,23 +32,23 @@ def deal_steps(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.
     change the balance).
 
     Args:
-        steps: ``(num_steps, world * acc)`` micro-batch (tile) ids, one row per optimizer step.
-        cost: the cost of every micro-batch, indexed by tile id.
+        steps: ``(num_steps, world * acc)`` micro-batch ids, one row per optimizer step.
+        cost: the cost of every micro-batch, indexed by micro-batch id.
         world: number of ranks.
         acc: micro-batches per rank per optimizer step.
 
     Returns:
-        ``(num_steps, world, acc)`` tile ids: ``[s, r, j]`` is rank ``r``'s ``j``-th
+        ``(num_steps, world, acc)`` micro-batch ids: ``[s, r, j]`` is rank ``r``'s ``j``-th
         micro-batch of step ``s``.
     """
     num_steps = steps.shape[0]
     assign = np.empty((num_steps, world, acc), dtype=np.int64)
     if num_steps == 0:
         return assign
-    tile_cost = cost[steps]
-    by_cost = np.argsort(-tile_cost, axis=1, kind="stable")
+    micro_batch_cost = cost[steps]
+    by_cost = np.argsort(-micro_batch_cost, axis=1, kind="stable")
     ranked = np.take_along_axis(steps, by_cost, axis=1)
-    ranked_cost = np.take_along_axis(tile_cost, by_cost, axis=1)
+    ranked_cost = np.take_along_axis(micro_batch_cost, by_cost, axis=1)
     if acc == 1:  # one slot per rank: the order of ranks does not change the balance
         assign[:, :, 0] = ranked
         return assign

@@ -4,8 +4,8 @@
 JSON-friendly :class:`PlanDiagnostics`: padding efficiency, budget fill, the spread of examples
 per micro-batch, per-rank load imbalance under a linear and a quadratic cost, and the counts of
 examples the tail / oversize policies dropped, repeated, skipped or cut. Everything is computed
-on tile-level arrays (one entry per micro-batch) plus a few passes over the sorted lengths, so
-millions of examples take a fraction of a second.
+on arrays with one entry per micro-batch plus a few passes over the sorted lengths, so millions
+of examples take a fraction of a second.
 
 Example:
     >>> import numpy as np
@@ -21,26 +21,28 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from lightning_varbatch.checks import check_choice
 from lightning_varbatch.planner.epoch_plan import EpochPlan
-from lightning_varbatch.planner.flops import work
+from lightning_varbatch.planner.micro_batch_figures import (
+    LoadModel,
+    MicroBatchFigures,
+    micro_batch_figures,
+    micro_batch_load,
+)
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
 
 __all__ = [
     "LoadModel",
+    "MicroBatchFigures",
     "PlanDiagnostics",
-    "TileFigures",
     "diagnose",
+    "micro_batch_figures",
     "rank_loads",
-    "tile_figures",
 ]
-
-LoadModel = Literal["linear", "quadratic", "flops"]
 
 
 @dataclass(frozen=True)
@@ -212,100 +214,6 @@ class PlanDiagnostics:
         )
 
 
-@dataclass(frozen=True)
-class TileFigures:
-    """Per-tile figures of a plan's layout (one entry per tile, run or not).
-
-    Attributes:
-        size: examples, int64.
-        longest: longest padded planning length, int64.
-        real: summed planning lengths, int64.
-        squares: summed squared planning lengths, float64.
-        slots: token slots: rows × longest, or a packed row's aligned tokens.
-        rows: padded rows: the examples, or under a shape budget the shape's rows (the
-            masked rows run through the model too).
-    """
-
-    size: np.ndarray
-    longest: np.ndarray
-    real: np.ndarray
-    squares: np.ndarray
-    slots: np.ndarray
-    rows: np.ndarray
-
-
-def check_plan_of(planner: Planner, plan: EpochPlan) -> None:
-    """Refuse a plan that ``planner`` cannot have made (its ids would index other examples).
-
-    Raises:
-        ValueError: naming both sizes.
-    """
-    n = planner.num_examples
-    if plan.order.size and int(plan.order.max()) >= n:
-        raise ValueError(
-            f"plan holds example id {int(plan.order.max())} but the planner has only {n} "
-            "examples: pass the plan together with the planner that made it "
-            "(planner.plan(...))."
-        )
-
-
-def tile_figures(planner: Planner, plan: EpochPlan) -> TileFigures:
-    """Examples, longest length, real tokens, Σ L² and slots of every tile of ``plan``.
-
-    Example:
-        >>> import numpy as np
-        >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
-        >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
-        >>> figures = tile_figures(planner, planner.plan(epoch=0))
-        >>> figures.size.tolist(), figures.slots.tolist()
-        ([2, 3], [18, 12])
-    """
-    check_plan_of(planner, plan)
-    size = np.asarray(plan.tile_size, dtype=np.int64)
-    if size.size == 0:
-        zero = np.zeros(0, dtype=np.int64)
-        return TileFigures(zero, zero, zero, zero.astype(np.float64), zero, zero)
-    start = np.asarray(plan.tile_start, dtype=np.int64)
-    # The lengths in tile order, plus a sentinel so that every tile's end is a valid index.
-    # Always the true in-tile maximum: with bucket_width > 1 the first member of a tile is
-    # only in the longest *bucket*, not necessarily the longest example.
-    key = planner.prepared.key[plan.order]
-    keys = np.concatenate([key, np.zeros(1, dtype=key.dtype)])
-    bounds = np.stack([start, start + size], axis=1).reshape(-1)
-    nonempty = size > 0
-    real = np.where(nonempty, np.add.reduceat(keys, bounds, dtype=np.int64)[::2], 0)
-    wide = keys.astype(np.float64)
-    squares = np.where(nonempty, np.add.reduceat(wide * wide, bounds)[::2], 0.0)
-    longest = np.where(nonempty, np.maximum.reduceat(keys, bounds)[::2].astype(np.int64), 0)
-    p = planner.config.pad_to_multiple_of
-    longest = -(-longest // p) * p
-    rows = size
-    if plan.tile_shape is not None:  # a shape budget: every tile runs at its static shape
-        rows, longest = (plan.tile_shape[:, i].astype(np.int64) for i in (0, 1))
-    slots = -(-real // p) * p if planner.config.layout == "packed" else rows * longest
-    return TileFigures(
-        size=size, longest=longest, real=real, squares=squares, slots=slots, rows=rows
-    )
-
-
-def _tile_load(planner: Planner, tiles: TileFigures, model: LoadModel) -> np.ndarray:
-    cfg = planner.config
-    slots = tiles.slots.astype(np.float64)
-    if cfg.layout == "packed":
-        squares = tiles.squares
-    else:
-        length = tiles.longest.astype(np.float64)
-        squares = tiles.rows * length * length
-    if model == "linear":
-        return slots
-    if model == "quadratic":
-        return slots + cfg.quadratic_coef * squares
-    if model == "flops":
-        return work(slots, squares, cfg.flop_attention)
-    check_choice("model", model, ("linear", "quadratic", "flops"), what=" (the load model)")
-    raise AssertionError(model)  # unreachable: check_choice raised
-
-
 def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -> np.ndarray:
     """Every rank's load in every optimizer step, in run order.
 
@@ -330,16 +238,16 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
         >>> rank_loads(planner, planner.plan(epoch=0, world_size=2)).tolist()
         [[18.0, 12.0]]
     """
-    load = _tile_load(planner, tile_figures(planner, plan), model)
+    load = micro_batch_load(planner, micro_batch_figures(planner, plan), model)
     return load[plan.assign].sum(axis=2)
 
 
 def _budgets(planner: Planner, plan: EpochPlan) -> np.ndarray:
-    """Every tile's budget (its dataset's ``max_tokens`` in a mixture)."""
-    if isinstance(planner, MixturePlanner) and plan.tile_dataset is not None:
+    """Every micro-batch's budget (its dataset's ``max_tokens`` in a mixture)."""
+    if isinstance(planner, MixturePlanner) and plan.micro_batch_dataset is not None:
         budgets = np.array([planner.budget(d) for d in range(planner.num_datasets)], float)
-        return budgets[plan.tile_dataset]
-    return np.full(plan.tile_cost.shape, float(planner.config.max_tokens))
+        return budgets[plan.micro_batch_dataset]
+    return np.full(plan.micro_batch_cost.shape, float(planner.config.max_tokens))
 
 
 def _imbalance(loads: np.ndarray) -> tuple[float, float]:
@@ -350,13 +258,17 @@ def _imbalance(loads: np.ndarray) -> tuple[float, float]:
     return float(ratio.mean()), float(ratio.max())
 
 
-def _coverage(planner: Planner, plan: EpochPlan, run_tiles: np.ndarray) -> int:
-    """Distinct example ids in the run tiles (robust to repeated tiles and repeated ids)."""
-    if run_tiles.size == 0:
+def _coverage(planner: Planner, plan: EpochPlan, run_micro_batches: np.ndarray) -> int:
+    """Distinct example ids in the run micro-batches (robust to repeated batches and ids)."""
+    if run_micro_batches.size == 0:
         return 0
     delta = np.zeros(plan.order.shape[0] + 1, dtype=np.int64)
-    np.add.at(delta, plan.tile_start[run_tiles], 1)
-    np.add.at(delta, plan.tile_start[run_tiles] + plan.tile_size[run_tiles], -1)
+    np.add.at(delta, plan.micro_batch_start[run_micro_batches], 1)
+    np.add.at(
+        delta,
+        plan.micro_batch_start[run_micro_batches] + plan.micro_batch_size[run_micro_batches],
+        -1,
+    )
     covered = np.cumsum(delta[:-1]) > 0
     seen = np.zeros(planner.num_examples, dtype=bool)
     seen[plan.order[covered]] = True
@@ -385,17 +297,19 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
         (1.2, 26, 30)
     """
     cfg = planner.config
-    tiles = tile_figures(planner, plan)
+    micro_batches = micro_batch_figures(planner, plan)
     run = np.asarray(plan.assign, dtype=np.int64).reshape(-1)
-    size = tiles.size[run]
-    real = int(tiles.real[run].sum())
-    padded = int(tiles.slots[run].sum())
-    lin = _tile_load(planner, tiles, "linear")[plan.assign].sum(axis=2)
-    quad = _tile_load(planner, tiles, "quadratic")[plan.assign].sum(axis=2)
+    size = micro_batches.size[run]
+    real = int(micro_batches.real[run].sum())
+    padded = int(micro_batches.slots[run].sum())
+    lin = micro_batch_load(planner, micro_batches, "linear")[plan.assign].sum(axis=2)
+    quad = micro_batch_load(planner, micro_batches, "quadratic")[plan.assign].sum(axis=2)
     lin_mean, lin_max = _imbalance(lin)
     quad_mean, quad_max = _imbalance(quad)
-    flops_mean, flops_max = _imbalance(_tile_load(planner, tiles, "flops")[plan.assign].sum(axis=2))
-    per_rank = np.count_nonzero(tiles.size[plan.assign] > 0, axis=(0, 2))
+    flops_mean, flops_max = _imbalance(
+        micro_batch_load(planner, micro_batches, "flops")[plan.assign].sum(axis=2)
+    )
+    per_rank = np.count_nonzero(micro_batches.size[plan.assign] > 0, axis=(0, 2))
     cost = cfg.cost if isinstance(cfg.cost, str) else getattr(cfg.cost, "__qualname__", "custom")
     empty = size.size == 0
     return PlanDiagnostics(
@@ -413,7 +327,7 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
         padding_efficiency=real / padded if padded else 0.0,
         budget_fill=0.0
         if empty
-        else float((plan.tile_cost[run] / _budgets(planner, plan)[run]).mean()),
+        else float((plan.micro_batch_cost[run] / _budgets(planner, plan)[run]).mean()),
         examples_per_batch_min=0 if empty else int(size.min()),
         examples_per_batch_mean=0.0 if empty else float(size.mean()),
         examples_per_batch_p50=0.0 if empty else float(np.percentile(size, 50)),
@@ -435,22 +349,24 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
             else 0.0
         ),
         equal_counts=bool(per_rank.size == 0 or (per_rank == per_rank[0]).all()),
-        num_shapes=len(np.unique(np.stack([tiles.rows[run], tiles.longest[run]], 1), axis=0)),
-        shapes=_shape_table(plan, tiles, run),
+        num_shapes=len(
+            np.unique(np.stack([micro_batches.rows[run], micro_batches.longest[run]], 1), axis=0)
+        ),
+        shapes=_shape_table(plan, micro_batches, run),
     )
 
 
 def _shape_table(
-    plan: EpochPlan, tiles: TileFigures, run: np.ndarray
+    plan: EpochPlan, micro_batches: MicroBatchFigures, run: np.ndarray
 ) -> tuple[tuple[int, int, int, int, int], ...]:
     """Per static shape: rows, length, micro-batches run, real tokens, padded slots."""
-    if plan.tile_shape is None or run.size == 0:
+    if plan.micro_batch_shape is None or run.size == 0:
         return ()
-    shapes, which = np.unique(plan.tile_shape[run], axis=0, return_inverse=True)
+    shapes, which = np.unique(plan.micro_batch_shape[run], axis=0, return_inverse=True)
     which = which.reshape(-1)
     count = np.bincount(which, minlength=len(shapes))
-    real = np.bincount(which, weights=tiles.real[run], minlength=len(shapes))
-    slots = np.bincount(which, weights=tiles.slots[run], minlength=len(shapes))
+    real = np.bincount(which, weights=micro_batches.real[run], minlength=len(shapes))
+    slots = np.bincount(which, weights=micro_batches.slots[run], minlength=len(shapes))
     order = np.argsort(shapes[:, 1], kind="stable")
     return tuple(
         (int(shapes[k, 0]), int(shapes[k, 1]), int(count[k]), int(real[k]), int(slots[k]))

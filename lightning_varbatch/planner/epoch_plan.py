@@ -10,68 +10,123 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
 
-__all__ = ["EpochPlan"]
+if TYPE_CHECKING:
+    from lightning_varbatch.planner.length_warmup import LengthWarmupTrace
+
+__all__ = ["DEPRECATED_NAMES", "EpochPlan"]
+
+#: The names earlier versions gave the plan's attributes, methods and constructor arguments
+#: (a micro-batch was a "tile"), and their names now. The old names still work and warn with a
+#: :class:`DeprecationWarning`.
+DEPRECATED_NAMES: dict[str, str] = {
+    "tile_start": "micro_batch_start",
+    "tile_size": "micro_batch_size",
+    "tile_cost": "micro_batch_cost",
+    "tile_dataset": "micro_batch_dataset",
+    "tile_work": "micro_batch_work",
+    "tile_shape": "micro_batch_shape",
+    "tile_load": "micro_batch_load",
+    "tile_tokens": "micro_batch_tokens",
+    "tile_ids": "micro_batch_ids",
+    "rank_tiles": "rank_micro_batches",
+    "ids_of_tiles": "ids_of_micro_batches",
+    "consumed_tiles": "consumed_micro_batches",
+}
+
+
+def _warn_renamed(old: str, stacklevel: int = 3) -> None:
+    warnings.warn(
+        f"EpochPlan.{old} is deprecated: use EpochPlan.{DEPRECATED_NAMES[old]} (a plan's "
+        "micro-batches were once called tiles).",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+class _Renamed:
+    """The old name of an :class:`EpochPlan` attribute or method: reads the new one, warns."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.old = name
+
+    def __get__(self, plan: object, owner: type | None = None) -> Any:
+        if plan is None:
+            return self
+        _warn_renamed(self.old)
+        return getattr(plan, DEPRECATED_NAMES[self.old])
 
 
 @dataclass(frozen=True)
 class EpochPlan:
     """Which examples form each micro-batch of each rank in one epoch.
 
-    Micro-batches are *tiles*: tile ``t`` holds ``order[tile_start[t] : tile_start[t] +
-    tile_size[t]]``. ``assign[step, rank, micro]`` is the tile that ``rank`` runs as micro-batch
-    ``micro`` of optimizer step ``step``; a rank iterates its tiles step by step, micro by micro.
+    Micro-batches are contiguous slices of the epoch's example order: micro-batch ``b`` holds
+    ``order[micro_batch_start[b] : micro_batch_start[b] + micro_batch_size[b]]``, and every
+    ``micro_batch_*`` array has one entry per micro-batch id. ``assign[step, rank, micro]`` is
+    the id of the micro-batch that ``rank`` runs in slot ``micro`` of optimizer step ``step``;
+    a rank runs its micro-batches step by step, slot by slot. (The names ``tile_start``,
+    ``rank_tiles``, ... of earlier versions still work and warn: :data:`DEPRECATED_NAMES`.)
 
     Attributes:
         epoch: the epoch this plan is for.
         world_size: number of ranks.
         accumulate_grad_batches: micro-batches per rank per optimizer step.
-        order: example ids in tile order (this epoch's shuffle).
-        tile_start: first position of every tile in ``order``.
-        tile_size: examples in every tile.
-        tile_cost: every tile's cost under the cost model (never above ``max_tokens``).
-        assign: ``(num_steps, world_size, accumulate_grad_batches)`` tile ids.
+        order: example ids in micro-batch order (this epoch's shuffle).
+        micro_batch_start: first position of every micro-batch in ``order``.
+        micro_batch_size: examples in every micro-batch.
+        micro_batch_cost: every micro-batch's cost under the cost model (at most
+            ``max_tokens``).
+        assign: ``(num_steps, world_size, accumulate_grad_batches)`` micro-batch ids.
         num_dropped: examples left out by ``tail="drop"`` this epoch.
         num_duplicated: examples repeated by ``tail="pad"`` this epoch.
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
-        tile_dataset: the dataset of every tile when several are mixed
+        micro_batch_dataset: the dataset of every micro-batch when several are mixed
             (:class:`~lightning_varbatch.planner.mixture.MixturePlanner`); ``None`` means dataset 0.
-        tile_work: what ranks were balanced by when it is not the cost (``layout="packed"``:
-            each tile's compute, :mod:`lightning_varbatch.planner.flops`); ``None``: the cost.
-        tile_shape: ``(m, 2)`` the static ``(rows, length)`` every tile is padded to under a
-            shape budget (``PlanConfig.max_shapes``); ``None``: free shapes.
+        micro_batch_work: what ranks were balanced by when it is not the cost
+            (``layout="packed"``: each micro-batch's compute,
+            :mod:`lightning_varbatch.planner.flops`); ``None``: the cost.
+        micro_batch_shape: ``(m, 2)`` the static ``(rows, length)`` every micro-batch is padded
+            to under a shape budget (``PlanConfig.max_shapes``); ``None``: free shapes.
     """
 
     epoch: int
     world_size: int
     accumulate_grad_batches: int
     order: np.ndarray
-    tile_start: np.ndarray
-    tile_size: np.ndarray
-    tile_cost: np.ndarray
+    micro_batch_start: np.ndarray
+    micro_batch_size: np.ndarray
+    micro_batch_cost: np.ndarray
     assign: np.ndarray
     num_dropped: int = 0
     num_duplicated: int = 0
     num_skipped: int = 0
     num_truncated: int = 0
-    tile_dataset: np.ndarray | None = None
-    tile_work: np.ndarray | None = None
-    tile_shape: np.ndarray | None = None
+    micro_batch_dataset: np.ndarray | None = None
+    micro_batch_work: np.ndarray | None = None
+    micro_batch_shape: np.ndarray | None = None
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
+    #: What the length warm-up did (``PlanConfig.length_warmup``), ``None`` without one. Not
+    #: a dataclass field (plans without a warm-up compare and hash as before); the planner
+    #: sets it on the plans it warms up.
+    length_warmup: ClassVar[LengthWarmupTrace | None] = None
 
     @property
-    def tile_load(self) -> np.ndarray:
-        """What ranks are balanced by: ``tile_work``, else ``tile_cost``."""
-        return self.tile_cost if self.tile_work is None else self.tile_work
+    def micro_batch_load(self) -> np.ndarray:
+        """What ranks are balanced by: ``micro_batch_work``, else ``micro_batch_cost``."""
+        return self.micro_batch_cost if self.micro_batch_work is None else self.micro_batch_work
 
     @property
     def num_steps(self) -> int:
@@ -84,33 +139,33 @@ class EpochPlan:
         return int(self.assign.shape[0] * self.assign.shape[2])
 
     @cached_property
-    def tile_tokens(self) -> np.ndarray:
-        """Loss tokens of every tile (target tokens for source/target pairs), int64."""
+    def micro_batch_tokens(self) -> np.ndarray:
+        """Loss tokens of every micro-batch (target tokens for source/target pairs), int64."""
         if self._exact_tokens is not None:
             return self._exact_tokens.astype(np.int64)
-        if self.tile_start.size == 0 or self._loss is None:
-            return np.zeros(self.tile_start.shape, dtype=np.int64)
-        return _tile_sums(self._loss, self.order, self.tile_start)
+        if self.micro_batch_start.size == 0 or self._loss is None:
+            return np.zeros(self.micro_batch_start.shape, dtype=np.int64)
+        return _micro_batch_sums(self._loss, self.order, self.micro_batch_start)
 
     @cached_property
     def step_tokens(self) -> np.ndarray:
         """``(num_steps,)`` loss tokens of each optimizer step, summed over ranks and micros."""
-        return self.tile_tokens[self.assign].sum(axis=(1, 2))
+        return self.micro_batch_tokens[self.assign].sum(axis=(1, 2))
 
     @cached_property
     def step_dataset(self) -> np.ndarray:
         """``(num_steps, world_size, accumulate_grad_batches)`` dataset of every micro-batch."""
-        if self.tile_dataset is None:
+        if self.micro_batch_dataset is None:
             return np.zeros(self.assign.shape, dtype=np.int64)
-        return self.tile_dataset[self.assign]
+        return self.micro_batch_dataset[self.assign]
 
     @cached_property
     def step_examples(self) -> np.ndarray:
         """``(num_steps,)`` examples in each optimizer step, summed over ranks and micros."""
-        return self.tile_size[self.assign].sum(axis=(1, 2))
+        return self.micro_batch_size[self.assign].sum(axis=(1, 2))
 
-    def rank_tiles(self, rank: int) -> np.ndarray:
-        """Tile ids of ``rank`` in the order it runs them.
+    def rank_micro_batches(self, rank: int) -> np.ndarray:
+        """Micro-batch ids of ``rank`` in the order it runs them.
 
         Raises:
             ValueError: when ``rank`` is not in ``[0, world_size)``.
@@ -127,22 +182,22 @@ class EpochPlan:
             )
         return self.assign[:, rank, :].reshape(-1)
 
-    def tile_ids(self, tile: int) -> np.ndarray:
-        """Example ids of one tile."""
-        start = int(self.tile_start[tile])
-        return self.order[start : start + int(self.tile_size[tile])]
+    def micro_batch_ids(self, micro_batch: int) -> np.ndarray:
+        """Example ids of one micro-batch."""
+        start = int(self.micro_batch_start[micro_batch])
+        return self.order[start : start + int(self.micro_batch_size[micro_batch])]
 
     def micro_batch(self, step: int, rank: int, micro: int = 0) -> np.ndarray:
         """Example ids of ``rank``'s micro-batch ``micro`` in optimizer step ``step``."""
-        return self.tile_ids(int(self.assign[step, rank, micro]))
+        return self.micro_batch_ids(int(self.assign[step, rank, micro]))
 
     def example_ids(self, rank: int | None = None) -> np.ndarray:
         """All example ids this epoch (of one rank, or of all), in run order."""
-        tiles = self.assign.reshape(-1) if rank is None else self.rank_tiles(rank)
-        return self.ids_of_tiles(tiles)
+        micro_batches = self.assign.reshape(-1) if rank is None else self.rank_micro_batches(rank)
+        return self.ids_of_micro_batches(micro_batches)
 
-    def consumed_tiles(self, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
-        """Tiles of all ranks' first ``micro_batches`` micro-batches, and the tiles after them.
+    def consumed_micro_batches(self, micro_batches: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of all ranks' first ``micro_batches`` micro-batches, and of those after them.
 
         Raises:
             ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
@@ -167,11 +222,11 @@ class EpochPlan:
             rest = np.concatenate([self.assign[steps, :, micros:].reshape(-1), rest])
         return done, rest
 
-    def ids_of_tiles(self, tiles: np.ndarray) -> np.ndarray:
-        """Example ids of ``tiles``, concatenated in that order."""
-        if tiles.size == 0:
+    def ids_of_micro_batches(self, micro_batches: np.ndarray) -> np.ndarray:
+        """Example ids of ``micro-batches``, concatenated in that order."""
+        if micro_batches.size == 0:
             return np.zeros(0, dtype=self.order.dtype)
-        return np.concatenate([self.tile_ids(int(t)) for t in tiles])
+        return np.concatenate([self.micro_batch_ids(int(t)) for t in micro_batches])
 
     def consumed_ids(self, micro_batches: int) -> np.ndarray:
         """Ids of all ranks' first ``micro_batches`` micro-batches (what a resume skips).
@@ -179,16 +234,46 @@ class EpochPlan:
         Raises:
             ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
         """
-        return self.ids_of_tiles(self.consumed_tiles(micro_batches)[0])
+        return self.ids_of_micro_batches(self.consumed_micro_batches(micro_batches)[0])
+
+    # The names of earlier versions (DEPRECATED_NAMES): they read the new ones and warn.
+    tile_start = _Renamed()
+    tile_size = _Renamed()
+    tile_cost = _Renamed()
+    tile_dataset = _Renamed()
+    tile_work = _Renamed()
+    tile_shape = _Renamed()
+    tile_load = _Renamed()
+    tile_tokens = _Renamed()
+    tile_ids = _Renamed()
+    rank_tiles = _Renamed()
+    ids_of_tiles = _Renamed()
+    consumed_tiles = _Renamed()
+
+
+def _accept_old_arguments(init: Any) -> Any:
+    """Let ``EpochPlan(tile_start=...)`` (the old argument names) build a plan, with a warning."""
+
+    @functools.wraps(init)
+    def __init__(self: EpochPlan, *args: Any, **kwargs: Any) -> None:
+        for old in [name for name in kwargs if name in DEPRECATED_NAMES]:
+            _warn_renamed(old)
+            kwargs[DEPRECATED_NAMES[old]] = kwargs.pop(old)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+EpochPlan.__init__ = _accept_old_arguments(EpochPlan.__init__)  # type: ignore[method-assign]
 
 
 _SUM_CHUNK = 1 << 20
 
 
-def _tile_sums(values: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """``values[order]`` summed over each tile.
+def _micro_batch_sums(values: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """``values[order]`` summed over each micro-batch.
 
-    Gathered a chunk of tiles at a time: bounded temporaries instead of an int64 copy of the
+    Gathered a chunk of micro-batches at a time: bounded temporaries instead of an int64 copy of the
     whole epoch.
     """
     out = np.empty(starts.size, dtype=np.int64)

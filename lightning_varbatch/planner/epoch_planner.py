@@ -7,7 +7,7 @@ so every rank gets the same number of micro-batches by construction.
 How a plan is made (see ``docs/planning.md`` for the reasoning):
 
 1. Examples are sorted by decreasing (bucketed) length once; the sorted order is cut greedily
-   into micro-batches that fit ``max_tokens`` (:mod:`lightning_varbatch.planner.layout`).
+   into micro-batches that fit ``max_tokens`` (:mod:`lightning_varbatch.planner.sorted_cut`).
    This depends only on the lengths, so it is cached and reused every epoch.
 2. Each epoch, examples of equal bucket are shuffled among themselves (batch composition
    changes, padding does not), the tail policy (:mod:`lightning_varbatch.planner.tail`) makes
@@ -36,16 +36,20 @@ from lightning_varbatch.checks import check_count
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.dealing import deal_steps
 from lightning_varbatch.planner.epoch_plan import EpochPlan
-from lightning_varbatch.planner.layout import Layout, SortedGroups
+from lightning_varbatch.planner.length_warmup import LengthWarmupTrace, light_steps, warmup_order
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
+from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
+from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
-from lightning_varbatch.planner.shapes import choose_shape_lengths, shape_rows
-from lightning_varbatch.planner.tail import effective_tail, select_tiles, tail_layout
+from lightning_varbatch.planner.shape_budget import ShapeBudget
+from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
+from lightning_varbatch.planner.tail import effective_tail, select_micro_batches, tail_cut
+from lightning_varbatch.planner.warmup_plan import step_longest, warmup_caps, warmup_position
 
 __all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
 
 
-class EpochPlanner:
+class EpochPlanner(ShapeBudget):
     """Plans epochs over fixed lengths, caching the sort and the cut between epochs.
 
     Args:
@@ -100,12 +104,13 @@ class EpochPlanner:
         self._exact_totals = (
             not self.prepared.pairs
             and loss_lengths is None
+            and config.loss_offset == 0
             and config.bucket_width == 1
             and config.max_shapes is None
         )
         self._groups: SortedGroups | None = None
         self._shape_lengths: np.ndarray | None = None
-        self._layouts: dict[int, Layout] = {}
+        self._cuts: dict[int, SortedCut] = {}
 
     @property
     def num_examples(self) -> int:
@@ -120,8 +125,13 @@ class EpochPlanner:
 
     @property
     def num_micro_batches(self) -> int:
-        """Micro-batches of one pass before the tail policy (the data's size in budgets)."""
-        return self._layout().num_tiles
+        """Micro-batches of one pass before the tail policy (the data's size in budgets).
+
+        With packed rows over buckets wider than 1, each epoch cuts its own rows
+        (:mod:`~lightning_varbatch.planner.packed_rows`): this is the count of the sorted
+        order's, which an epoch's may differ from by a few.
+        """
+        return self._cut().num_micro_batches
 
     @property
     def num_skipped(self) -> int:
@@ -158,58 +168,6 @@ class EpochPlanner:
         return self.config.fingerprint()
 
     @property
-    def shape_lengths(self) -> np.ndarray | None:
-        """The shape budget's padded lengths, ascending (``None`` without ``max_shapes``).
-
-        Chosen once from the planned examples' lengths (:mod:`~lightning_varbatch.planner.shapes`),
-        so resumed and re-planned epochs keep the same shapes.
-        """
-        if self.config.max_shapes is None:
-            return None
-        if self._shape_lengths is None:
-            kept = self.prepared.kept
-            key = self.prepared.key if kept is None else self.prepared.key[kept]
-            self._shape_lengths = choose_shape_lengths(
-                key, self.config.max_shapes, self.config.pad_to_multiple_of
-            )
-        return self._shape_lengths
-
-    def use_shape_lengths(self, lengths: np.ndarray) -> None:
-        """Plan with these shape lengths (a mixture chooses them over all its datasets).
-
-        Raises:
-            ValueError: without ``max_shapes``, with more lengths than it allows, or when an
-                example is longer than the longest.
-        """
-        limit = self.config.max_shapes
-        lengths = np.unique(np.asarray(lengths, dtype=np.int64))
-        if limit is None or lengths.size > limit or lengths.size == 0:
-            raise SettingValueError(
-                f"use_shape_lengths needs PlanConfig(max_shapes=...) and 1 to max_shapes="
-                f"{limit} lengths, got {lengths.size}.",
-                setting="shape lengths",
-                value=lengths,
-            )
-        kept = self.prepared.kept
-        key = self.prepared.key if kept is None else self.prepared.key[kept]
-        if key.size and int(key.max()) > int(lengths[-1]):
-            raise ValueError(
-                f"An example of length {int(key.max())} does not fit the longest shape "
-                f"length {int(lengths[-1])}."
-            )
-        self._shape_lengths = lengths
-        self._groups = None
-        self._layouts = {}
-
-    @property
-    def shapes(self) -> np.ndarray | None:
-        """``(k, 2)`` ``(rows, length)`` of every shape, by length (``None``: free shapes)."""
-        lengths = self.shape_lengths
-        if lengths is None:
-            return None
-        return np.stack([shape_rows(lengths, self.config), lengths], axis=1)
-
-    @property
     def groups(self) -> SortedGroups:
         """The sorted order of all planned examples (computed once)."""
         if self._groups is None:
@@ -218,14 +176,18 @@ class EpochPlanner:
             )
         return self._groups
 
-    def _layout(self, tail: TailPolicy = "pad", multiple: int = 1) -> Layout:
-        """The layout of all planned examples under ``tail`` (cached per step size)."""
-        if 1 not in self._layouts:
-            self._layouts[1] = Layout.build(self.groups, self.config)
+    def _cut(self, tail: TailPolicy = "pad", multiple: int = 1) -> SortedCut:
+        """The cut of all planned examples under ``tail`` (cached per step size)."""
+        if 1 not in self._cuts:
+            if cuts_each_epoch(self.config):  # the rows of the sorted order, unshuffled
+                exact = exact_groups(self.groups.ids, self.prepared.key)
+                self._cuts[1] = packed_cut(exact, self.config)
+            else:
+                self._cuts[1] = SortedCut.build(self.groups, self.config)
         key = multiple if tail == "spread" else 1
-        if key not in self._layouts:
-            self._layouts[key] = tail_layout(self._layouts[1], self.groups, tail, key, self.config)
-        return self._layouts[key]
+        if key not in self._cuts:
+            self._cuts[key] = tail_cut(self._cuts[1], self.groups, tail, key, self.config)
+        return self._cuts[key]
 
     def plan(
         self,
@@ -235,6 +197,8 @@ class EpochPlanner:
         *,
         exclude: np.ndarray | None = None,
         salt: int = 0,
+        first_step: int = 0,
+        cap_floor: int = 0,
     ) -> EpochPlan:
         """Plan one epoch.
 
@@ -245,6 +209,9 @@ class EpochPlanner:
             exclude: boolean mask over all examples; ``True`` ones are left out (resume with
                 another world size re-plans what an interrupted epoch has not consumed).
             salt: extra randomness for re-plans, so they differ from the original plan.
+            first_step: the run's optimizer step the plan's first step is (a re-planned
+                remainder of epoch 0 continues the length warm-up there).
+            cap_floor: the length warm-up's cap already reached before ``first_step``.
 
         Returns:
             The plan.
@@ -258,53 +225,89 @@ class EpochPlanner:
         acc = check_count("accumulate_grad_batches", accumulate_grad_batches)
         wa = world * acc
         cfg = self.config
-        if exclude is None:
-            groups = self.groups
-        else:
-            exclude = np.asarray(exclude)
-            if exclude.dtype != np.bool_:
-                raise SettingTypeError(
-                    f"exclude must be a boolean mask over the {self.num_examples} examples, "
-                    f"got dtype {exclude.dtype}; build it with np.zeros(n, dtype=bool) and set "
-                    "the excluded ids to True (a list of ids is not a mask).",
-                    setting="exclude",
-                    value=exclude,
-                )
-            if exclude.shape != (self.num_examples,):
-                raise SettingValueError(
-                    f"exclude must be a boolean mask of {self.num_examples} examples, "
-                    f"got shape {exclude.shape}.",
-                    setting="exclude",
-                    value=exclude,
-                )
-            kept = self.prepared.kept
-            keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
-            groups = SortedGroups.build(
-                self.prepared.key, keep, cfg.bucket_width, self.shape_lengths
-            )
-            if groups.size == 0:
-                return self._empty_plan(epoch, world, acc)
+        groups = self.groups if exclude is None else self._groups_without(exclude)
+        if groups.size == 0 and exclude is not None:
+            return self._empty_plan(epoch, world, acc)
         replanned = exclude is not None
         tail = effective_tail(cfg, groups.size, world, acc, replanned=replanned)
         rng = np.random.default_rng([cfg.seed, epoch, salt])
-        if replanned:
-            layout = tail_layout(Layout.build(groups, cfg), groups, tail, wa, cfg)
-        else:
-            layout = self._layout(tail, wa)
         order = groups.ids.copy()
         if cfg.shuffle:
             starts = groups.starts
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
-        selected = select_tiles(layout, tail, world, acc, rng, cfg)
-        tiles = selected.tiles
-        if cfg.layout == "packed":
+        if cuts_each_epoch(cfg):  # packed rows cut on this epoch's exact lengths
+            groups = exact_groups(order, self.prepared.key)
+            cut = tail_cut(packed_cut(groups, cfg), groups, tail, wa, cfg)
+        elif replanned:
+            cut = tail_cut(SortedCut.build(groups, cfg), groups, tail, wa, cfg)
+        else:
+            cut = self._cut(tail, wa)
+        selected = select_micro_batches(cut, tail, world, acc, rng, cfg)
+        caps = warmup_caps(cfg, self.prepared, epoch, first_step)
+        floor = check_count("cap_floor", cap_floor, minimum=0)
+        warm = None if caps is None else (caps, floor, order, first_step)
+        assign, trace = self._deal(cut, selected.micro_batches, world, acc, rng, warm)
+        prep = self.prepared
+        plan = EpochPlan(
+            epoch=epoch,
+            world_size=world,
+            accumulate_grad_batches=acc,
+            order=order,
+            micro_batch_start=cut.starts,
+            micro_batch_size=cut.sizes,
+            micro_batch_cost=cut.cost,
+            micro_batch_work=cut.work if cfg.layout == "packed" else None,
+            micro_batch_shape=self._micro_batch_shapes(groups, cut),
+            assign=assign,
+            num_dropped=selected.num_dropped,
+            num_duplicated=selected.num_duplicated,
+            num_skipped=prep.num_skipped,
+            num_truncated=prep.num_truncated,
+            _loss=prep.loss,
+            _exact_tokens=cut.total if self._exact_totals else None,
+        )
+        if trace is not None:
+            object.__setattr__(plan, "length_warmup", trace)
+        return plan
+
+    def _groups_without(self, exclude: np.ndarray) -> SortedGroups:
+        """The sorted order of the planned examples that ``exclude`` does not mark."""
+        exclude = check_exclude(exclude, self.num_examples)
+        kept = self.prepared.kept
+        keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
+        return SortedGroups.build(
+            self.prepared.key, keep, self.config.bucket_width, self.shape_lengths
+        )
+
+    def _deal(
+        self,
+        cut: SortedCut,
+        run: np.ndarray,
+        world: int,
+        acc: int,
+        rng: np.random.Generator,
+        warm: tuple[np.ndarray, int, np.ndarray, int] | None = None,
+    ) -> tuple[np.ndarray, LengthWarmupTrace | None]:
+        """``(steps, world, acc)`` micro-batch ids: ``run`` formed into steps, dealt, ordered.
+
+        ``warm`` (the length warm-up: scheduled caps, the cap already reached, the epoch's
+        order, the first step) reorders the steps after the shuffle (:func:`warmup_order`).
+        """
+        if self.config.layout == "packed":
             # Packed rows of equal tokens differ in compute (Σ L²): steps take micro-batches
             # of neighbouring compute, so that dealing can even the ranks out.
-            tiles = tiles[np.argsort(-layout.work[tiles], kind="stable")]
-        assign = deal_steps(tiles.reshape(-1, wa), layout.work, world, acc)
-        if cfg.shuffle:
+            run = run[np.argsort(-cut.work[run], kind="stable")]
+        assign = deal_steps(run.reshape(-1, world * acc), cut.work, world, acc)
+        if self.config.shuffle:
             assign = assign[rng.permutation(assign.shape[0])]
+        trace = None
+        if warm is not None:
+            caps, floor, order, first = warm
+            longest = step_longest(self.prepared.key, cut.starts, cut.sizes, order, assign)
+            perm, realised = warmup_order(longest, caps, floor, light_steps(cut.cost, assign))
+            assign, longest = assign[perm], longest[perm]
+            trace = LengthWarmupTrace(first, caps[: realised.shape[0]], realised, longest)
         if self.rotate_ranks and world > 1:
             # Dealing gives rank 0 each step's largest micro-batch: over a few steps (a window
             # of a stream) that skews the ranks' real tokens; a random rank order per step
@@ -313,35 +316,7 @@ class EpochPlanner:
             assign = np.take_along_axis(
                 assign, np.broadcast_to(ranks[:, :, None], assign.shape), axis=1
             )
-        prep = self.prepared
-        return EpochPlan(
-            epoch=epoch,
-            world_size=world,
-            accumulate_grad_batches=acc,
-            order=order,
-            tile_start=layout.starts,
-            tile_size=layout.sizes,
-            tile_cost=layout.cost,
-            tile_work=layout.work if cfg.layout == "packed" else None,
-            tile_shape=self._tile_shapes(groups, layout),
-            assign=assign,
-            num_dropped=selected.num_dropped,
-            num_duplicated=selected.num_duplicated,
-            num_skipped=prep.num_skipped,
-            num_truncated=prep.num_truncated,
-            _loss=prep.loss,
-            _exact_tokens=layout.total if self._exact_totals else None,
-        )
-
-    def _tile_shapes(self, groups: SortedGroups, layout: Layout) -> np.ndarray | None:
-        """``(m, 2)`` the static ``(rows, length)`` of every tile (``None``: free shapes)."""
-        shapes = self.shapes
-        if shapes is None:
-            return None
-        longest = groups.longest[groups.group_of(layout.starts)]
-        out = shapes[np.searchsorted(shapes[:, 1], longest)]
-        assert (layout.sizes <= out[:, 0]).all(), "a tile has more examples than its shape"
-        return out
+        return assign, trace
 
     def plan_resumed(
         self,
@@ -365,13 +340,23 @@ class EpochPlanner:
         """
         history = check_history(history)
         exclude: np.ndarray | None = None
+        first, floor = 0, 0  # where the length warm-up stands
         for depth, (world, acc, consumed) in enumerate(history):
-            done = self.plan(epoch, world, acc, exclude=exclude, salt=depth)
+            done = self.plan(
+                epoch, world, acc, exclude=exclude, salt=depth, first_step=first, cap_floor=floor
+            )
             if exclude is None:
                 exclude = np.zeros(self.num_examples, dtype=bool)
             exclude[done.consumed_ids(consumed)] = True
+            first, floor = warmup_position(done, consumed, first, floor)
         return self.plan(
-            epoch, world_size, accumulate_grad_batches, exclude=exclude, salt=len(history)
+            epoch,
+            world_size,
+            accumulate_grad_batches,
+            exclude=exclude,
+            salt=len(history),
+            first_step=first,
+            cap_floor=floor,
         )
 
     def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:
@@ -381,51 +366,14 @@ class EpochPlanner:
             world_size=world,
             accumulate_grad_batches=acc,
             order=empty.astype(np.int32),
-            tile_start=empty,
-            tile_size=empty,
-            tile_cost=empty.astype(np.float64),
+            micro_batch_start=empty,
+            micro_batch_size=empty,
+            micro_batch_cost=empty.astype(np.float64),
             assign=np.zeros((0, world, acc), dtype=np.int64),
-            tile_shape=None if self.shapes is None else np.zeros((0, 2), dtype=np.int64),
+            micro_batch_shape=None if self.shapes is None else np.zeros((0, 2), dtype=np.int64),
             num_skipped=self.prepared.num_skipped,
             num_truncated=self.prepared.num_truncated,
         )
-
-
-def check_history(history: object) -> list[tuple[int, int, int]]:
-    """Validate ``plan_resumed``'s history: ``(world_size, accumulation, consumed)`` triples.
-
-    Raises:
-        ValueError: naming the bad entry and what it should be.
-    """
-    if isinstance(history, (str, bytes)) or not isinstance(history, (Sequence, np.ndarray)):
-        raise SettingTypeError(
-            f"history must be a sequence of (world_size, accumulate_grad_batches, consumed "
-            f"micro-batches per rank) triples, got {type(history).__name__} {history!r:.60}.",
-            setting="history",
-            value=history,
-        )
-    out = []
-    for i, entry in enumerate(history):
-        if (
-            isinstance(entry, (str, bytes))
-            or not isinstance(entry, (Sequence, np.ndarray))
-            or len(entry) != 3
-        ):
-            raise SettingValueError(
-                f"history[{i}] is {entry!r}: each entry must be a (world_size, "
-                "accumulate_grad_batches, consumed micro-batches per rank) triple.",
-                setting="history",
-                value=history,
-            )
-        world, acc, consumed = entry
-        out.append(
-            (
-                check_count(f"history[{i}] world_size", world),
-                check_count(f"history[{i}] accumulate_grad_batches", acc),
-                check_count(f"history[{i}] consumed micro-batches", consumed, minimum=0),
-            )
-        )
-    return out
 
 
 def plan_epoch(
@@ -455,7 +403,7 @@ def plan_epoch(
     Example:
         >>> import numpy as np
         >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
-        >>> plan.tile_size[plan.rank_tiles(0)].tolist()
+        >>> plan.micro_batch_size[plan.rank_micro_batches(0)].tolist()
         [2]
     """
     planner = EpochPlanner(lengths, PlanConfig(max_tokens=max_tokens, **config), loss_lengths)

@@ -25,7 +25,7 @@ import numpy as np
 
 from lightning_varbatch.checks import check_count
 
-__all__ = ["FlopModel", "transformer_flops", "work"]
+__all__ = ["FlopModel", "attention_term", "transformer_flops", "work"]
 
 
 @dataclass(frozen=True)
@@ -116,3 +116,35 @@ def work(total: np.ndarray, squares: np.ndarray, flop_attention: float) -> np.nd
     return np.asarray(total, dtype=np.float64) + flop_attention * np.asarray(
         squares, dtype=np.float64
     )
+
+
+def attention_term(
+    rows: np.ndarray, longest: np.ndarray, squares: np.ndarray, *, packed: bool
+) -> np.ndarray:
+    """The attention term of micro-batches: the (query, key) pairs attention computes.
+
+    A packed row attends within each example: ``Σ L²`` (``squares``). A padded batch attends
+    over its padded length on every row, masked rows and padding included: ``rows · longest²``.
+    This is the quadratic part of :func:`work`, of the ``"quadratic"`` load of the diagnostics
+    and of the memory model; compute it here, not again.
+
+    Args:
+        rows: rows of each micro-batch (its examples, or its shape's rows).
+        longest: each micro-batch's padded length.
+        squares: ``Σ L²`` of each micro-batch's examples.
+        packed: whether the micro-batches are packed rows (``layout="packed"``).
+
+    Returns:
+        float64 pairs, one per micro-batch.
+
+    Example:
+        >>> rows, longest, squares = np.array([2, 1]), np.array([8, 16]), np.array([80, 100])
+        >>> attention_term(rows, longest, squares, packed=False).tolist()
+        [128.0, 256.0]
+        >>> attention_term(rows, longest, squares, packed=True).tolist()
+        [80.0, 100.0]
+    """
+    if packed:
+        return np.asarray(squares, dtype=np.float64)
+    length = np.asarray(longest, dtype=np.float64)
+    return rows * length * length

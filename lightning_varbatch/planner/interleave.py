@@ -3,7 +3,7 @@
 :class:`~lightning_varbatch.planner.mixture.MixturePlanner` plans each dataset on its own
 (:class:`Part`: a pass over the dataset, a window of its stream of passes, or a re-planned
 remainder) and :func:`compose_parts` joins them into one
-:class:`~lightning_varbatch.planner.epoch_plan.EpochPlan`: the parts' micro-batches (tiles)
+:class:`~lightning_varbatch.planner.epoch_plan.EpochPlan`: the parts' micro-batches
 are renumbered globally and their *units* (whole optimizer steps under ``mixing="per_step"``,
 single micro-batches under ``"per_batch"``) are spread along the epoch by
 :func:`interleave`, a stratified random interleaving: every dataset's share holds along the
@@ -25,7 +25,7 @@ import numpy as np
 
 from lightning_varbatch.planner.dealing import deal_steps
 from lightning_varbatch.planner.epoch_plan import EpochPlan
-from lightning_varbatch.planner.sources import MixingPolicy
+from lightning_varbatch.planner.mixture_datasets import MixingPolicy
 
 __all__ = ["MIX_TAG", "Part", "compose_parts", "interleave"]
 
@@ -41,8 +41,8 @@ class Part:
         dataset: the dataset's index.
         plan: the dataset's plan (its example ids are the dataset's own).
         ids: maps the plan's example ids to global ids: an offset, or an id array.
-        units: the plan's steps (``(u, world, acc)`` tile ids) under per-step mixing, or its
-            tiles (``(u,)``) under per-batch mixing, in run order.
+        units: the plan's steps (``(u, world, acc)`` micro-batch ids) under per-step mixing, or its
+            micro-batches (``(u,)``) under per-batch mixing, in run order.
     """
 
     dataset: int
@@ -81,7 +81,7 @@ def compose_parts(
     num_truncated: int,
     dropped: int | None = None,
 ) -> EpochPlan:
-    """One plan from the parts: global tiles, units interleaved evenly by dataset.
+    """One plan from the parts: global micro-batches, units interleaved evenly by dataset.
 
     Args:
         parts: the datasets' parts, in any order.
@@ -96,24 +96,24 @@ def compose_parts(
         num_truncated: examples cut by ``oversize="truncate"``, all datasets.
         dropped: examples dropped by the tail policy; ``None``: the parts' sum.
     """
-    orders, starts, tile_ds, units, unit_ds = [], [], [], [], []
-    order_base = tile_base = 0
+    orders, starts, micro_ds, units, unit_ds = [], [], [], [], []
+    order_base = micro_base = 0
     for part in parts:
         p = part.plan
         ids = p.order.astype(np.int64)
         orders.append(ids + part.ids if isinstance(part.ids, int) else part.ids[ids])
-        starts.append(p.tile_start + order_base)
-        tile_ds.append(np.full(p.tile_start.size, part.dataset, dtype=np.int64))
-        units.append(part.units + tile_base)
+        starts.append(p.micro_batch_start + order_base)
+        micro_ds.append(np.full(p.micro_batch_start.size, part.dataset, dtype=np.int64))
+        units.append(part.units + micro_base)
         unit_ds.append(np.full(part.units.shape[0], part.dataset, dtype=np.int64))
         order_base += p.order.size
-        tile_base += p.tile_start.size
+        micro_base += p.micro_batch_start.size
     cat = np.concatenate
     plans = [part.plan for part in parts]
-    cost = cat([p.tile_cost for p in plans]) if plans else np.zeros(0)
-    load = cat([p.tile_load for p in plans]) if plans else np.zeros(0)
-    packed = any(p.tile_work is not None for p in plans)
-    shaped = [p.tile_shape for p in plans if p.tile_shape is not None]
+    cost = cat([p.micro_batch_cost for p in plans]) if plans else np.zeros(0)
+    load = cat([p.micro_batch_load for p in plans]) if plans else np.zeros(0)
+    packed = any(p.micro_batch_work is not None for p in plans)
+    shaped = [p.micro_batch_shape for p in plans if p.micro_batch_shape is not None]
     all_units = cat(units) if units else np.zeros((0, world, acc), dtype=np.int64)
     picked = all_units[interleave(cat(unit_ds) if unit_ds else np.zeros(0, int), rng)]
     if mixing == "per_step":
@@ -126,16 +126,18 @@ def compose_parts(
         world_size=world,
         accumulate_grad_batches=acc,
         order=order.astype(np.int32) if num_examples < 2**31 else order,
-        tile_start=cat(starts) if starts else np.zeros(0, dtype=np.int64),
-        tile_size=cat([p.tile_size for p in plans]) if plans else np.zeros(0, np.int64),
-        tile_cost=cost,
+        micro_batch_start=cat(starts) if starts else np.zeros(0, dtype=np.int64),
+        micro_batch_size=cat([p.micro_batch_size for p in plans])
+        if plans
+        else np.zeros(0, np.int64),
+        micro_batch_cost=cost,
         assign=assign,
         num_dropped=sum(p.num_dropped for p in plans) if dropped is None else dropped,
         num_duplicated=sum(p.num_duplicated for p in plans),
         num_skipped=num_skipped,
         num_truncated=num_truncated,
-        tile_dataset=cat(tile_ds) if tile_ds else np.zeros(0, dtype=np.int64),
-        tile_work=load if packed else None,
-        tile_shape=cat(shaped) if shaped and len(shaped) == len(plans) else None,
-        _exact_tokens=cat([p.tile_tokens for p in plans]) if plans else np.zeros(0, int),
+        micro_batch_dataset=cat(micro_ds) if micro_ds else np.zeros(0, dtype=np.int64),
+        micro_batch_work=load if packed else None,
+        micro_batch_shape=cat(shaped) if shaped and len(shaped) == len(plans) else None,
+        _exact_tokens=cat([p.micro_batch_tokens for p in plans]) if plans else np.zeros(0, int),
     )

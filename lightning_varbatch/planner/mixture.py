@@ -33,14 +33,14 @@ Example:
     >>> import numpy as np
     >>> from lightning_varbatch import PlanConfig
     >>> from lightning_varbatch.planner.mixture import MixturePlanner
-    >>> from lightning_varbatch.planner.sources import DataSource
+    >>> from lightning_varbatch.planner.mixture_datasets import DataSource
     >>> short = DataSource(np.full(64, 2048), name="2k")
     >>> long = DataSource(np.full(32, 4096), name="4k")
     >>> planner = MixturePlanner([short, long], PlanConfig(max_tokens=16384))
     >>> plan = planner.plan(epoch=0, world_size=2, accumulate_grad_batches=2)
     >>> [sorted(set(plan.step_dataset[s].ravel().tolist())) for s in range(plan.num_steps)]
     [[1], [0], [0], [1]]
-    >>> sorted(set(plan.tile_size[plan.assign].ravel().tolist()))  # 8 x 2k or 4 x 4k
+    >>> sorted(set(plan.micro_batch_size[plan.assign].ravel().tolist()))  # 8 x 2k or 4 x 4k
     [4, 8]
 """
 
@@ -57,23 +57,26 @@ import numpy.typing as npt
 
 from lightning_varbatch.checks import check_choice, check_count
 from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
-from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner, check_history
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
 from lightning_varbatch.planner.interleave import MIX_TAG, Part, compose_parts
+from lightning_varbatch.planner.length_warmup import refuse_in_mixture
 from lightning_varbatch.planner.lengths import PreparedLengths
-from lightning_varbatch.planner.settings import PlanConfig
-from lightning_varbatch.planner.shapes import choose_shape_lengths
-from lightning_varbatch.planner.sources import (
+from lightning_varbatch.planner.mixture_datasets import (
     MIXING_POLICIES,
     DataSource,
     MixingPolicy,
     Weights,
     apportion,
     as_sources,
-    item_count,
+    check_dataset_index,
+    dataset_planner,
+    fit_units,
     mixture_probabilities,
-    source_config,
+    share_shape_lengths,
     source_names,
 )
+from lightning_varbatch.planner.resume_inputs import check_history
+from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.tail import effective_tail
 
 __all__ = ["DataSource", "MixturePlanner"]
@@ -131,6 +134,7 @@ class MixturePlanner:
                 value=config,
             )
         check_choice("mixing", mixing, MIXING_POLICIES)
+        refuse_in_mixture(config.length_warmup)
         mixture_probabilities(np.ones(1), "size", temperature)  # validates the temperature
         if steps_per_epoch is not None:
             steps_per_epoch = check_count("steps_per_epoch", steps_per_epoch)
@@ -150,30 +154,7 @@ class MixturePlanner:
         self.names = source_names(self.sources)
         self.planners = [self._source_planner(i, s) for i, s in enumerate(self.sources)]
         if config.max_shapes is not None:
-            own = [
-                n
-                for n, src in zip(self.names, self.sources, strict=True)
-                if src.max_tokens is not None or src.max_examples is not None
-            ]
-            if own:
-                raise SettingValueError(
-                    f"max_shapes={config.max_shapes} with a budget of its own for dataset(s) "
-                    f"{own}: a shape's rows follow from the budget, so per-dataset max_tokens "
-                    "or max_examples would multiply the shapes. Give every dataset the common "
-                    "budget (drop the DataSource max_tokens/max_examples) or unset max_shapes.",
-                    setting="max_shapes",
-                    value=config.max_shapes,
-                )
-            # One set of shape lengths for all datasets: at most max_shapes lengths in all.
-            keys = [
-                p.prepared.key if p.prepared.kept is None else p.prepared.key[p.prepared.kept]
-                for p in self.planners
-            ]
-            lengths = choose_shape_lengths(
-                np.concatenate(keys), config.max_shapes, config.pad_to_multiple_of
-            )
-            for planner in self.planners:
-                planner.use_shape_lengths(lengths)
+            share_shape_lengths(self.planners, self.sources, self.names, config)
         sizes = np.array([p.num_examples for p in self.planners], dtype=np.int64)
         self.offsets = np.concatenate(([0], np.cumsum(sizes)))
         self.probabilities = mixture_probabilities(
@@ -187,23 +168,7 @@ class MixturePlanner:
         return f"Dataset {self.names[index]!r} (index {index})"
 
     def _source_planner(self, index: int, source: DataSource) -> EpochPlanner:
-        try:
-            config = source_config(self.config, source, index)
-            planner = EpochPlanner(source.lengths, config, source.loss_lengths)
-            items = item_count(source.dataset)
-            if items is not None and items != planner.num_examples:
-                raise ValueError(
-                    f"its dataset has {items} items but its lengths describe "
-                    f"{planner.num_examples} examples: pass one length per item (lengths of "
-                    "the same dataset, in the same order)."
-                )
-            return planner
-        except SettingError as error:
-            raise error.renamed(error.setting, f"{self._which(index)}: {error}") from error
-        except ValueError as error:
-            raise ValueError(f"{self._which(index)}: {error}") from error
-        except TypeError as error:
-            raise TypeError(f"{self._which(index)}: {error}") from error
+        return dataset_planner(self.config, source, index, self._which(index))
 
     # -- the planner interface the sampler uses -------------------------------------------
 
@@ -255,19 +220,7 @@ class MixturePlanner:
         return self.planners[self._index(dataset)].config.max_tokens
 
     def _index(self, dataset: object) -> int:
-        n = len(self.planners)
-        if (
-            isinstance(dataset, (bool, np.bool_))
-            or not isinstance(dataset, (int, np.integer))
-            or not 0 <= dataset < n
-        ):
-            raise SettingValueError(
-                f"dataset must be a dataset index in [0, {n}) ({', '.join(self.names)}), got "
-                f"{dataset!r}.",
-                setting="dataset",
-                value=dataset,
-            )
-        return int(dataset)
+        return check_dataset_index(dataset, self.names)
 
     def fingerprint(self) -> str:
         """A short hash of every setting that changes the plan (for checkpoint checks)."""
@@ -300,7 +253,7 @@ class MixturePlanner:
             accumulate_grad_batches: micro-batches per rank per optimizer step.
 
         Returns:
-            The plan; ``plan.tile_dataset`` says which dataset each micro-batch is from.
+            The plan; ``plan.micro_batch_dataset`` says which dataset each micro-batch is from.
 
         Raises:
             ValueError: when a dataset cannot give every rank a micro-batch (the message
@@ -325,7 +278,7 @@ class MixturePlanner:
                 parts += taken
                 dropped += lost
         plan = self._compose(parts, epoch, world, acc, salt=0, dropped=dropped)
-        run = plan.ids_of_tiles(plan.assign.reshape(-1))
+        run = plan.ids_of_micro_batches(plan.assign.reshape(-1))
         unique = int(np.count_nonzero(np.bincount(run, minlength=self.num_examples)))
         return replace(plan, num_duplicated=int(run.size) - unique)
 
@@ -349,7 +302,7 @@ class MixturePlanner:
         plan = self.plan(epoch, world, acc)
         later = [*history[1:], (world_size, accumulate_grad_batches, 0)]
         for depth, (world, acc, next_consumed) in enumerate(later, start=1):
-            left = plan.consumed_tiles(consumed)[1]
+            left = plan.consumed_micro_batches(consumed)[1]
             plan = self._plan_remainder(plan, left, epoch, world, acc, salt=depth)
             consumed = next_consumed
         return plan
@@ -387,17 +340,24 @@ class MixturePlanner:
         for k in range(start // length, (stop - 1) // length + 1):
             plan = first if k == 0 else self._pass(dataset, k, world, acc)
             part = self._part(dataset, plan, int(self.offsets[dataset]))
+            units, extra = fit_units(part.units, length)
             lo, hi = max(start - k * length, 0), min(stop - k * length, length)
-            parts.append(replace(part, units=part.units[lo:hi]))
+            parts.append(replace(part, units=units[lo:hi]))
             if hi == length:
-                dropped += plan.num_dropped
+                dropped += plan.num_dropped + int(plan.micro_batch_size[extra].sum())
         return parts, dropped
 
     def _plan_remainder(
-        self, plan: EpochPlan, tiles: np.ndarray, epoch: int, world: int, acc: int, salt: int
+        self,
+        plan: EpochPlan,
+        micro_batches: np.ndarray,
+        epoch: int,
+        world: int,
+        acc: int,
+        salt: int,
     ) -> EpochPlan:
-        """Re-plan the examples of ``plan``'s ``tiles`` (repeats kept) for a new topology."""
-        ids = plan.ids_of_tiles(tiles).astype(np.int64)
+        """Re-plan the examples of ``micro_batches`` (repeats kept) for a new topology."""
+        ids = plan.ids_of_micro_batches(micro_batches).astype(np.int64)
         owner = np.searchsorted(self.offsets, ids, side="right") - 1
         parts = []
         for i in np.unique(owner).tolist():
@@ -407,7 +367,10 @@ class MixturePlanner:
             tail = effective_tail(cfg, occ.size, world, acc, replanned=True)
             if tail != cfg.tail:
                 cfg = replace(cfg, tail=tail)
-            sub = EpochPlanner(prep.key[local], cfg, loss_lengths=prep.loss[local])
+            # the loss tokens are counted already: no offset to derive them again
+            sub = EpochPlanner(
+                prep.key[local], replace(cfg, loss_offset=0), loss_lengths=prep.loss[local]
+            )
             shape_lengths = self.planners[i].shape_lengths
             if shape_lengths is not None:
                 sub.use_shape_lengths(shape_lengths)  # the epoch's shapes, not the rest's

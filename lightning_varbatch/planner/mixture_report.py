@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from lightning_varbatch.errors import SettingValueError
-from lightning_varbatch.planner.diagnostics import check_plan_of
 from lightning_varbatch.planner.epoch_planner import EpochPlan
+from lightning_varbatch.planner.micro_batch_figures import check_plan_of
 from lightning_varbatch.planner.mixture import MixturePlanner
 
 __all__ = ["DatasetShare", "dataset_breakdown", "format_breakdown"]
@@ -73,12 +73,13 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
     Returns:
         One :class:`DatasetShare` per dataset, in the planner's order.
     """
-    if plan.tile_dataset is None or (
-        plan.tile_dataset.size and int(plan.tile_dataset.max()) >= planner.num_datasets
+    if plan.micro_batch_dataset is None or (
+        plan.micro_batch_dataset.size
+        and int(plan.micro_batch_dataset.max()) >= planner.num_datasets
     ):
         raise SettingValueError(
             f"plan is not a plan of this mixture of {planner.num_datasets} datasets (it has "
-            f"{'no' if plan.tile_dataset is None else 'other'} dataset labels): pass a plan "
+            f"{'no' if plan.micro_batch_dataset is None else 'other'} dataset labels): pass a plan "
             "made by this MixturePlanner's plan(...).",
             setting="plan",
             value=plan,
@@ -87,12 +88,12 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
     run = plan.assign.reshape(-1)
     dataset = plan.step_dataset.reshape(-1)
     homogeneous = (plan.step_dataset == plan.step_dataset[:, :1, :1]).all(axis=(1, 2))
-    total_tokens = int(plan.tile_tokens[run].sum())
+    total_tokens = int(plan.micro_batch_tokens[run].sum())
     rows = []
     for d, name in enumerate(planner.names):
-        tiles = run[dataset == d]
-        ids = plan.ids_of_tiles(tiles).astype(np.int64)
-        tokens = int(plan.tile_tokens[tiles].sum())
+        micro_batches = run[dataset == d]
+        ids = plan.ids_of_micro_batches(micro_batches).astype(np.int64)
+        tokens = int(plan.micro_batch_tokens[micro_batches].sum())
         unique = int(np.unique(ids).size)
         budget = planner.budget(d)
         planned = planner.planners[d].num_planned
@@ -101,8 +102,8 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
                 name=name,
                 weight=float(planner.probabilities[d]),
                 max_tokens=budget,
-                micro_batches=int(tiles.size),
-                batch_share=tiles.size / run.size if run.size else 0.0,
+                micro_batches=int(micro_batches.size),
+                batch_share=micro_batches.size / run.size if run.size else 0.0,
                 steps=int((homogeneous & (plan.step_dataset[:, 0, 0] == d)).sum()),
                 loss_tokens=tokens,
                 token_share=tokens / total_tokens if total_tokens else 0.0,
@@ -110,7 +111,9 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
                 unique_examples=unique,
                 repeats=int(ids.size) - unique,
                 passes=ids.size / planned if planned else 0.0,
-                budget_fill=float(plan.tile_cost[tiles].mean()) / budget if tiles.size else 0.0,
+                budget_fill=float(plan.micro_batch_cost[micro_batches].mean()) / budget
+                if micro_batches.size
+                else 0.0,
             )
         )
     return rows

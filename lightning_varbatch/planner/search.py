@@ -1,7 +1,7 @@
 """The planner's one binary search: per element, the edge of a monotone predicate.
 
 Every "how many fit" question of the planner is a bisection over integers: the most examples
-of a length that fit the budget (:func:`~lightning_varbatch.planner.layout.full_batch_sizes`),
+of a length that fit the budget (:func:`~lightning_varbatch.planner.sorted_cut.full_batch_sizes`),
 the largest micro-batch that still fits from a given position, the longest single example a
 budget holds, the fewest examples that reach a cost (the tail's even cuts). They all search a
 predicate that is true up to an edge and false after it (or the reverse), so one vectorised

@@ -20,6 +20,8 @@ import numpy as np
 from lightning_varbatch.checks import check_choice, check_count, check_flag, check_real
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
+from lightning_varbatch.planner.length_warmup import ScheduleFn, ScheduleName
+from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS, check_warmup_settings
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
 LayoutName: TypeAlias = Literal["padded", "packed"]
@@ -31,6 +33,10 @@ DEFAULT_FLOP_ATTENTION = 1 / (12 * 1024)
 OversizePolicy: TypeAlias = Literal["error", "skip", "truncate"]
 TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
+#: Settings added after checkpoints were first saved, with their defaults: at its default such
+#: a setting is left out of :meth:`PlanConfig.plain` and :meth:`PlanConfig.fingerprint`, so the
+#: fingerprints and saved states of plans made without it are unchanged (they still resume).
+LATER_SETTINGS: dict[str, Any] = {"loss_offset": 0, **WARMUP_DEFAULTS}
 
 
 def _probe_cost(fn: CostFn) -> None:
@@ -159,9 +165,9 @@ class PlanConfig:
             padding but the row's alignment to ``pad_to_multiple_of``), its real tokens
             within ``max_tokens`` (the ``"packed"`` cost), and each optimizer step's
             micro-batches are dealt to ranks by their FLOPs (``flop_attention``), not their
-            tokens; use it with :class:`~lightning_varbatch.data.packed_collate.PackingCollate`,
-            one length per example and ``bucket_width=1`` (wider buckets count every member at
-            its bucket's longest length, which under-fills packed rows)"""
+            tokens; use it with :class:`~lightning_varbatch.data.packed_collate.PackingCollate`
+            and one length per example (with ``bucket_width > 1`` each epoch's rows are cut
+            after the shuffle on the exact lengths, so they fill to the budget as with 1)"""
         ),
     )
     flop_attention: float = field(
@@ -193,6 +199,50 @@ class PlanConfig:
             length that fits; the collate cuts the tokens)"""
         ),
     )
+    loss_offset: int = field(
+        default=0,
+        metadata=_help(
+            """loss tokens of every example are derived from its length (the target's for
+            pairs) minus this, at least 0, counted after ``oversize="truncate"`` cuts it: 1
+            for teacher forcing / next-token prediction, as ``PaddingCollate(loss_offset=1)``
+            and ``PackingCollate``'s shifted labels count them (0: the length itself); not
+            with explicit ``loss_lengths``, which are the loss tokens already"""
+        ),
+    )
+
+    length_warmup: int | None = field(
+        default=None,
+        metadata=_help(
+            """sequence-length warm-up over the first this many optimizer steps of the run
+            (epoch 0): the longest example a step may hold grows from ``length_warmup_min``
+            to ``length_warmup_max`` along ``length_warmup_schedule``; nothing is cut, longer
+            examples run in later steps of the epoch, every step keeps its token budget
+            (``None``: no warm-up; see docs/length-warmup.md)"""
+        ),
+    )
+    length_warmup_min: int = field(
+        default=8,
+        metadata=_help(
+            """the cap on the planning length (``max(source, target)`` for pairs) at the
+            first step of the warm-up"""
+        ),
+    )
+    length_warmup_max: int | None = field(
+        default=None,
+        metadata=_help(
+            """the cap the warm-up reaches at its end (``None``: the longest example); after
+            the warm-up there is no cap"""
+        ),
+    )
+    length_warmup_schedule: ScheduleName | ScheduleFn = field(
+        default="linear",
+        metadata=_help(
+            """how the cap grows with the warm-up's progress ``p`` in [0, 1]: ``"linear"``,
+            ``"root"`` (``√p``, Li et al. 2022), ``"step"`` (doubling in equal stages) or a
+            callable ``p -> fraction`` of the way from the minimum to the maximum, in [0, 1]
+            and non-decreasing"""
+        ),
+    )
 
     def __post_init__(self) -> None:
         counts = {
@@ -202,6 +252,7 @@ class PlanConfig:
             "pad_to_multiple_of": check_count("pad_to_multiple_of", self.pad_to_multiple_of),
             "bucket_width": check_count("bucket_width", self.bucket_width),
             "seed": check_count("seed", self.seed, minimum=0),
+            "loss_offset": check_count("loss_offset", self.loss_offset, minimum=0),
         }
         for name, value in counts.items():  # numpy integers become Python ints
             object.__setattr__(self, name, value)
@@ -281,6 +332,8 @@ class PlanConfig:
             self._check_shape_budget()
         if not isinstance(self.cost, str):
             _probe_cost(self.cost)
+        for name, value in check_warmup_settings(self).items():
+            object.__setattr__(self, name, value)
 
     def _check_shape_budget(self) -> None:
         """Refuse the settings a shape budget cannot keep (``max_shapes`` is set)."""
@@ -315,8 +368,74 @@ class PlanConfig:
             self.cost, quadratic_coef=self.quadratic_coef, multiple=self.pad_to_multiple_of
         )
 
+    def loss_tokens(self, target: np.ndarray, truncate_to: int | None = None) -> np.ndarray:
+        """Every example's loss tokens, derived from its length with ``loss_offset``.
+
+        The one rule the planner counts by, matching what the library's collates count:
+
+        * padded batches (``layout="padded"``, also with ``max_shapes``): the collate cuts the
+          field to ``truncate_to`` first, then the loss predicts all but ``loss_offset`` of
+          its tokens (``PaddingCollate(loss_offset=k)``): ``max(min(L, T) - k, 0)``;
+        * packed rows (``layout="packed"``): ``PackingCollate`` labels each kept token with
+          the next token of the *whole* example, so a cut example keeps a label on its last
+          kept token: ``max(min(L - k, T), 0)``.
+
+        Args:
+            target: the loss-side length of every example (the target's for pairs), before
+                truncation.
+            truncate_to: the length over-budget examples are cut to (``None``: none cut).
+
+        Returns:
+            ``int64`` loss tokens, one per example (``target`` itself when ``loss_offset`` is
+            0 and nothing is cut).
+
+        Example:
+            >>> import numpy as np
+            >>> lengths = np.array([1, 5, 9])
+            >>> PlanConfig(8, loss_offset=1).loss_tokens(lengths, truncate_to=6).tolist()
+            [0, 4, 5]
+            >>> PlanConfig(8, loss_offset=1, layout="packed").loss_tokens(lengths, 6).tolist()
+            [0, 4, 6]
+        """
+        length = np.asarray(target).astype(np.int64)
+        k = self.loss_offset
+        if truncate_to is None:
+            return np.maximum(length - k, 0)
+        if self.layout == "packed":
+            return np.maximum(np.minimum(length - k, truncate_to), 0)
+        return np.maximum(np.minimum(length, truncate_to) - k, 0)
+
+    def check_loss_lengths(self, loss_lengths: object) -> None:
+        """Refuse explicit ``loss_lengths`` together with a ``loss_offset``.
+
+        ``loss_lengths`` are the loss tokens themselves; ``loss_offset`` derives them from the
+        lengths. Both at once would subtract the offset twice (``loss_lengths = lengths - 1``
+        kept from before, plus ``loss_offset=1``), or disagree with the collate, which
+        subtracts the offset from every example's real tokens.
+
+        Raises:
+            SettingValueError: (``.setting``: ``"loss_offset"``) when both are given.
+
+        Example:
+            >>> PlanConfig(8, loss_offset=1).check_loss_lengths(None)  # derived: fine
+        """
+        if loss_lengths is None or not self.loss_offset:
+            return
+        raise SettingValueError(
+            f"loss_offset={self.loss_offset} derives every example's loss tokens from its "
+            "length (after truncation), but loss_lengths were given too: pass one of them. "
+            "For teacher forcing drop loss_lengths (e.g. lengths - 1) and keep "
+            f"loss_offset={self.loss_offset}; for loss tokens counted another way keep "
+            "loss_lengths and leave loss_offset=0.",
+            setting="loss_offset",
+            value=self.loss_offset,
+        )
+
     def plain(self) -> dict[str, Any]:
         """Every setting as a plain value (a custom cost by its name), to say what changed.
+
+        A setting of :data:`LATER_SETTINGS` at its default is left out (states saved before it
+        existed compare equal).
 
         Example:
             >>> def slots(n, longest, total):
@@ -326,6 +445,8 @@ class PlanConfig:
         """
         out: dict[str, Any] = {}
         for name, value in vars(self).items():
+            if name in LATER_SETTINGS and value == LATER_SETTINGS[name]:
+                continue  # as before the setting existed: saved states compare equal
             if callable(value):
                 value = getattr(value, "__qualname__", repr(value))
             keep = isinstance(value, (bool, int, float, str, type(None)))
@@ -346,8 +467,12 @@ class PlanConfig:
             del values["layout"], values["flop_attention"]
         if self.max_shapes is None:
             del values["max_shapes"]
-        if callable(self.cost):
-            values["cost"] = getattr(self.cost, "__qualname__", repr(self.cost))
+        for name, default in LATER_SETTINGS.items():
+            if values[name] == default:
+                del values[name]
+        for name in ("cost", "length_warmup_schedule"):
+            if name in values and callable(values[name]):
+                values[name] = getattr(values[name], "__qualname__", repr(values[name]))
         blob = json.dumps(values, sort_keys=True, default=str).encode()
         return hashlib.sha1(blob).hexdigest()[:16]
 

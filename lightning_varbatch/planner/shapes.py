@@ -6,7 +6,7 @@ every step. Under ``PlanConfig(max_shapes=K)`` the planner picks ``K`` padded le
 ``L_1 < ... < L_K`` from the length distribution (:func:`choose_shape_lengths`) and gives
 length ``L_k`` the most rows ``B_k`` that fit the budget (:func:`shape_rows`). An example's
 own shape is the shortest that holds it; the shapes are the buckets of
-:class:`~lightning_varbatch.planner.layout.SortedGroups`, so the examples are ordered by own
+:class:`~lightning_varbatch.planner.sorted_cut.SortedGroups`, so the examples are ordered by own
 shape, longest first, and cut into consecutive micro-batches, each padded to exactly the
 shape ``(B_k, L_k)`` of its first (longest) example. When a shape's examples run out partway
 through a micro-batch, the examples of the next shorter shape fill it (padded to the longer
@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lightning_varbatch.planner.layout import full_batch_sizes
 from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.sorted_cut import full_batch_sizes
 
 __all__ = ["MAX_CANDIDATES", "choose_shape_lengths", "shape_rows"]
 

@@ -1,27 +1,29 @@
 """The tail policy: how an epoch's micro-batches become whole optimizer steps.
 
 A step needs exactly ``world_size * accumulate_grad_batches`` micro-batches (the *multiple*);
-the greedy cut of :mod:`lightning_varbatch.planner.layout` rarely gives a multiple of it. This
+the greedy cut of :mod:`lightning_varbatch.planner.sorted_cut` rarely gives a multiple of it. This
 module alone decides what happens to the remainder (``PlanConfig.tail``); planners call it:
 
 * :func:`effective_tail`: the policy that applies. A re-planned remainder of an epoch
   (``plan_resumed``, the mixture's re-plans) is never dropped and is padded when smaller
   than one step; ``"spread"`` over a whole epoch smaller than one step is an error.
-* :func:`tail_layout`: ``"spread"`` (default) re-cuts the last step into exactly the
+* :func:`tail_cut`: ``"spread"`` (default) re-cuts the last step into exactly the
   multiple of even micro-batches (:func:`spread_tail` with :func:`even_cuts`: 13 equal
   examples, 4 to a budget, ``[4, 4, 4, 1]`` -> ``[3, 3, 3, 4]``); with too few examples it
-  splits the largest micro-batches instead (:func:`split_tiles`). Others keep the greedy cut.
-* :func:`select_tiles`: ``"drop"`` leaves out ``m % multiple`` random micro-batches; ``"pad"``
-  (and a ``"spread"`` that could not split far enough) repeats random ones; both counted.
+  splits the largest micro-batches instead (:func:`split_micro_batches`). Others keep the
+  greedy cut.
+* :func:`select_micro_batches`: ``"drop"`` leaves out ``m % multiple`` random micro-batches;
+  ``"pad"`` (and a ``"spread"`` that could not split far enough) repeats random ones; both
+  counted.
 
 Example:
     >>> import numpy as np
     >>> from lightning_varbatch.planner.settings import PlanConfig
-    >>> from lightning_varbatch.planner.layout import Layout, SortedGroups
+    >>> from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
     >>> config = PlanConfig(max_tokens=40)
     >>> groups = SortedGroups.build(np.full(13, 10, dtype=np.uint16), None, 1)
-    >>> greedy = Layout.build(groups, config)
-    >>> greedy.sizes.tolist(), tail_layout(greedy, groups, "spread", 4, config).sizes.tolist()
+    >>> greedy = SortedCut.build(groups, config)
+    >>> greedy.sizes.tolist(), tail_cut(greedy, groups, "spread", 4, config).sizes.tolist()
     ([4, 4, 4, 1], [3, 3, 3, 4])
 """
 
@@ -36,18 +38,18 @@ import numpy as np
 
 from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.costs import checked_cost
-from lightning_varbatch.planner.layout import Layout, SortedGroups
 from lightning_varbatch.planner.search import largest_true, smallest_true
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
+from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 
 __all__ = [
-    "TileSelection",
+    "MicroBatchSelection",
     "effective_tail",
     "even_cuts",
-    "select_tiles",
-    "split_tiles",
+    "select_micro_batches",
+    "split_micro_batches",
     "spread_tail",
-    "tail_layout",
+    "tail_cut",
     "too_few_message",
 ]
 
@@ -90,91 +92,95 @@ def effective_tail(
     return tail
 
 
-def tail_layout(
-    layout: Layout, groups: SortedGroups, tail: TailPolicy, multiple: int, config: PlanConfig
-) -> Layout:
+def tail_cut(
+    cut: SortedCut, groups: SortedGroups, tail: TailPolicy, multiple: int, config: PlanConfig
+) -> SortedCut:
     """``layout`` (the greedy cut) with its tail re-cut for ``"spread"`` (:func:`spread_tail`)."""
     if tail != "spread":
-        return layout
-    return spread_tail(layout, groups, multiple, config)
+        return cut
+    return spread_tail(cut, groups, multiple, config)
 
 
-def spread_tail(layout: Layout, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
+def spread_tail(
+    cut: SortedCut, groups: SortedGroups, multiple: int, config: PlanConfig
+) -> SortedCut:
     """Re-cut the last optimizer step into exactly ``multiple`` even micro-batches.
 
     The greedy cut leaves ``m % multiple`` micro-batches for the last step (or a full step
     whose last micro-batch is small); that step's examples are re-cut by :func:`even_cuts`
     (with equal lengths the sizes differ by at most one example): nothing is lost and the
     last step's ranks carry even loads. With fewer examples than ``multiple``, one more step
-    is taken into the region; with too few overall, :func:`split_tiles` takes over.
+    is taken into the region; with too few overall, :func:`split_micro_batches` takes over.
     """
-    m, n = layout.num_tiles, groups.size
+    m, n = cut.num_micro_batches, groups.size
     if m == 0:
-        return layout
+        return cut
     r = m % multiple
     take = min(m, r if r else multiple)
     target = multiple
-    while n - int(layout.starts[m - take]) < target and take < m:
+    while n - int(cut.starts[m - take]) < target and take < m:
         take, target = min(m, take + multiple), target + multiple
-    start = int(layout.starts[m - take])
+    start = int(cut.starts[m - take])
     if n - start < target:
-        return split_tiles(layout, groups, multiple, config)  # too few examples: pad later
+        return split_micro_batches(cut, groups, multiple, config)  # too few examples: pad later
     cuts = even_cuts(groups.suffix(start), target, config)
-    starts = np.concatenate((layout.starts[: m - take], cuts[:-1] + start))
-    sizes = np.concatenate((layout.sizes[: m - take], np.diff(cuts)))
-    return Layout.from_tiles(groups, starts, sizes, config)
+    starts = np.concatenate((cut.starts[: m - take], cuts[:-1] + start))
+    sizes = np.concatenate((cut.sizes[: m - take], np.diff(cuts)))
+    return SortedCut.from_micro_batches(groups, starts, sizes, config)
 
 
-def split_tiles(layout: Layout, groups: SortedGroups, multiple: int, config: PlanConfig) -> Layout:
-    """Split the largest tiles until the tile count is a multiple of ``multiple``.
+def split_micro_batches(
+    cut: SortedCut, groups: SortedGroups, multiple: int, config: PlanConfig
+) -> SortedCut:
+    """Split the largest micro-batches until the micro-batch count is a multiple of ``multiple``.
 
     The fallback of :func:`spread_tail` when too few examples are left for an even re-cut.
-    Pieces of a tile are subsets of it, so they fit the budget too; they stay adjacent, so
+    Pieces of a micro-batch are subsets of it, so they fit the budget too; they stay adjacent, so
     they land in the same optimizer step. When there are too few examples to split that far
-    (almost every tile a single example), it splits as far as it can and
-    :func:`select_tiles` pads the rest.
+    (almost every micro-batch a single example), it splits as far as it can and
+    :func:`select_micro_batches` pads the rest.
     """
-    m = layout.num_tiles
+    m = cut.num_micro_batches
     extra = min(-m % multiple, groups.size - m)
     if extra == 0:
-        return layout
+        return cut
     pieces = np.ones(m, dtype=np.int64)
     while extra > 0:
-        cand = np.flatnonzero(pieces < layout.sizes)
-        piece = layout.sizes[cand] / pieces[cand]
+        cand = np.flatnonzero(pieces < cut.sizes)
+        piece = cut.sizes[cand] / pieces[cand]
         take = cand[np.argsort(-piece, kind="stable")[:extra]]
         pieces[take] += 1
         extra -= take.size
-    tile = np.repeat(np.arange(m), pieces)
+    micro_batch = np.repeat(np.arange(m), pieces)
     first = np.repeat(np.cumsum(pieces) - pieces, pieces)
-    i = np.arange(tile.size) - first
-    lo = layout.starts[tile] + (i * layout.sizes[tile]) // pieces[tile]
-    hi = layout.starts[tile] + ((i + 1) * layout.sizes[tile]) // pieces[tile]
-    return Layout.from_tiles(groups, lo, hi - lo, config)
+    i = np.arange(micro_batch.size) - first
+    lo = cut.starts[micro_batch] + (i * cut.sizes[micro_batch]) // pieces[micro_batch]
+    hi = cut.starts[micro_batch] + ((i + 1) * cut.sizes[micro_batch]) // pieces[micro_batch]
+    return SortedCut.from_micro_batches(groups, lo, hi - lo, config)
 
 
-class TileSelection(NamedTuple):
-    """The micro-batches of a run, in layout order, and what the tail policy did.
+class MicroBatchSelection(NamedTuple):
+    """The micro-batches of a run, in cut order, and what the tail policy did.
 
     Attributes:
-        tiles: tile ids, a multiple of ``world * acc`` of them (repeats adjacent).
+        micro-batches: micro-batch ids, a multiple of ``world * acc`` of them (repeats adjacent).
         num_dropped: examples left out by ``tail="drop"``.
         num_duplicated: examples repeated to fill the last step.
     """
 
-    tiles: np.ndarray
+    micro_batches: np.ndarray
     num_dropped: int
     num_duplicated: int
 
 
-def select_tiles(
-    layout: Layout,
+def select_micro_batches(
+    cut: SortedCut,
     tail: TailPolicy,
     world: int,
     acc: int,
     rng: np.random.Generator,
     config: PlanConfig,
-) -> TileSelection:
+) -> MicroBatchSelection:
     """Make the micro-batch count a multiple of ``world * acc``: drop or repeat random ones.
 
     ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches; anything else (``"pad"``,
@@ -185,20 +191,20 @@ def select_tiles(
         ValueError: ``"drop"`` with fewer micro-batches than one step needs.
     """
     multiple = world * acc
-    m = layout.num_tiles
+    m = cut.num_micro_batches
     seq = np.arange(m, dtype=np.int64)
     r = m % multiple
     if tail == "drop" and r:
         if m < multiple:
             raise ValueError(too_few_message(m, "micro-batches", world, acc, config))
         gone = rng.choice(m, size=r, replace=False)
-        return TileSelection(np.delete(seq, gone), int(layout.sizes[gone].sum()), 0)
+        return MicroBatchSelection(np.delete(seq, gone), int(cut.sizes[gone].sum()), 0)
     if r:  # "pad", or "spread" with too few examples left to split (counted)
         extra = multiple - r
         dup = rng.choice(m, size=extra, replace=extra > m)
         seq = np.sort(np.concatenate([seq, dup]), kind="stable")  # duplicates sit adjacent
-        return TileSelection(seq, 0, int(layout.sizes[dup].sum()))
-    return TileSelection(seq, 0, 0)
+        return MicroBatchSelection(seq, 0, int(cut.sizes[dup].sum()))
+    return MicroBatchSelection(seq, 0, 0)
 
 
 class _TailCut:

@@ -76,9 +76,9 @@ class WindowPlan:
         """Global ids of the window's micro-batches (of one rank, or all), in run order."""
         return self.ids[self.plan.example_ids(rank)]
 
-    def tile_ids(self, tile: int) -> np.ndarray:
-        """Global ids of one tile."""
-        return self.ids[self.plan.tile_ids(tile)]
+    def micro_batch_ids(self, micro_batch: int) -> np.ndarray:
+        """Global ids of one micro-batch."""
+        return self.ids[self.plan.micro_batch_ids(micro_batch)]
 
 
 #: The default window holds about this many micro-batches' worth of examples: the padding of a
@@ -162,6 +162,17 @@ class WindowedPlanner:
                 "data in memory with TokenBudgetDataModule).",
                 setting="max_shapes",
                 value=config.max_shapes,
+            )
+        if config.length_warmup is not None:
+            raise SettingValueError(
+                f"length_warmup={config.length_warmup} cannot be used with streamed "
+                "(windowed) data yet: a stream is planned one window of a few steps at a "
+                "time, and every example of a window must run within that window, so the long "
+                "examples of the warm-up's windows could not move to later steps and the cap "
+                "would be advanced at once. Unset length_warmup (or plan the data in memory "
+                "with TokenBudgetDataModule).",
+                setting="length_warmup",
+                value=config.length_warmup,
             )
         rows = [check_count(f"shard_rows[{i}]", r, minimum=0) for i, r in enumerate(shard_rows)]
         if not rows or sum(rows) == 0:
@@ -261,13 +272,11 @@ class WindowedPlanner:
         )
         lengths = np.concatenate([self._lengths(s)[a:b] for s, a, b in spans])
         seed = int(np.random.SeedSequence([self.config.seed, epoch, window]).generate_state(1)[0])
-        loss = None
-        if self.loss_offset:
-            counted = lengths[:, 1] if lengths.ndim == 2 else lengths
-            loss = np.maximum(counted.astype(np.int64) - self.loss_offset, 0)
-        config = replace(self.config, seed=seed)
+        # the planner derives the loss tokens from the offset, exactly after truncation
+        offset = self.loss_offset or self.config.loss_offset
+        config = replace(self.config, seed=seed, loss_offset=offset)
         try:
-            planner = EpochPlanner(lengths, config, loss, rotate_ranks=True)
+            planner = EpochPlanner(lengths, config, rotate_ranks=True)
         except SettingValueError as error:
             if error.setting == "max_tokens" and self.config.oversize == "error":
                 self._over_budget(window, lengths, ids)

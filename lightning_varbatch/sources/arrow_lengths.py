@@ -26,7 +26,7 @@ import numpy as np
 
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.lengths import as_int_lengths
-from lightning_varbatch.planner.sources import DataSource
+from lightning_varbatch.planner.mixture_datasets import DataSource
 
 __all__ = [
     "Columns",

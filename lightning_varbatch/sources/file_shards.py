@@ -31,18 +31,12 @@ import numpy as np
 
 from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
-from lightning_varbatch.sources.shard_index import (
-    CacheDir,
-    ReadStats,
-    check_rows,
-    column_names,
-    file_key,
+from lightning_varbatch.sources.shard_base import FileBackedShard
+from lightning_varbatch.sources.shard_index import CacheDir, column_names
+from lightning_varbatch.sources.shard_items import (
     lengths_array,
-    load_index,
     numpy_fields,
-    resolve_cache_dir,
     row_lengths,
-    save_index,
     table_items,
 )
 
@@ -53,10 +47,8 @@ def _spec(names: tuple[str, ...]) -> Columns:
     return names[0] if len(names) == 1 else (names[0], names[1])
 
 
-class _FileShard:
-    """What the file shards share: name, columns, cache, stats, row checks."""
-
-    kind = "file"
+class _FileShard(FileBackedShard):
+    """What the file shards add to :class:`FileBackedShard`: the path check, fields, errors."""
 
     def __init__(
         self,
@@ -66,41 +58,23 @@ class _FileShard:
         fields: Sequence[str] | None = None,
         cache_dir: CacheDir = True,
     ) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
+        if not Path(path).is_file():
             raise SettingValueError(
                 f"paths: {str(path)!r} does not exist or is not a file: check the path (or "
                 "copy the shard there).",
                 setting="paths",
                 value=path,
             )
-        self.columns = column_names(columns)
+        column_names(columns)  # checked before fields, as the settings are listed
         if fields is not None and (isinstance(fields, str) or not fields):
             raise TypeError(f"fields must be a non-empty list of column names, got {fields!r}.")
+        super().__init__(path, columns, cache_dir=cache_dir)
+        self.path = Path(path)
         self.fields = None if fields is None else list(fields)
-        self.cache_dir = resolve_cache_dir(cache_dir)
-        self.stats = ReadStats()
-        self._lengths: np.ndarray | None = None
-        self._end = 0
+        self._read_metadata()
 
-    @property
-    def name(self) -> str:
-        """The file's absolute path."""
-        return os.path.abspath(self.path)
-
-    @property
-    def content_name(self) -> str:
-        """The file's name without its folder (part of the shard's content identity).
-
-        With the size and the lengths it identifies the shard for a resume, so identical
-        shards copied to another folder (node-local disk) still resume.
-        """
-        return self.path.name
-
-    @property
-    def size_bytes(self) -> int:
-        """The file's size in bytes."""
-        return int(os.path.getsize(self.path))
+    def _read_metadata(self) -> None:
+        """Read what the file's metadata gives (row counts, column names), if anything."""
 
     def _corrupt(self, error: BaseException, what: str) -> ValueError:
         return ValueError(
@@ -108,9 +82,6 @@ class _FileShard:
             f"({type(error).__name__}: {error}). Re-write or re-copy it, or remove it from "
             "paths."
         )
-
-    def _where(self) -> str:
-        return f"columns ({self.name})"
 
     def _check_names(self, available: Sequence[str]) -> None:
         for setting, names in (("columns", self.columns), ("fields", self.fields or ())):
@@ -123,46 +94,6 @@ class _FileShard:
                     value=list(names),
                 )
 
-    def _known_rows(self) -> int | None:
-        """The rows the file's metadata gives (``None``: known from the index only)."""
-        return None
-
-    def _index(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-        key = file_key(self.path, self.kind, self.columns)
-        cached = load_index(self.cache_dir, key, names, self._known_rows())
-        if cached is None:
-            cached = self._build_index()
-            if not save_index(self.cache_dir, key, cached):
-                self.cache_dir = None  # unwritable (warned): keep the index in memory
-        return cached
-
-    def _build_index(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
-    def lengths(self) -> np.ndarray:
-        """Per-row lengths (cached on disk; in memory only without a disk cache).
-
-        With a disk cache they are re-read on each call, so a stream over many shards holds
-        only the lengths of the shards it is planning (memory flat in the data's size).
-        """
-        if self._lengths is not None:
-            return self._lengths
-        lengths = self._index(("lengths",))["lengths"]
-        if self.cache_dir is None:
-            self._lengths = lengths
-        return lengths
-
-    def _rows(self, rows: Any) -> np.ndarray:
-        checked = check_rows(rows, self.num_rows, f"read ({self.name})")
-        if checked.size:
-            self._end = self.stats.note_read(int(checked[0]), self._end)
-            self._end = int(checked[-1]) + 1
-        return checked
-
-    @property
-    def num_rows(self) -> int:
-        raise NotImplementedError
-
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.path)!r}, columns={_spec(self.columns)!r})"
 
@@ -171,6 +102,15 @@ class _BlockShard(_FileShard):
     """A shard stored as blocks of rows (row groups, record batches)."""
 
     _block_rows: np.ndarray  # rows per block
+
+    def _read_metadata(self) -> None:
+        sizes, names = self._open()
+        self._block_rows = np.array(sizes, dtype=np.int64)
+        self._check_names(names)
+
+    def _open(self) -> tuple[list[int], list[str]]:
+        """The rows of each block and the column names (from the file's metadata)."""
+        raise NotImplementedError
 
     @property
     def num_rows(self) -> int:
@@ -197,12 +137,8 @@ class _BlockShard(_FileShard):
             raise self._corrupt(error, f"reading columns {list(self.columns)}") from None
         return {"lengths": column_lengths(table, _spec(self.columns), self._where())}
 
-    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
-        """The items of ``rows`` (strictly ascending), reading only the blocks that hold them."""
-        checked = self._rows(rows)
-        return self._read(checked)
-
     def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
+        """The items of ``rows``, reading only the blocks that hold them."""
         if not rows.size:
             return
         starts = np.concatenate([[0], np.cumsum(self._block_rows)])
@@ -248,25 +184,15 @@ class ParquetShard(_BlockShard):
 
     kind = "parquet"
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        columns: Columns,
-        *,
-        fields: Sequence[str] | None = None,
-        cache_dir: CacheDir = True,
-    ) -> None:
+    def _open(self) -> tuple[list[int], list[str]]:
         import pyarrow.parquet as pq
 
-        super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
         try:
             meta = pq.ParquetFile(self.path).metadata  # footer only: no data is read
         except (OSError, ValueError) as error:
             raise self._corrupt(error, "reading its footer") from None
-        self._block_rows = np.array(
-            [meta.row_group(g).num_rows for g in range(meta.num_row_groups)], dtype=np.int64
-        )
-        self._check_names(meta.schema.to_arrow_schema().names)
+        sizes = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        return sizes, meta.schema.to_arrow_schema().names
 
     def _table(self) -> Any:
         import pyarrow.parquet as pq
@@ -301,17 +227,9 @@ class ArrowShard(_BlockShard):
 
     kind = "arrow"
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        columns: Columns,
-        *,
-        fields: Sequence[str] | None = None,
-        cache_dir: CacheDir = True,
-    ) -> None:
+    def _open(self) -> tuple[list[int], list[str]]:
         import pyarrow as pa
 
-        super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
         source = pa.memory_map(str(self.path))
         try:
             reader = pa.ipc.open_file(source)
@@ -334,8 +252,7 @@ class ArrowShard(_BlockShard):
                 sizes = [batch.num_rows for batch in reader]  # memory-mapped: no copy
             except (OSError, ValueError) as error:  # a truncated stream
                 raise self._corrupt(error, "reading its record batches") from None
-        self._block_rows = np.array(sizes, dtype=np.int64)
-        self._check_names(reader.schema.names)
+        return sizes, reader.schema.names
 
     def _reader(self) -> Any:
         import pyarrow as pa
@@ -378,39 +295,7 @@ class JsonlShard(_FileShard):
     """
 
     kind = "jsonl"
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        columns: Columns,
-        *,
-        fields: Sequence[str] | None = None,
-        cache_dir: CacheDir = True,
-    ) -> None:
-        super().__init__(path, columns, fields=fields, cache_dir=cache_dir)
-        self._offsets: np.ndarray | None = None
-        self._num_rows: int | None = None
-
-    def _load(self, name: str) -> np.ndarray:
-        """One array of the index (kept in memory only without a disk cache)."""
-        kept = {"lengths": self._lengths, "offsets": self._offsets}[name]
-        if kept is not None:
-            return kept
-        index = self._index(("lengths", "offsets"))
-        if self.cache_dir is None:
-            self._lengths, self._offsets = index["lengths"], index["offsets"]
-        return index[name]
-
-    def lengths(self) -> np.ndarray:
-        """Per-row lengths (from the index: built in one pass, then cached on disk)."""
-        return self._load("lengths")
-
-    @property
-    def num_rows(self) -> int:
-        """Rows (non-blank lines) in the file, from the index."""
-        if self._num_rows is None:
-            self._num_rows = int(self.lengths().shape[0])
-        return self._num_rows
+    index_names = ("lengths", "offsets")
 
     def _parse(self, line: bytes, where: str) -> Any:
         try:
@@ -447,15 +332,11 @@ class JsonlShard(_FileShard):
             "offsets": np.asarray(offsets, dtype=np.int64),
         }
 
-    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
-        """The items of ``rows`` (strictly ascending): forward seeks, only those lines parsed."""
-        checked = self._rows(rows)
-        return self._read(checked)
-
     def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
+        """The items of ``rows``: forward seeks, only those lines parsed."""
         if not rows.size:
             return
-        offsets = self._load("offsets")
+        offsets = self._index_array("offsets")
         self.stats.opens += 1
         with open(self.path, "rb") as file:
             for row in rows.tolist():

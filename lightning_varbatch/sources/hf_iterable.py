@@ -29,19 +29,10 @@ import numpy as np
 
 from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns
-from lightning_varbatch.sources.shard_index import (
-    CacheDir,
-    check_rows,
-    column_names,
-    lengths_array,
-    load_index,
-    numpy_fields,
-    resolve_cache_dir,
-    row_lengths,
-    save_index,
-    text_key,
-)
-from lightning_varbatch.sources.shards import ReadStats, ShardedSource
+from lightning_varbatch.sources.shard_base import CachedShard
+from lightning_varbatch.sources.shard_index import CacheDir, column_names, text_key
+from lightning_varbatch.sources.shard_items import lengths_array, numpy_fields, row_lengths
+from lightning_varbatch.sources.shards import ShardedSource
 
 __all__ = ["HFIterableShard", "shards_from_hf_iterable"]
 
@@ -61,7 +52,7 @@ def _files_and_transforms(ds: Any) -> tuple[list[str] | None, list[str]]:
     return None, transforms
 
 
-class HFIterableShard:
+class HFIterableShard(CachedShard):
     """One shard of a ``datasets.IterableDataset``, iterated from its start on each read.
 
     Args:
@@ -88,15 +79,10 @@ class HFIterableShard:
         cache_key: str | None = None,
         cache_dir: CacheDir = True,
     ) -> None:
+        super().__init__(columns, cache_dir=cache_dir if cache_key else None)
         self.dataset = dataset
-        self.columns = column_names(columns)
         self._name = name
         self._key = cache_key
-        self.cache_dir = resolve_cache_dir(cache_dir) if cache_key else None
-        self.stats = ReadStats()
-        self._lengths: np.ndarray | None = None
-        self._num_rows: int | None = None
-        self._end = 0
 
     @property
     def name(self) -> str:
@@ -108,32 +94,12 @@ class HFIterableShard:
         """The shard's name without folders (its files' names): part of its content identity."""
         return ",".join(part.rsplit("/", 1)[-1] for part in self._name.split(","))
 
-    @property
-    def num_rows(self) -> int:
-        """Rows in the shard (known after the lengths pass)."""
-        if self._num_rows is None:
-            self._num_rows = int(self.lengths().shape[0])
-        return self._num_rows
+    def _cache_key(self) -> str:
+        return self._key or ""
 
-    def lengths(self) -> np.ndarray:
-        """Per-row lengths: one pass over the shard's ``columns``, cached.
-
-        Kept in memory only when they cannot be cached on disk (else re-read per call, so a
-        stream holds only the lengths of the shards it is planning).
-        """
-        if self._lengths is not None:
-            return self._lengths
-        cached = load_index(self.cache_dir, self._key or "", ("lengths",))
-        if cached is None:
-            cached = {"lengths": self._build()}
-            if self._key and not save_index(self.cache_dir, self._key, cached):
-                self.cache_dir = None  # unwritable (warned): keep the lengths in memory
-        if not (self._key and self.cache_dir is not None):
-            self._lengths = cached["lengths"]
-        return cached["lengths"]
-
-    def _build(self) -> np.ndarray:
-        where = f"columns ({self.name})"
+    def _build_index(self) -> dict[str, np.ndarray]:
+        """One pass over the shard's ``columns``."""
+        where = self._where()
         features = getattr(self.dataset, "features", None)
         missing = [c for c in self.columns if features is not None and c not in features]
         if missing:
@@ -167,17 +133,10 @@ class HFIterableShard:
             ]
             self.stats.rows_decoded += len(items)
             per_row.extend(row_lengths(items, self.columns, where))
-        return lengths_array(per_row, self.columns, where)
-
-    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
-        """The items of ``rows`` (strictly ascending), iterating the shard from its start."""
-        checked = check_rows(rows, self.num_rows, f"read ({self.name})")
-        if checked.size:
-            self.stats.note_read(int(checked[0]), self._end)
-            self._end = int(checked[-1]) + 1
-        return self._read(checked)
+        return {"lengths": lengths_array(per_row, self.columns, where)}
 
     def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
+        """The items of ``rows``, iterating the shard from its start."""
         if not rows.size:
             return
         self.stats.opens += 1

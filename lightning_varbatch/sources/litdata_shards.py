@@ -31,19 +31,10 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch.sources.arrow_lengths import Columns
-from lightning_varbatch.sources.shard_index import (
-    CacheDir,
-    check_rows,
-    column_names,
-    file_key,
-    lengths_array,
-    load_index,
-    numpy_fields,
-    resolve_cache_dir,
-    row_lengths,
-    save_index,
-)
-from lightning_varbatch.sources.shards import ReadStats, ShardedSource
+from lightning_varbatch.sources.shard_base import FileBackedShard
+from lightning_varbatch.sources.shard_index import CacheDir, column_names
+from lightning_varbatch.sources.shard_items import lengths_array, numpy_fields, row_lengths
+from lightning_varbatch.sources.shards import ShardedSource
 
 __all__ = ["LitdataShard", "shards_from_litdata"]
 
@@ -66,8 +57,11 @@ class _Opener:
         return {"input_dir": self.input_dir, "_dataset": None}
 
 
-class LitdataShard:
+class LitdataShard(FileBackedShard):
     """One chunk of a ``litdata`` optimised folder.
+
+    Its lengths take one pass over the chunk's items and are cached on disk keyed by the
+    chunk file (path, size, modification time), the columns and the chunk's offset.
 
     Args:
         opener: gives the folder's ``StreamingDataset``.
@@ -77,6 +71,8 @@ class LitdataShard:
         columns: a length field, a token-id field, or a (source, target) pair of them.
         cache_dir: where the lengths are cached (``True``: the default folder; ``None``: none).
     """
+
+    kind = "litdata"
 
     def __init__(
         self,
@@ -88,35 +84,22 @@ class LitdataShard:
         *,
         cache_dir: CacheDir = True,
     ) -> None:
+        super().__init__(chunk, columns, cache_dir=cache_dir)
         self._opener = opener
         self.chunk = chunk
         self.offset = offset
         self._num_rows = num_rows
-        self.columns = column_names(columns)
-        self.cache_dir = resolve_cache_dir(cache_dir)
-        self.stats = ReadStats()
-        self._lengths: np.ndarray | None = None
-        self._end = 0
-
-    @property
-    def name(self) -> str:
-        """The chunk file's absolute path."""
-        return os.path.abspath(self.chunk)
-
-    @property
-    def content_name(self) -> str:
-        """The chunk file's name without its folder (part of its content identity)."""
-        return self.chunk.name
-
-    @property
-    def size_bytes(self) -> int:
-        """The chunk file's size in bytes."""
-        return int(os.path.getsize(self.chunk))
 
     @property
     def num_rows(self) -> int:
         """Items in the chunk (from ``index.json``)."""
-        return self._num_rows
+        return int(self._num_rows or 0)
+
+    def _known_rows(self) -> int | None:
+        return self.num_rows
+
+    def _key_extra(self) -> tuple[Any, ...]:
+        return (self.offset,)
 
     def _items(self, rows: list[int]) -> Iterator[dict[str, Any]]:
         dataset = self._opener.get()
@@ -132,46 +115,24 @@ class LitdataShard:
                 )
             yield item
 
-    def lengths(self) -> np.ndarray:
-        """Per-row lengths: one pass over the chunk's items, cached on disk.
+    def _build_index(self) -> dict[str, np.ndarray]:
+        """One pass over the chunk's items."""
+        items = self._items(list(range(self.num_rows)))
+        try:
+            per_row = row_lengths(items, self.columns, self._where())
+        except (OSError, RuntimeError, EOFError) as error:  # a damaged chunk
+            raise ValueError(
+                f"input_dir: the chunk {self.name} is damaged: reading its items failed "
+                f"({type(error).__name__}: {error}). Re-run litdata.optimize or re-copy "
+                "the folder."
+            ) from None
+        return {"lengths": lengths_array(per_row, self.columns, self._where())}
 
-        Kept in memory only without a disk cache (else re-read per call, so a stream holds
-        only the lengths of the chunks it is planning).
-        """
-        if self._lengths is not None:
-            return self._lengths
-        key = file_key(self.chunk, "litdata", self.columns, self.offset)
-        cached = load_index(self.cache_dir, key, ("lengths",), self.num_rows)
-        if cached is None:
-            where = f"columns ({self.name})"
-            items = self._items(list(range(self.num_rows)))
-            try:
-                per_row = row_lengths(items, self.columns, where)
-            except (OSError, RuntimeError, EOFError) as error:  # a damaged chunk
-                raise ValueError(
-                    f"input_dir: the chunk {self.name} is damaged: reading its items failed "
-                    f"({type(error).__name__}: {error}). Re-run litdata.optimize or re-copy "
-                    "the folder."
-                ) from None
-            cached = {"lengths": lengths_array(per_row, self.columns, where)}
-            if not save_index(self.cache_dir, key, cached):
-                self.cache_dir = None  # unwritable (warned): keep the lengths in memory
-        if self.cache_dir is None:
-            self._lengths = cached["lengths"]
-        return cached["lengths"]
-
-    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
-        """The items of ``rows`` (strictly ascending), read in order from the chunk."""
-        checked = check_rows(rows, self.num_rows, f"read ({self.name})")
-        if checked.size:
-            self.stats.note_read(int(checked[0]), self._end)
-            self._end = int(checked[-1]) + 1
-        return self._read(checked.tolist())
-
-    def _read(self, rows: list[int]) -> Iterator[dict[str, Any]]:
-        if not rows:
+    def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
+        """The items of ``rows``, read in order from the chunk."""
+        if not rows.size:
             return
-        for item in self._items(rows):
+        for item in self._items(rows.tolist()):
             self.stats.rows_read += 1
             yield numpy_fields(item)
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +41,11 @@ import numpy as np
 from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
+from lightning_varbatch.sources.token_counts import token_counter
 
 __all__ = ["LengthCacheWarning", "default_cache_dir", "tokenized_lengths"]
 
 _CACHE_VERSION = "1"
-
-#: What a tokenizer must return, for messages.
-_WANTED = (
-    "one token sequence (a list/array of token ids) or one integer count per string, or a "
-    "BatchEncoding/dict with 'input_ids' (and 'attention_mask' when it pads)"
-)
 
 
 class LengthCacheWarning(UserWarning):
@@ -119,219 +114,6 @@ def warn_damaged(path: Path, problem: str, what: str = "lengths") -> None:
     )
 
 
-def _is_text(value: object) -> bool:
-    return isinstance(value, (str, bytes))
-
-
-def _as_array(value: Any) -> np.ndarray | None:
-    """``value`` as a numpy array when it is a numpy array or a tensor, else ``None``."""
-    if isinstance(value, np.ndarray):
-        return value
-    if type(value).__module__.startswith(("torch", "tensorflow", "jax")) and hasattr(
-        value, "shape"
-    ):
-        detach = getattr(value, "detach", None)
-        value = detach().cpu() if callable(detach) else value
-        return np.asarray(value)
-    return None
-
-
-class _Rows:
-    """Turns one tokenizer result into counts, naming the dataset row and column when wrong."""
-
-    def __init__(self, column: str, rows: Sequence[int], size: int) -> None:
-        self.column, self.rows, self.size = column, rows, size
-
-    def where(self, i: int) -> str:
-        return f"row {self.rows[i]} of column {self.column!r}"
-
-    def bad(self, i: int, got: str, fix: str) -> TypeError:
-        return TypeError(
-            f"tokenizer: for {self.where(i)} the tokenizer returned {got}; it must return "
-            f"{_WANTED}. {fix}"
-        )
-
-    def count(self, i: int, row: Any) -> int:
-        """The token count of one row of the result."""
-        if row is None:
-            return self._null(i)
-        if isinstance(row, (bool, np.bool_)):
-            raise self.bad(i, f"a bool ({row!r})", "Return integer counts or token-id lists.")
-        if isinstance(row, (int, np.integer)):
-            return int(row)
-        if isinstance(row, (float, np.floating)):
-            raise self.bad(
-                i,
-                f"a float ({row!r})",
-                "Counts must be integers: return int counts (or the token ids themselves).",
-            )
-        if _is_text(row):
-            raise self.bad(
-                i,
-                f"a string ({str(row)[:40]!r})",
-                "Counting its length would count characters, not tokens: return the token "
-                "ids (e.g. tok.encode(text).ids or tok(texts)['input_ids']).",
-            )
-        mask = getattr(row, "attention_mask", None)
-        if mask is not None and hasattr(row, "ids"):  # a tokenizers.Encoding (maybe padded)
-            return int(sum(mask))
-        if isinstance(row, Mapping):
-            return self._mapping_row(i, row)
-        array = _as_array(row)
-        if array is not None:
-            if array.ndim == 0:
-                return self.count(i, array.item())
-            if array.ndim != 1:
-                raise self.bad(
-                    i,
-                    f"an array of shape {array.shape}",
-                    "Each string's tokens must be one flat sequence (was "
-                    "return_overflowing_tokens or a nested list returned?).",
-                )
-            if array.dtype.kind not in "iu" and array.size:
-                raise self.bad(
-                    i,
-                    f"an array of dtype {array.dtype}",
-                    "Token ids must be integers.",
-                )
-            return int(array.shape[0])
-        if isinstance(row, Sequence):
-            if row and isinstance(row[0], (list, tuple, np.ndarray, Mapping)):
-                raise self.bad(
-                    i,
-                    f"a nested sequence (its first element is a {type(row[0]).__name__})",
-                    "Each string's tokens must be one flat sequence of token ids (was "
-                    "return_overflowing_tokens on, or a pair of texts given?).",
-                )
-            if row and isinstance(row[0], (float, np.floating)):
-                raise self.bad(
-                    i, f"a sequence of floats ({row[0]!r}, ...)", "Token ids must be integers."
-                )
-            if None in row:
-                raise ValueError(
-                    f"tokenizer: for {self.where(i)} the tokenizer returned token ids with a "
-                    f"null at position {list(row).index(None)}; every token must be an "
-                    "integer id: fix the tokenizer (or its vocabulary) for that text."
-                )
-            return len(row)
-        raise self.bad(i, f"a {type(row).__name__}", "")
-
-    def _null(self, i: int) -> int:
-        raise ValueError(
-            f"tokenizer: for {self.where(i)} the tokenizer returned None instead of token ids "
-            "or a count; it must return one result per string: check how it handles that "
-            "text (or filter the row out)."
-        )
-
-    def _mapping_row(self, i: int, row: Mapping[str, Any]) -> int:
-        if "attention_mask" in row:
-            return int(np.asarray(row["attention_mask"]).sum())
-        if "input_ids" in row:
-            return self.count(i, row["input_ids"])
-        raise self.bad(i, f"a dict with keys {sorted(map(str, row))}", "")
-
-    def counts(self, out: Any) -> list[int]:
-        """Counts of a whole batch result (one per string)."""
-        if out is None:
-            raise TypeError(
-                f"tokenizer: the tokenizer returned None for a batch of {self.size} strings "
-                f"(rows {self.rows[0]}..{self.rows[-1]} of column {self.column!r}); it must "
-                f"return {_WANTED} (does it modify its input instead of returning?)."
-            )
-        if _is_text(out):
-            raise TypeError(
-                f"tokenizer: the tokenizer returned one string for a batch of {self.size} "
-                f"strings (rows {self.rows[0]}..{self.rows[-1]} of column {self.column!r}); "
-                f"it must return {_WANTED}."
-            )
-        if isinstance(out, Mapping):
-            return self._mapping(out)
-        array = _as_array(out)
-        if array is not None:
-            return self._array(array, "token ids")
-        if not isinstance(out, Sequence):
-            if not isinstance(out, Iterable):
-                raise TypeError(
-                    f"tokenizer: the tokenizer returned {type(out).__name__} for a batch of "
-                    f"{self.size} strings (column {self.column!r}); it must return {_WANTED}."
-                )
-            out = list(out)
-        self._check_rows(len(out))
-        return [self.count(i, row) for i, row in enumerate(out)]
-
-    def _check_rows(self, got: int) -> None:
-        if got != self.size:
-            raise ValueError(
-                f"tokenizer: the tokenizer returned {got} results for a batch of {self.size} "
-                f"strings (rows {self.rows[0]}..{self.rows[-1]} of column {self.column!r}); "
-                "it must return one per string (is it tokenizing one string at a time? wrap "
-                "it: lambda texts: [tok(t) for t in texts])."
-            )
-
-    def _array(self, array: np.ndarray, what: str) -> list[int]:
-        if array.ndim == 1 and array.dtype.kind in "iu":  # one count per string
-            self._check_rows(array.shape[0])
-            return [self.count(i, int(x)) for i, x in enumerate(array.tolist())]
-        if array.ndim == 1 and array.dtype == object:
-            self._check_rows(array.shape[0])
-            return [self.count(i, row) for i, row in enumerate(array)]
-        if array.ndim == 1:
-            raise self.bad(0, f"an array of dtype {array.dtype}", "Counts must be integers.")
-        self._check_rows(array.shape[0])
-        raise TypeError(
-            f"tokenizer: the tokenizer returned {what} as one {array.shape} array for rows "
-            f"{self.rows[0]}..{self.rows[-1]} of column {self.column!r}: a rectangular batch "
-            "is padded, and its width is not each text's token count. Return the "
-            "attention_mask with it (a BatchEncoding: tok(texts, padding=True)), or call the "
-            "tokenizer without padding and return_tensors (tok(texts)['input_ids'])."
-        )
-
-    def _mapping(self, out: Mapping[str, Any]) -> list[int]:
-        if "input_ids" not in out:
-            raise TypeError(
-                f"tokenizer: the tokenizer returned a {type(out).__name__} with keys "
-                f"{sorted(map(str, out))} for column {self.column!r}; it must return "
-                f"{_WANTED}."
-            )
-        mask = out.get("attention_mask")
-        if mask is None:
-            ids = out["input_ids"]
-            array = _as_array(ids)
-            return self._array(array, "input_ids") if array is not None else self.counts(ids)
-        array = _as_array(mask)
-        if array is not None and array.ndim == 2:  # padded to a rectangle: count the mask
-            self._check_rows(array.shape[0])
-            return array.astype(np.int64).sum(axis=1).tolist()
-        rows = list(mask)
-        self._check_rows(len(rows))
-        counts = []
-        for i, row in enumerate(rows):
-            if row is None:
-                self._null(i)
-            counts.append(int(np.asarray(row, dtype=np.int64).sum()))
-        return counts
-
-
-def _counter(tokenizer: Any) -> Callable[[list[Any], str, Sequence[int]], list[int]]:
-    """A function from a batch of strings (column, dataset rows) to their token counts."""
-    encode_batch = getattr(tokenizer, "encode_batch", None)
-    if callable(encode_batch) and type(tokenizer).__module__.startswith("tokenizers"):
-        # a padding Tokenizer pads ids to the batch width: count the attention mask
-        return lambda texts, column, rows: [int(sum(e.attention_mask)) for e in encode_batch(texts)]
-    if not callable(tokenizer):
-        raise SettingTypeError(
-            f"tokenizer must be a tokenizers.Tokenizer, a transformers tokenizer or a callable "
-            f"list[str] -> token sequences, got {type(tokenizer).__name__}: pass one of those.",
-            setting="tokenizer",
-            value=tokenizer,
-        )
-
-    def count(texts: list[str], column: str, rows: Sequence[int]) -> list[int]:
-        return _Rows(column, rows, len(texts)).counts(tokenizer(texts))
-
-    return count
-
-
 def _cache_key(dataset: Any, names: list[str], tokenizer: Any) -> str | None:
     fingerprint = getattr(dataset, "_fingerprint", None)
     if not fingerprint:
@@ -382,6 +164,72 @@ def _write_cache(path: Path, lengths: np.ndarray) -> None:
         warn_unwritable(path, error, "the token counts")
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def _check_text_columns(dataset: Any, names: list[str], columns: Columns) -> None:
+    """Each of ``names`` is a text column of ``dataset`` (else the error says what to pass)."""
+    for column in names:
+        if column not in dataset.column_names:
+            raise SettingValueError(
+                f"tokenized_lengths: columns names {column!r}, but the dataset has no such "
+                f"column; its columns are {dataset.column_names}: pass one of them (a text "
+                "column).",
+                setting="columns",
+                value=columns,
+            )
+        feature = dataset.features[column]
+        if getattr(feature, "dtype", None) not in ("string", "large_string"):
+            raise TypeError(
+                f"tokenized_lengths: column {column!r} is {feature}, not text; for token ids or "
+                "lengths use column_lengths(ds, column) (no tokenizer needed)."
+            )
+
+
+def _count_with_map(
+    dataset: Any,
+    names: list[str],
+    count: Callable[[list[Any], str, Sequence[int]], list[int]],
+    batch_size: int,
+    num_proc: int | None,
+    progress: bool,
+) -> Any:
+    """``dataset`` with each of ``names`` replaced by its token counts (``Dataset.map``)."""
+    import datasets
+
+    def batch_counts(batch: Mapping[str, list[Any]], rows: list[int]) -> dict[str, list[int]]:
+        out = {}
+        for c in names:
+            texts = list(batch[c])
+            if None in texts:
+                row = rows[texts.index(None)]
+                nulls = sum(t is None for t in texts)
+                raise ValueError(
+                    f"tokenized_lengths: row {row} of column {c!r} is null (None), not text "
+                    f"({nulls} null(s) in rows {rows[0]}..{rows[-1]}); every example needs a "
+                    f"text to count: filter them out first (ds.filter(lambda r: r[{c!r}] is "
+                    "not None)) or fill them."
+                )
+            out[c] = count(texts, c, rows)  # the counts replace the texts
+        return out
+
+    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
+    if not progress:
+        datasets.utils.logging.disable_progress_bar()
+    try:
+        return dataset.select_columns(names).map(
+            batch_counts,
+            batched=True,
+            with_indices=True,
+            batch_size=batch_size,
+            num_proc=num_proc,
+            remove_columns=names,
+            desc="Counting tokens",
+            keep_in_memory=True,
+            load_from_cache_file=False,
+        )
+    finally:
+        if was_enabled and not progress:
+            datasets.utils.logging.enable_progress_bar()
 
 
 def tokenized_lengths(
@@ -453,22 +301,8 @@ def tokenized_lengths(
             "wrap a dict of columns with datasets.Dataset.from_dict."
         )
     names = [columns] if isinstance(columns, str) else list(columns)
-    for column in names:
-        if column not in dataset.column_names:
-            raise SettingValueError(
-                f"tokenized_lengths: columns names {column!r}, but the dataset has no such "
-                f"column; its columns are {dataset.column_names}: pass one of them (a text "
-                "column).",
-                setting="columns",
-                value=columns,
-            )
-        feature = dataset.features[column]
-        if getattr(feature, "dtype", None) not in ("string", "large_string"):
-            raise TypeError(
-                f"tokenized_lengths: column {column!r} is {feature}, not text; for token ids or "
-                "lengths use column_lengths(ds, column) (no tokenizer needed)."
-            )
-    count = _counter(tokenizer)
+    _check_text_columns(dataset, names, columns)
+    count = token_counter(tokenizer)
     folder = _cache_folder(cache_dir)
     key = _cache_key(dataset, names, tokenizer) if folder else None
     path = Path(folder) / f"{key}.npy" if folder and key else None
@@ -476,41 +310,7 @@ def tokenized_lengths(
         cached = _read_cache(path, len(dataset), len(names) == 2)
         if cached is not None:
             return cached
-
-    def batch_counts(batch: Mapping[str, list[Any]], rows: list[int]) -> dict[str, list[int]]:
-        out = {}
-        for c in names:
-            texts = list(batch[c])
-            if None in texts:
-                row = rows[texts.index(None)]
-                nulls = sum(t is None for t in texts)
-                raise ValueError(
-                    f"tokenized_lengths: row {row} of column {c!r} is null (None), not text "
-                    f"({nulls} null(s) in rows {rows[0]}..{rows[-1]}); every example needs a "
-                    f"text to count: filter them out first (ds.filter(lambda r: r[{c!r}] is "
-                    "not None)) or fill them."
-                )
-            out[c] = count(texts, c, rows)  # the counts replace the texts
-        return out
-
-    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
-    if not progress:
-        datasets.utils.logging.disable_progress_bar()
-    try:
-        counted = dataset.select_columns(names).map(
-            batch_counts,
-            batched=True,
-            with_indices=True,
-            batch_size=batch_size,
-            num_proc=num_proc,
-            remove_columns=names,
-            desc="Counting tokens",
-            keep_in_memory=True,
-            load_from_cache_file=False,
-        )
-    finally:
-        if was_enabled and not progress:
-            datasets.utils.logging.enable_progress_bar()
+    counted = _count_with_map(dataset, names, count, batch_size, num_proc, progress)
     spec: Columns = names[0] if len(names) == 1 else (names[0], names[1])
     try:
         lengths = column_lengths(counted, spec, "tokenized_lengths")

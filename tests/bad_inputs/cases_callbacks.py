@@ -20,7 +20,7 @@ from tests.bad_inputs.families import POSITIVE_REAL_BAD, int_family, real_family
 
 LR = "lightning_varbatch/callbacks/lr_scaling.py"
 TP = "lightning_varbatch/callbacks/throughput.py"
-DS = "lightning_varbatch/strategies/deepspeed.py"
+DS = "lightning_varbatch/strategies/deepspeed_config.py"
 
 
 def _scaler(name: str) -> Any:

@@ -20,8 +20,8 @@ from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import int_family
 
-COLLATE = "lightning_varbatch/collate.py"
-LOADER = "lightning_varbatch/dataloader.py"
+COLLATE = "lightning_varbatch/data/collate.py"
+LOADER = "lightning_varbatch/data/loader.py"
 ITEM_1 = ("item 1", "items[1]", "index 1", "example 1", "item #1")
 
 PAIRS = [{"source": [1] * s, "target": [2] * t} for s, t in ((3, 2), (5, 4), (2, 2), (6, 3))]

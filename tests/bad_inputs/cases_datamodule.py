@@ -13,12 +13,17 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
-from lightning_varbatch import DataSource, TokenBudgetBatchSampler, TokenBudgetDataModule
+from lightning_varbatch import (
+    DataSource,
+    PaddingCollate,
+    TokenBudgetBatchSampler,
+    TokenBudgetDataModule,
+)
 from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import POSITIVE_REAL_BAD, int_family, real_family
 
-DM = "lightning_varbatch/datamodule.py"
+DM = "lightning_varbatch/data/datamodule.py"
 TOKENS = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
 LENGTHS = np.array([3, 5, 2, 7, 4, 6])
 VAL = [{"tokens": [1] * n} for n in (7, 6, 5)]
@@ -309,6 +314,39 @@ CASES: list[Case] = [
         fix_in=DM,
         raises=SettingTypeError,
     ),
+    *int_family(
+        "dm-loss_offset",
+        "DataModule",
+        "loss_offset",
+        _setting("loss_offset", use=True),
+        zero_ok=True,
+        good=1,
+        what="TokenBudgetDataModule(loss_offset=",
+        fix_in=DM,
+    ),
+    error(
+        "dm-loss_offset-with-train_loss_lengths",
+        "DataModule",
+        "TokenBudgetDataModule(..., train_loss_lengths=lengths - 1, loss_offset=1)",
+        lambda tmp: _built(train_loss_lengths=LENGTHS - 1, loss_offset=1),
+        "loss_offset=1",
+        "loss_lengths",
+        "pass one of them",
+        setting="loss_offset",
+        raises=SettingValueError,
+        fix_in=DM,
+    ),
+    error(
+        "dm-loss_offset-collate-disagrees",
+        "DataModule",
+        "TokenBudgetDataModule(..., loss_offset=1, collate=PaddingCollate())",
+        lambda tmp: _built(loss_offset=1, collate=PaddingCollate()),
+        "loss_offset=1",
+        "PaddingCollate(loss_offset=0)",
+        setting="collate",
+        raises=SettingValueError,
+        fix_in=DM,
+    ),
     error(
         "dm-unknown-setting",
         "DataModule",
@@ -584,7 +622,7 @@ CASES: list[Case] = [
         "4",
         "max_tokens",
         warn_ok=True,
-        fix_in="lightning_varbatch/lengths.py",
+        fix_in="lightning_varbatch/planner/length_checks.py",
         setting="max_tokens",
         raises=SettingValueError,
     ),
@@ -596,7 +634,7 @@ CASES: list[Case] = [
         "max_examples",
         "0",
         "wmt",
-        fix_in="lightning_varbatch/mixing.py",
+        fix_in="lightning_varbatch/planner/mixture.py",
         raises=SettingValueError,
         setting="max_examples",
     ),
@@ -608,7 +646,7 @@ CASES: list[Case] = [
         "max_tokens",
         "-8",
         "wmt",
-        fix_in="lightning_varbatch/mixing.py",
+        fix_in="lightning_varbatch/planner/mixture.py",
         raises=SettingValueError,
         setting="max_tokens",
     ),

@@ -19,8 +19,8 @@ from lightning_varbatch import TokenBudgetBatchSampler, TokenBudgetDataModule
 from lightning_varbatch.errors import SettingValueError
 from tests.bad_inputs.case import Case, accepted, error
 
-RANKS = "lightning_varbatch/micro_batch.py"
-SAMPLER = "lightning_varbatch/sampler.py"
+RANKS = "lightning_varbatch/data/micro_batch.py"
+SAMPLER = "lightning_varbatch/data/sampler.py"
 L = np.array([3, 5, 2, 7, 4, 6, 1, 8])
 
 
@@ -209,7 +209,7 @@ CASES: list[Case] = [
         "1",
         "2",
         env={"RANK": "0", "WORLD_SIZE": "2"},
-        fix_in="lightning_varbatch/datamodule.py",
+        fix_in="lightning_varbatch/data/datamodule.py",
         raises=SettingValueError,
         setting="val_dataset",
     ),
@@ -222,7 +222,7 @@ CASES: list[Case] = [
         "16",
         "8",
         env={"RANK": "0", "WORLD_SIZE": "16"},
-        fix_in="lightning_varbatch/planning.py",
+        fix_in="lightning_varbatch/planner/epoch_planner.py",
         raises=ValueError,
     ),
     accepted(

@@ -20,7 +20,7 @@ import numpy as np
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from tests.bad_inputs.case import Case, Match, accepted, error
 
-MEM = "lightning_varbatch/memory.py"
+MEM = "lightning_varbatch/memory/settings.py"
 WB = "lightning_varbatch/callbacks/worst_batch.py"
 #: ``find_max_tokens`` and ``WorstBatchCheck``: the memory tools of the table.
 AREA = "memory tools"

@@ -21,8 +21,8 @@ from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import POSITIVE_REAL_BAD, int_family, real_family
 
-MIXING = "lightning_varbatch/mixing.py"
-SOURCES = "lightning_varbatch/sources.py"
+MIXING = "lightning_varbatch/planner/mixture.py"
+SOURCES = "lightning_varbatch/planner/mixture_datasets.py"
 A = np.array([3, 5, 2, 7, 4, 6, 1, 8])
 B = np.array([4, 4, 6, 2])
 NEWS = ("'news'", '"news"', "news")
@@ -62,7 +62,7 @@ def _news_lengths(lengths: Any) -> Any:
 def _cap_honoured(tmp: Path) -> None:
     planner = _planner([DataSource(A, name="wmt"), DataSource(B, name="news", max_examples=1)])
     plan = planner.plan(epoch=0, world_size=1)
-    sizes = plan.tile_size[plan.assign].reshape(-1)
+    sizes = plan.micro_batch_size[plan.assign].reshape(-1)
     datasets = plan.step_dataset.reshape(-1)
     assert sizes[datasets == 1].max() == 1, "news's max_examples=1 was not honoured"
 

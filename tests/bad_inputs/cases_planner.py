@@ -19,8 +19,8 @@ from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import int_family, real_family
 
 L = np.array([3, 5, 2, 7, 4, 6, 1, 8])
-CONFIG = "lightning_varbatch/config.py"
-LENGTHS = "lightning_varbatch/lengths.py"
+CONFIG = "lightning_varbatch/planner/settings.py"
+LENGTHS = "lightning_varbatch/planner/length_checks.py"
 
 
 def _config(name: str) -> Any:
@@ -198,6 +198,16 @@ CASES: list[Case] = [
         what="PlanConfig(pad_to_multiple_of=",
         fix_in=CONFIG,
         not_blame=("raise max_tokens",),
+    ),
+    *int_family(
+        "config-loss_offset",
+        "planner API",
+        "loss_offset",
+        _config("loss_offset"),
+        zero_ok=True,
+        good=1,
+        what="PlanConfig(loss_offset=",
+        fix_in=CONFIG,
     ),
     *int_family(
         "config-max_shapes",
@@ -395,7 +405,7 @@ CASES: list[Case] = [
         "cost",
         "linear",
         "padded",
-        fix_in="lightning_varbatch/costs.py",
+        fix_in="lightning_varbatch/planner/costs.py",
         raises=SettingValueError,
         setting="cost",
     ),
@@ -406,7 +416,7 @@ CASES: list[Case] = [
         lambda tmp: PlanConfig(16, cost=5),
         "cost",
         ("int", "5"),
-        fix_in="lightning_varbatch/costs.py",
+        fix_in="lightning_varbatch/planner/costs.py",
         raises=SettingTypeError,
         setting="cost",
     ),
@@ -417,7 +427,7 @@ CASES: list[Case] = [
         lambda tmp: PlanConfig(16, cost=None),
         "cost",
         "None",
-        fix_in="lightning_varbatch/costs.py",
+        fix_in="lightning_varbatch/planner/costs.py",
         raises=SettingTypeError,
         setting="cost",
     ),
@@ -468,7 +478,7 @@ CASES: list[Case] = [
         _planner_config,
         "config",
         "PlanConfig",
-        fix_in="lightning_varbatch/planning.py",
+        fix_in="lightning_varbatch/planner/epoch_planner.py",
         raises=SettingTypeError,
         setting="config",
     ),
@@ -479,7 +489,7 @@ CASES: list[Case] = [
         _epoch_plan,
         zero_ok=True,
         what="EpochPlanner.plan(epoch=",
-        fix_in="lightning_varbatch/planning.py",
+        fix_in="lightning_varbatch/planner/epoch_planner.py",
     ),
     error(
         "planner-more-ranks-than-examples",
@@ -489,7 +499,7 @@ CASES: list[Case] = [
         "world_size",
         "8",
         "3",
-        fix_in="lightning_varbatch/planning.py",
+        fix_in="lightning_varbatch/planner/epoch_planner.py",
         raises=ValueError,
     ),
     error(
@@ -500,7 +510,7 @@ CASES: list[Case] = [
         "cost",
         setting="cost",
         raises=SettingValueError,
-        fix_in="lightning_varbatch/layout.py",
+        fix_in="lightning_varbatch/planner/sorted_cut.py",
     ),
     error(
         "planner-cost-negative",
@@ -509,7 +519,7 @@ CASES: list[Case] = [
         _cost_negative,
         "cost",
         ("negative", "< 0", ">= 0"),
-        fix_in="lightning_varbatch/layout.py",
+        fix_in="lightning_varbatch/planner/sorted_cut.py",
         raises=SettingValueError,
         setting="cost",
     ),
@@ -520,7 +530,7 @@ CASES: list[Case] = [
         _cost_bad_shape,
         "cost",
         "shape",
-        fix_in="lightning_varbatch/layout.py",
+        fix_in="lightning_varbatch/planner/sorted_cut.py",
         raises=SettingValueError,
         setting="cost",
     ),
@@ -531,7 +541,7 @@ CASES: list[Case] = [
         _cost_nan,
         "cost",
         "nan",
-        fix_in="lightning_varbatch/layout.py",
+        fix_in="lightning_varbatch/planner/sorted_cut.py",
         raises=SettingValueError,
         setting="cost",
     ),

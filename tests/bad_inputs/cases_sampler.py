@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from lightning_varbatch import TokenBudgetBatchSampler
+from lightning_varbatch import PlanConfig, TokenBudgetBatchSampler
 from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 from tests.bad_inputs.case import Case, accepted, error
 from tests.bad_inputs.families import int_family
 
 L = np.array([3, 5, 2, 7, 4, 6, 1, 8, 2, 3, 5, 4])
-SAMPLER = "lightning_varbatch/sampler.py"
-RANKS = "lightning_varbatch/micro_batch.py"
+SAMPLER = "lightning_varbatch/data/sampler.py"
+RANKS = "lightning_varbatch/data/micro_batch.py"
 
 
 def _sampler(lengths: Any = L, max_tokens: Any = 16, **kwargs: Any) -> TokenBudgetBatchSampler:
@@ -296,6 +296,40 @@ CASES: list[Case] = [
         "bucket_widht",
         setting="bucket_widht",
         raises=SettingTypeError,
+        fix_in=SAMPLER,
+    ),
+    *int_family(
+        "sampler-loss_offset",
+        "sampler",
+        "loss_offset",
+        _with("loss_offset"),
+        zero_ok=True,
+        good=1,
+        what="TokenBudgetBatchSampler(loss_offset=",
+        fix_in=SAMPLER,
+    ),
+    error(
+        "sampler-loss_offset-with-loss_lengths",
+        "sampler",
+        "TokenBudgetBatchSampler(..., loss_lengths=lengths - 1, loss_offset=1)",
+        lambda tmp: _sampler(loss_lengths=L - 1, loss_offset=1),
+        "loss_offset=1",
+        "loss_lengths",
+        "pass one of them",
+        setting="loss_offset",
+        raises=SettingValueError,
+        fix_in=SAMPLER,
+    ),
+    error(
+        "sampler-config-and-keywords",
+        "sampler",
+        "TokenBudgetBatchSampler(lengths, config=PlanConfig(16), seed=3)",
+        lambda tmp: _sampler(max_tokens=None, config=PlanConfig(16), seed=3),
+        "seed",
+        "config",
+        "not both",
+        setting="seed",
+        raises=SettingValueError,
         fix_in=SAMPLER,
     ),
     # -- resume / state ------------------------------------------------------------------

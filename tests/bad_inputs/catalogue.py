@@ -14,6 +14,7 @@ from tests.bad_inputs import (
     cases_datamodule,
     cases_env,
     cases_hf,
+    cases_length_warmup,
     cases_memory,
     cases_mixing,
     cases_pairing,
@@ -28,6 +29,7 @@ from tests.bad_inputs.case import AREAS, Case
 CASES: list[Case] = sorted(
     [
         *cases_planner.CASES,
+        *cases_length_warmup.CASES,
         *cases_sampler.CASES,
         *cases_collate.CASES,
         *cases_pairing.CASES,

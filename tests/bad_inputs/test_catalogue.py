@@ -36,6 +36,13 @@ def test_ids_are_unique_and_areas_known() -> None:
     assert all(c.raises is None or c.match for c in CASES), "an error case names nothing"
 
 
+def test_every_fix_in_names_a_file_that_exists() -> None:
+    """The triage hint (which file owns the check) follows the code when modules move."""
+    root = Path(__file__).resolve().parents[2]
+    stale = sorted({c.fix_in for c in CASES if c.fix_in and not (root / c.fix_in).is_file()})
+    assert not stale, f"fix_in paths that no longer exist: {stale}"
+
+
 def test_at_least_150_cases() -> None:
     assert len(CASES) >= 150, len(CASES)
 

@@ -118,3 +118,38 @@ def test_totals_in_a_checkpoint_between_windows_hold_every_step() -> None:
     assert state["total_tokens"] == 375.0
     assert state["total_examples"] == 8.0
     assert state["steps"] == 4
+
+
+def test_run_totals_in_callback_metrics_when_training_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Logging every 3 steps, 4 steps trained: the totals hold the unlogged 4th step too.
+    monkeypatch.setattr(throughput, "perf_counter", FakeClock())
+    steps = [[50], [100], [25], [200]]
+    monitor = TokenThroughputMonitor(log_every_n_steps=3)
+    trainer, logger = fit(Module(micro_batches(steps)), [monitor], max_steps=4)
+    # Clock: micro-batch i starts at 10(2i+1), ends at 10(2i+2); training ends at 90.
+    totals = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("train/")}
+    assert totals == pytest.approx(
+        {
+            "train/total_tokens": 375.0,
+            "train/total_examples": 8.0,
+            "train/run/loss_tokens": 375.0,
+            "train/run/examples": 8.0,
+            "train/run/seconds": 80.0,
+            "train/run/input_tokens": 750.0,
+            "train/run/padded_tokens": 1500.0,
+            "train/run/input_tokens_per_sec": 750.0 / 80.0,
+            "train/run/padding_efficiency": 0.5,
+        },
+        rel=1e-12,
+    )
+    assert all(trainer.callback_metrics[k].dtype == torch.float64 for k in totals)
+    assert not any("train/run/" in key for _, m in logger.calls for key in m)  # not logged
+
+
+def test_run_totals_leave_out_padding_without_padding_counts() -> None:
+    batches = [(b["x"], int(b["ntokens"])) for b in micro_batches([[50], [100]])]
+    monitor = TokenThroughputMonitor(tokens_fn=lambda b: b[1], examples_fn=lambda b: 2)
+    trainer, _ = fit(Module(batches), [monitor], max_steps=2)
+    keys_ = {k for k in trainer.callback_metrics if k.startswith("train/run/")}
+    assert keys_ == {"train/run/loss_tokens", "train/run/examples", "train/run/seconds"}
+    assert float(trainer.callback_metrics["train/run/loss_tokens"]) == 150.0

@@ -12,6 +12,7 @@ import pytest
 from lightning_varbatch.callbacks.throughput_window import (
     RankWindow,
     dataset_metrics,
+    run_metrics,
     window_metrics,
 )
 
@@ -85,3 +86,31 @@ def test_the_maths_imports_and_runs_without_torch_or_lightning() -> None:
     assert (rate, loaded) == ("75.0", "[]")
     # a callback itself still needs Lightning, and says so by the import error
     assert done.returncode != 0 and "is blocked in this test" in done.stderr
+
+
+def test_run_metrics_sum_every_rank_and_skip_padding_without_counts() -> None:
+    m = run_metrics(windows(), seconds=20.0)
+    assert m == {
+        "train/run/loss_tokens": 1200.0,
+        "train/run/examples": 24.0,
+        "train/run/seconds": 20.0,
+        "train/run/input_tokens": 1800.0,
+        "train/run/padded_tokens": 3000.0,
+        "train/run/input_tokens_per_sec": 90.0,
+        "train/run/padding_efficiency": 0.6,
+    }
+    unpadded = [*windows(), RankWindow(tokens=1.0, no_padding=1.0)]
+    assert set(run_metrics(unpadded, seconds=0.0)) == {
+        "train/run/loss_tokens",
+        "train/run/examples",
+        "train/run/seconds",
+    }
+    assert math.isnan(run_metrics([RankWindow()], seconds=0.0)["train/run/padding_efficiency"])
+
+
+def test_add_counts_keeps_times_and_datasets_out() -> None:
+    run = RankWindow()
+    for w in windows():
+        run.add_counts(w)
+    assert (run.tokens, run.examples, run.real, run.padded) == (1200.0, 24.0, 1800.0, 3000.0)
+    assert (run.busy, run.elapsed, run.dataset_tokens) == (0.0, 0.0, [])

@@ -23,7 +23,7 @@ from lightning_varbatch.callbacks.worst_batch import (
     WorstBatchCheck,
     advice,
     measure_peak,
-    worst_tiles,
+    worst_micro_batches,
 )
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.costs import COST_NAMES
@@ -105,7 +105,7 @@ def _trainer(callbacks: list[Callback], max_steps: int = 3, accumulate: int = 1)
 
 
 def _independent_worst(rank: int = 0, world_size: int = 1) -> dict[str, tuple[int, int]]:
-    """Scan every micro-batch the sampler yields (first of ties), without the plan's tiles."""
+    """Scan every micro-batch the sampler yields (first of ties), without the plan's figures."""
     _, lengths = _data()
     sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, rank=rank, world_size=world_size, seed=3)
     best: dict[str, tuple[int, tuple[int, int]]] = {}
@@ -345,12 +345,12 @@ def test_deepspeed_is_refused() -> None:
         WorstBatchCheck().setup(trainer, Model(), "fit")  # type: ignore[arg-type]
 
 
-def test_worst_tiles_per_rank_and_measure_peak() -> None:
+def test_worst_micro_batches_per_rank_and_measure_peak() -> None:
     _, lengths = _data()
     for rank in (0, 1):
         sampler = TokenBudgetBatchSampler(lengths, MAX_TOKENS, rank=rank, world_size=2, seed=3)
         batches = list(sampler)
-        worst = worst_tiles(sampler)
+        worst = worst_micro_batches(sampler)
         for w in worst:
             ids = batches[w.position]
             assert (len(ids), int(lengths[ids].max())) == (w.examples, w.longest)

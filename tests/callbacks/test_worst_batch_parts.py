@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,8 +13,16 @@ import torch
 import lightning_varbatch.callbacks.worst_batch as worst_batch
 from lightning_varbatch.callbacks import WorstBatchCheck
 from lightning_varbatch.callbacks.training_state import KeepTrainingState
+from lightning_varbatch.callbacks.worst_batch_run import failure_message, run_micro_batch, step_once
+from lightning_varbatch.callbacks.worst_micro_batches import (
+    KINDS,
+    WorstBatch,
+    check_names,
+    worst_micro_batches,
+    worst_tiles,
+)
+from lightning_varbatch.callbacks.worst_ranks import gather_reports, over_limit, worst_metrics
 from lightning_varbatch.callbacks.worst_report import advice, format_report, gib
-from lightning_varbatch.callbacks.worst_tiles import KINDS, WorstBatch, check_names, worst_tiles
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 from lightning_varbatch.peak_memory import (
     measure_peak,
@@ -33,6 +43,7 @@ def test_the_check_and_its_names_keep_their_import_paths() -> None:
         "check_names": check_names,
         "format_report": format_report,
         "measure_peak": measure_peak,
+        "worst_micro_batches": worst_micro_batches,
         "worst_tiles": worst_tiles,
     }
     for name, value in moved.items():
@@ -120,7 +131,7 @@ def test_picks_are_the_largest_of_each_kind_on_every_rank() -> None:
             (len(b) * int(lengths[b].max()), len(b), len(b) * int(lengths[b].max()) ** 2)
             for b in batches
         ]
-        picks = worst_tiles(sampler)
+        picks = worst_micro_batches(sampler)
         assert [w.kind for w in picks] == list(KINDS) == check_names(sampler)
         for w, column in zip(picks, range(3), strict=True):
             best = max(f[column] for f in figures)
@@ -130,6 +141,18 @@ def test_picks_are_the_largest_of_each_kind_on_every_rank() -> None:
                 len(batches[first]),
                 int(lengths[batches[first]].max()),
             )
+
+
+def test_the_old_tile_names_still_work_and_warn() -> None:
+    """Micro-batches were once called tiles: the old names read the new ones, with a warning."""
+    sampler = TokenBudgetBatchSampler([2, 2, 2, 8], 8, rank=0, world_size=1, shuffle=False)
+    picks = worst_micro_batches(sampler)
+    with pytest.warns(DeprecationWarning, match="worst_micro_batches"):
+        assert worst_tiles(sampler) == picks
+    with pytest.warns(DeprecationWarning, match="micro_batch"):
+        assert picks[0].tile == picks[0].micro_batch
+    row = picks[0].to_dict()
+    assert row["tile"] == row["micro_batch"] == picks[0].micro_batch
 
 
 @pytest.mark.skipif(not HAS_PROC, reason="needs /proc")
@@ -159,3 +182,103 @@ def test_cpu_measurement_needs_no_torch() -> None:
     first, loaded = done.stdout.strip().splitlines()
     assert first.split()[0:2] == ["0", "True"] and first.split()[3] == "True"
     assert loaded == "[]"
+
+
+# -- running one micro-batch, and every rank's results ---------------------------------------
+
+
+def _fake_trainer(step: Any, model: torch.nn.Module) -> SimpleNamespace:
+    """What run_micro_batch uses of a Trainer: the strategy's step and backward, optimizers."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    strategy = SimpleNamespace(
+        batch_to_device=lambda batch: batch,
+        training_step=lambda batch, index: step(batch),
+        pre_backward=lambda loss: None,
+        post_backward=lambda loss: None,
+        precision_plugin=SimpleNamespace(backward=lambda loss, module, opt: loss.backward()),
+    )
+    return SimpleNamespace(strategy=strategy, optimizers=[optimizer], lightning_module=model)
+
+
+def _one_pick() -> tuple[TokenBudgetBatchSampler, WorstBatch, list[torch.Tensor]]:
+    sampler = TokenBudgetBatchSampler([2, 2, 2, 8], 8, rank=0, world_size=1, shuffle=False)
+    dataset = [torch.full((n,), float(i)) for i, n in enumerate([2, 2, 2, 8])]
+    return sampler, worst_micro_batches(sampler, ("examples",))[0], dataset
+
+
+def _collate(items: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(items, batch_first=True)
+
+
+def test_a_checked_micro_batch_runs_forward_and_backward_and_leaves_no_gradient() -> None:
+    sampler, pick, dataset = _one_pick()
+    model = torch.nn.Linear(2, 1)
+    seen: list[tuple[int, ...]] = []
+
+    def step(batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        seen.append(tuple(batch.shape))
+        return {"loss": model(batch[:, :2]).sum()}
+
+    trainer = _fake_trainer(step, model)
+    peak, source = run_micro_batch(trainer, sampler, dataset, _collate, pick, torch.device("cpu"))
+    assert seen == [(3, 2)] and peak > 0 and source.startswith("cpu")
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_out_of_memory_becomes_a_runtime_error_naming_the_shape_and_the_settings() -> None:
+    sampler, pick, dataset = _one_pick()
+
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    trainer = _fake_trainer(step, torch.nn.Linear(2, 1))
+    with pytest.raises(RuntimeError) as caught:
+        run_micro_batch(trainer, sampler, dataset, _collate, pick, torch.device("cpu"))
+    text = str(caught.value)
+    assert "the micro-batch with the most examples (3 examples x 2 tokens" in text
+    assert "ran out of memory (OutOfMemoryError: CUDA out of memory. Tried" in text
+    assert "more" not in text and "lower max_tokens=8" in text
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+
+def test_other_errors_keep_their_type_and_get_the_same_words_as_a_note() -> None:
+    sampler, pick, dataset = _one_pick()
+
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        raise KeyError("target")
+
+    trainer = _fake_trainer(step, torch.nn.Linear(2, 1))
+    with pytest.raises(KeyError) as caught:
+        run_micro_batch(trainer, sampler, dataset, None, pick, torch.device("cpu"))
+    (note,) = caught.value.__notes__
+    assert note.startswith(
+        failure_message(sampler, pick, "raised KeyError in its forward or backward", "")
+    )
+    with pytest.raises(RuntimeError, match="returned no loss tensor"):
+        step_once(
+            _fake_trainer(lambda b: {"x": 1}, torch.nn.Linear(2, 1)), dataset, None, [0], pick
+        )
+
+
+def test_every_ranks_results_and_the_largest_peak_of_each_kind() -> None:
+    picks = [
+        WorstBatch("examples", 0, 4, 3, 2, 6, 12, peak_bytes=300, rank=0),
+        WorstBatch("attention", 1, 7, 1, 8, 8, 64, peak_bytes=500, rank=0),
+    ]
+    assert [over_limit(w, 400) for w in picks] == [False, True]
+    trainer = SimpleNamespace(world_size=1)
+    (mine,) = gather_reports(trainer, picks, ["examples", "attention"], 400)  # type: ignore[arg-type]
+    assert mine == [
+        {"kind": "examples", "examples": 3, "longest": 2, "peak_bytes": 300, "over": False},
+        {"kind": "attention", "examples": 1, "longest": 8, "peak_bytes": 500, "over": True},
+    ]
+    other = [{"kind": "examples", "examples": 5, "longest": 1, "peak_bytes": 350}]
+    metrics = worst_metrics([mine, other, []], ["examples", "attention", "shape 4x2"])
+    assert metrics == {
+        "memory/worst/examples/peak_bytes": 350.0,
+        "memory/worst/examples/examples": 5.0,
+        "memory/worst/examples/longest": 1.0,
+        "memory/worst/attention/peak_bytes": 500.0,
+        "memory/worst/attention/examples": 1.0,
+        "memory/worst/attention/longest": 8.0,
+    }

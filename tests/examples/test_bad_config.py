@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from examples.translation.train import CONF_DIR, ROOT, ConfigError, train
+from examples.common.config_checks import ConfigError
+from examples.translation.train import CONF_DIR, ROOT, train
 
 BASE = [
     "data.num_pairs=300",

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from examples.translation.train import CONF_DIR, build_datamodule
+from examples.translation.datamodule import build_datamodule
+from examples.translation.train import CONF_DIR
 from lightning_varbatch import keys
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from examples.translation.train import check_overrides
+from examples.common.cli import check_overrides
+from examples.translation.train import CONF_DIR
 
 
 @pytest.mark.parametrize(
@@ -20,7 +21,7 @@ def test_overrides_that_do_not_compose_exit_2(
 ) -> None:
     """What ``python train.py OVERRIDES`` checks before Hydra runs (exit 2, not Hydra's 1)."""
     with pytest.raises(SystemExit) as info:
-        check_overrides(["train.py", *overrides])
+        check_overrides(["train.py", *overrides], CONF_DIR)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("Configuration error:") and message in err

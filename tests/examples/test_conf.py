@@ -12,15 +12,10 @@ from hydra.errors import MissingConfigException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
-from examples.translation.train import (
-    CONF_DIR,
-    ConfigError,
-    build_callbacks,
-    build_logger,
-    build_strategy,
-    check_config,
-    train,
-)
+from examples.common.building import build_callbacks, build_logger, build_strategy
+from examples.common.config_checks import ConfigError
+from examples.translation.checks import check_config
+from examples.translation.train import CONF_DIR, train
 
 GROUPS = ("strategy", "data", "model", "trainer", "callbacks", "logger")
 OPTIONS = [(g, p.stem) for g in GROUPS for p in sorted((CONF_DIR / g).glob("*.yaml"))]

@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 from hydra import compose, initialize_config_dir
 
-from examples.translation import train as train_module
-from examples.translation.corpora import ConfigError, read_corpora
+from examples.common.config_checks import ConfigError
+from examples.translation import datamodule as datamodule_module
+from examples.translation.corpora import read_corpora
 from examples.translation.data import build_corpus, load_hf_dataset
 from examples.translation.train import CONF_DIR, train
 from lightning_varbatch import PaddingCollate, TokenBudgetDataModule
@@ -70,8 +71,8 @@ def spy(monkeypatch: pytest.MonkeyPatch) -> Iterator[Spy]:
             seen.items[type(items).__name__] += 1
             return super().__call__(items)
 
-    monkeypatch.setattr(train_module, "TokenBudgetDataModule", RecordingDataModule)
-    monkeypatch.setattr(train_module, "PaddingCollate", RecordingCollate)
+    monkeypatch.setattr(datamodule_module, "TokenBudgetDataModule", RecordingDataModule)
+    monkeypatch.setattr(datamodule_module, "PaddingCollate", RecordingCollate)
     yield seen
 
 
@@ -121,9 +122,10 @@ def test_saved_dataset_trains_an_epoch_through_the_arrow_path(tmp_path: Path, sp
     assert train_ds.column_names == ["source", "target"]
     assert spy.kwargs["train_lengths"] == spy.kwargs["val_lengths"] == ("source", "target")
     assert "test_dataset" not in spy.kwargs  # data.test=0
-    # loss lengths: whole target minus BOS, per example
+    # loss tokens: whole target minus BOS, per example, derived by the planner (loss_offset=1;
+    # the collate checks every micro-batch's count against the plan's)
     target_lengths = [len(t) for t in train_ds["target"]]
-    assert spy.kwargs["train_loss_lengths"].tolist() == [n - 1 for n in target_lengths]
+    assert spy.kwargs["loss_offset"] == 1 and "train_loss_lengths" not in spy.kwargs
     # every micro-batch came to the collate as one Arrow table
     assert set(spy.items) == {"ColumnarItems"}, spy.items
     # one epoch trained every training pair of the dataset exactly once

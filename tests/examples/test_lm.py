@@ -25,17 +25,12 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig, open_dict
 
+from examples.common.building import build_callbacks, build_logger, build_strategy
+from examples.common.config_checks import ConfigError
+from examples.lm.checks import LAYOUTS, check_config
+from examples.lm.datamodule import build_datamodule, flop_model
 from examples.lm.model import CausalLM
-from examples.lm.train import (
-    CONF_DIR,
-    LAYOUTS,
-    ConfigError,
-    build_datamodule,
-    check_config,
-    flop_model,
-    train,
-)
-from examples.translation.train import build_callbacks, build_logger, build_strategy
+from examples.lm.train import CONF_DIR, train
 from lightning_varbatch import (
     PackingCollate,
     PaddingCollate,

@@ -12,8 +12,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from examples.common.config_checks import ConfigError
 from examples.translation.data import build_corpus
-from examples.translation.train import CONF_DIR, ROOT, ConfigError, build_datamodule, train
+from examples.translation.datamodule import build_datamodule
+from examples.translation.train import CONF_DIR, ROOT, train
 from tests.examples.recorder import read_records
 from tests.examples.test_train import SMALL
 from tests.launch import launch

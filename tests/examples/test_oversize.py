@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from examples.translation.train import CONF_DIR, ConfigError, train
+from examples.common.config_checks import ConfigError
+from examples.translation.train import CONF_DIR, train
 from tests.examples.test_train import SMALL
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from examples.translation.train import CONF_DIR, ConfigError, train
+from examples.common.config_checks import ConfigError
+from examples.translation.train import CONF_DIR, train
 from tests.examples.test_train import SMALL
 
 COMMON = [

@@ -18,14 +18,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from examples.translation.train import (
-    CONF_DIR,
-    ROOT,
-    ConfigError,
-    check_config,
-    train,
-    write_summary,
-)
+from examples.common.config_checks import ConfigError
+from examples.common.summary import write_summary
+from examples.translation.checks import check_config
+from examples.translation.train import CONF_DIR, ROOT, train
 
 SMALL = [
     "data.num_pairs=600",

@@ -13,16 +13,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from examples.common.config_checks import ConfigError
 from examples.translation import streaming
+from examples.translation.checks import check_config
+from examples.translation.datamodule import build_datamodule, check_resume
 from examples.translation.streaming import MANIFEST
-from examples.translation.train import (
-    CONF_DIR,
-    ConfigError,
-    build_datamodule,
-    check_config,
-    check_resume,
-    train,
-)
+from examples.translation.train import CONF_DIR, train
 from lightning_varbatch import StreamingDataModule, TokenBudgetDataModule, shards_from_files
 from tests.examples.test_train import SMALL
 from tests.launch import launch

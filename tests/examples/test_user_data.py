@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from hydra import compose, initialize_config_dir
 
+from examples.common.config_checks import ConfigError
 from examples.translation.data import build_corpus
-from examples.translation.train import CONF_DIR, ConfigError, train
+from examples.translation.train import CONF_DIR, train
 from tests.examples.test_train import SMALL
 
 PAIRS = build_corpus(num_pairs=300, seed=7)

@@ -15,6 +15,28 @@ MAX_TOKENS = 48
 ACCUMULATE = 2
 LR = 1.0
 SEED = 0
+#: The cap at the first step of a length warm-up (``--length-warmup N``): below the longest
+#: sequence (16), so that the first steps hold only short ones.
+WARMUP_MIN = 4
+
+
+def pop_length_warmup(argv: list[str]) -> int | None:
+    """Remove ``--length-warmup N`` from ``argv`` (in place) and return N (default ``None``)."""
+    if "--length-warmup" not in argv:
+        return None
+    at = argv.index("--length-warmup")
+    if at + 1 >= len(argv) or not argv[at + 1].isdigit() or int(argv[at + 1]) < 1:
+        raise SystemExit("--length-warmup needs a positive number of optimizer steps")
+    steps = int(argv[at + 1])
+    del argv[at : at + 2]
+    return steps
+
+
+def warmup_settings(length_warmup: int | None) -> dict[str, Any]:
+    """The planner settings of ``--length-warmup N`` (none without it)."""
+    if length_warmup is None:
+        return {}
+    return {"length_warmup": length_warmup, "length_warmup_min": WARMUP_MIN}
 
 
 def make_sequences() -> list[list[int]]:

@@ -5,6 +5,9 @@ dataset, through ``TokenBudgetDataModule(ds, "tokens", ...)`` and the library's 
 micro-batch one Arrow read); the record then also says what the loader read.
 ``--source stream:DIR``: the same sequences as parquet shards in DIR (the test writes them),
 streamed by ``StreamingDataModule`` (one window: the same guarantees, another loader).
+``--length-warmup N`` (anywhere): the epoch planned with a length warm-up over its first N
+optimizer steps (the cap from ``WARMUP_MIN``; list and ``hf`` sources), so the first steps hold
+only short sequences; the record then holds the realised cap of every step (``caps``).
 
 ``--layout packed`` (anywhere, see ``packed_model.py``): the epoch planned with
 ``layout="packed"`` and ``loss_lengths = lengths - 1``, every micro-batch one padding-free row
@@ -55,7 +58,9 @@ from strategy_common import (
     loss_sum,
     make_model,
     make_sequences,
+    pop_length_warmup,
     sequence_columns,
+    warmup_settings,
 )
 from teardown import shutdown
 from torch.utils.data import DataLoader, Dataset
@@ -167,9 +172,12 @@ class Model(LightningModule):
 class ListModel(Model):
     """The sequences as a Python list, through the sampler, a torch DataLoader and ``collate``."""
 
-    def __init__(self, sequences: list[list[int]], layout: str = "padded") -> None:
+    def __init__(
+        self, sequences: list[list[int]], layout: str = "padded", warmup: int | None = None
+    ) -> None:
         super().__init__(layout)
         self.sequences = sequences
+        self.warmup = warmup_settings(warmup)
 
     def train_dataloader(self) -> DataLoader[dict[str, Any]]:
         lengths = [len(s) for s in self.sequences]
@@ -184,6 +192,7 @@ class ListModel(Model):
                 world_size=self.trainer.world_size,
                 accumulate_grad_batches=self.trainer.accumulate_grad_batches,
                 seed=0,
+                **self.warmup,
             )
             items = [{"id": i, "tokens": s} for i, s in enumerate(self.sequences)]
             return token_budget_dataloader(items, packed, collate_fn=RecordingPackingCollate())
@@ -194,11 +203,14 @@ class ListModel(Model):
             world_size=self.trainer.world_size,
             accumulate_grad_batches=self.trainer.accumulate_grad_batches,
             seed=0,
+            **self.warmup,
         )
         return DataLoader(Sequences(self.sequences), batch_sampler=sampler, collate_fn=collate)
 
 
-def hf_datamodule(source: str, layout: str = "padded") -> TokenBudgetDataModule:
+def hf_datamodule(
+    source: str, layout: str = "padded", warmup: int | None = None
+) -> TokenBudgetDataModule:
     """The same sequences as a Hugging Face dataset, planned from its ``tokens`` column."""
     if layout == "packed":
         columns = sequence_columns()
@@ -210,6 +222,7 @@ def hf_datamodule(source: str, layout: str = "padded") -> TokenBudgetDataModule:
             train_loss_lengths=[len(t) - 1 for t in columns["tokens"]],
             collate=RecordingPackingCollate(),
             seed=0,
+            **warmup_settings(warmup),
         )
     return TokenBudgetDataModule(
         as_dataset(sequence_columns(), source),
@@ -217,6 +230,7 @@ def hf_datamodule(source: str, layout: str = "padded") -> TokenBudgetDataModule:
         MAX_TOKENS,
         collate=RecordingCollate(),
         seed=0,
+        **warmup_settings(warmup),
     )
 
 
@@ -257,6 +271,7 @@ def main() -> None:
     argv = sys.argv[1:]
     source = pop_source(argv)
     layout = pop_layout(argv)
+    warmup = pop_length_warmup(argv)
     out, name = Path(argv[0]), argv[1]
     config = json.loads(argv[2]) if len(argv) > 2 else None
     rank = int(os.environ["RANK"])
@@ -264,11 +279,13 @@ def main() -> None:
     model: Model
     datamodule: TokenBudgetDataModule | StreamingDataModule | None = None
     if is_stream(source):
+        if warmup is not None:
+            raise SystemExit("--length-warmup: a stream refuses a length warm-up")
         model, datamodule = Model(layout), stream_datamodule(source)
     elif is_hf(source):
-        model, datamodule = Model(layout), hf_datamodule(source, layout)
+        model, datamodule = Model(layout), hf_datamodule(source, layout, warmup)
     else:
-        model = ListModel(make_sequences(), layout)
+        model = ListModel(make_sequences(), layout, warmup)
     init = {n: p.detach().double().tolist() for n, p in model.net.named_parameters()}
     snapshots = Snapshots()
     trainer = Trainer(
@@ -305,7 +322,12 @@ def main() -> None:
         "deepspeed_config": {k: ds_config[k] for k in DS_KEYS if k in ds_config},
         "source": source,
         "layout": layout,
+        "length_warmup": warmup,
     }
+    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+    trace = getattr(getattr(sampler, "plan", None), "length_warmup", None)
+    if trace is not None:  # the realised cap of every step the run trained
+        record["caps"] = [trace.cap_at(s) for s in range(STEPS)]
     if is_hf(source):
         record["loader"] = loader_evidence(trainer.train_dataloader)
     (out / f"rank{rank}.json").write_text(json.dumps(record))

@@ -15,11 +15,10 @@ from lightning.fabric.plugins.environments import LightningEnvironment
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, StrategyRegistry
 
-from lightning_varbatch.strategies import (
-    VarBatchDeepSpeedStrategy,
-    VarBatchFSDPStrategy,
-    resolve_deepspeed_batch_config,
-)
+import lightning_varbatch.strategies as strategies
+from lightning_varbatch.strategies.deepspeed import DEEPSPEED_VARIANTS, VarBatchDeepSpeedStrategy
+from lightning_varbatch.strategies.deepspeed_config import resolve_deepspeed_batch_config
+from lightning_varbatch.strategies.fsdp import VarBatchFSDPStrategy
 
 DS_NAMES = {
     "deepspeed_varbatch": {},
@@ -34,6 +33,17 @@ DS_NAMES = {
         "offload_parameters": True,
     },
 }
+
+
+def test_the_package_exports_the_strategies_and_registers_every_variant() -> None:
+    assert strategies.VarBatchDeepSpeedStrategy is VarBatchDeepSpeedStrategy
+    assert strategies.VarBatchFSDPStrategy is VarBatchFSDPStrategy
+    assert strategies.resolve_deepspeed_batch_config is resolve_deepspeed_batch_config
+    for suffix, (what, params) in DEEPSPEED_VARIANTS.items():
+        entry = StrategyRegistry["deepspeed_varbatch" + suffix]
+        assert entry["strategy"] is VarBatchDeepSpeedStrategy
+        assert entry["init_params"] == params and what in entry["description"]
+    assert {n: StrategyRegistry[n]["init_params"] for n in DS_NAMES} == DS_NAMES
 
 
 # -- resolve_deepspeed_batch_config ----------------------------------------------------------
@@ -245,3 +255,13 @@ def test_user_config_allows_a_torch_optimizer_under_zero() -> None:
     default = VarBatchDeepSpeedStrategy(stage=2, zero_allow_untested_optimizer=False)
     assert default.config is not None
     assert default.config["zero_allow_untested_optimizer"] is False
+
+
+def test_registration_with_lightning_loaded_registers_now_and_installs_no_hook() -> None:
+    """``import lightning_varbatch`` after Lightning: the names are there at once."""
+    from lightning_varbatch._registration import register_when_lightning_loads
+
+    finders = list(sys.meta_path)
+    register_when_lightning_loads()
+    assert sys.meta_path == finders
+    assert {"fsdp_varbatch", *DS_NAMES} <= set(StrategyRegistry)

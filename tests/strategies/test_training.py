@@ -9,7 +9,9 @@ DDP, FSDP and DeepSpeed ZeRO 2 also run once with the same sequences as a Huggin
 checked against the same reference. And once with padding-free packing (``--layout packed``:
 ``layout="packed"``, ``loss_lengths = lengths - 1``, ``PackingCollate`` rows, a causal attention
 model through ``document_attention``, ``step_token_mean``), checked against the float64 update
-computed from every document of the step run alone.
+computed from every document of the step run alone. DDP and DeepSpeed ZeRO 2 also run with a
+length warm-up over all their steps (``--length-warmup 3``): every step, not only the first,
+equals the float64 token-mean update of its micro-batches.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.scripts.strategy_common import (
     ACCUMULATE,
     MAX_TOKENS,
     NUM_EXAMPLES,
+    WARMUP_MIN,
     make_sequences,
     sequence_columns,
 )
@@ -59,6 +62,8 @@ HF = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
 PACKED = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
 # One run per strategy streaming the same sequences from parquet shards (StreamingDataModule).
 STREAM = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
+# One run each with a length warm-up over every step of the run (``--length-warmup``).
+WARMUP = ["ddp", "deepspeed_varbatch_stage_2"]
 # (strategy, source): the list runs keep their test ids, the HF runs are "<strategy>-hf", the
 # streamed runs "<strategy>-stream".
 CORE_AND_HF = (
@@ -92,9 +97,11 @@ def run(
     tmp_path_factory: pytest.TempPathFactory,
     source: str = "list",
     layout: str = "padded",
+    length_warmup: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every rank's record of one run of ``strategy`` (run once per test session)."""
-    if (strategy, source, layout) not in _runs:
+    key = (strategy, source, layout) if length_warmup is None else (strategy, source, "warmup")
+    if key not in _runs:
         extra: tuple[str, ...] = ()
         if source == "stream":
             shards = tmp_path_factory.mktemp(f"{strategy}-shards")
@@ -106,11 +113,11 @@ def run(
             extra = ("--source", source)
         if layout != "padded":
             extra = (*extra, "--layout", layout)
-        out = tmp_path_factory.mktemp(f"{strategy}-{source}-{layout}")
-        _runs[strategy, source, layout] = launch(
-            "strategy_train.py", WORLD_SIZE, out, strategy, *extra, timeout=TIMEOUT
-        )
-    return _runs[strategy, source, layout]
+        if length_warmup is not None:
+            extra = (*extra, "--length-warmup", str(length_warmup))
+        out = tmp_path_factory.mktemp("-".join(key))
+        _runs[key] = launch("strategy_train.py", WORLD_SIZE, out, strategy, *extra, timeout=TIMEOUT)
+    return _runs[key]
 
 
 def assert_read_as_arrow(records: list[dict[str, Any]]) -> None:
@@ -180,6 +187,31 @@ def test_update_equals_single_process_token_mean(
     if strategy in EXTRA:  # steps and parameter identity, for the stages not covered above
         assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
         assert records[0]["params"][str(STEPS)] == records[1]["params"][str(STEPS)]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", WARMUP)
+def test_update_equals_single_process_token_mean_during_a_length_warmup(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Every step of the run is a warm-up step (--length-warmup STEPS): the first ones hold only
+    # short sequences, more of them per step; each step's update is still the float64 token
+    # mean over the union of its micro-batches, and the ranks agree.
+    records = run(strategy, tmp_path_factory, length_warmup=STEPS)
+    lengths = [len(s) for s in make_sequences()]
+    caps = records[0]["caps"]
+    assert all(r["caps"] == caps for r in records)
+    assert caps == sorted(caps) and WARMUP_MIN <= caps[0] < max(lengths)
+    params = [records[0]["init"]] + [records[0]["params"][str(s)] for s in range(1, STEPS + 1)]
+    for step in range(STEPS):
+        micro_batches = step_micro_batches(records, step)
+        assert max(lengths[i] for ids in micro_batches for i in ids) <= caps[step]
+        expected = reference_update(params[step], micro_batches)
+        before, after = params_of(params[step]), params_of(params[step + 1])
+        for name, value in expected.items():
+            delta = after[name] - before[name]
+            torch.testing.assert_close(delta, value - before[name], **TOLERANCE)
+    assert records[0]["params"][str(STEPS)] == records[1]["params"][str(STEPS)]
 
 
 @pytest.mark.parametrize("strategy", CORE)

@@ -30,7 +30,7 @@ runs:
    resuming from it would train the last steps again.
 
 Lightning then calls the ``on_exception`` hooks and finalises the loggers (the CSV logger
-flushes its metrics); :func:`~examples.translation.train.train` writes ``metrics.json`` with
+flushes its metrics); :func:`~examples.common.fitting.fit` writes ``metrics.json`` with
 ``"interrupted"`` and the checkpoint's path, and exits with ``128 + signal``: 143 for SIGTERM,
 130 for SIGINT (the shell's convention; SLURM and Kubernetes report such a job as failed or
 preempted, not completed). ``python train.py ckpt_path=<that checkpoint>`` continues exactly.

@@ -1,17 +1,19 @@
-"""Length-sorted layout: micro-batches as contiguous tiles of a sorted order.
+"""The sorted cut: micro-batches as contiguous slices of the examples sorted by length.
 
 Sorting examples by length (longest first) and cutting the sorted order greedily gives the
-tightest padding; the tiles depend only on the multiset of lengths, not on which example sits
-where, so they are computed once and reused every epoch while the examples of equal length are
-reshuffled. Everything here works on groups of equal (bucketed) length, never per example in
-Python. What becomes of the last, partial optimizer step (re-cut evenly, padded or dropped)
-is the tail policy's business: :mod:`lightning_varbatch.planner.tail`.
+tightest padding; the micro-batches depend only on the multiset of lengths, not on which
+example sits where, so they are computed once and reused every epoch while the examples of
+equal length are reshuffled. Everything here works on groups of equal (bucketed) length,
+never per example in Python. What becomes of the last, partial optimizer step (re-cut
+evenly, padded or dropped) is the tail policy's business: :mod:`lightning_varbatch.planner.tail`.
+Packed rows over buckets wider than 1 are cut each epoch instead:
+:mod:`lightning_varbatch.planner.packed_rows`.
 
 Example:
     >>> import numpy as np
     >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> groups = SortedGroups.build(np.array([2, 9, 9, 4, 2], dtype=np.uint16), None, 1)
-    >>> lay = Layout.build(groups, PlanConfig(max_tokens=18))
+    >>> lay = SortedCut.build(groups, PlanConfig(max_tokens=18))
     >>> lay.sizes.tolist(), lay.cost.tolist()
     ([2, 3], [18.0, 12.0])
 """
@@ -187,22 +189,24 @@ def _counting_sort_desc(
     return ids
 
 
-def _round_down(n: np.ndarray, multiple: int) -> np.ndarray:
+def round_down(n: np.ndarray, multiple: int) -> np.ndarray:
+    """Sizes rounded down to ``multiple`` (``batch_size_multiple``) where they reach it."""
     if multiple == 1:
         return n
     return np.where(n >= multiple, n - n % multiple, n)
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Micro-batches as tiles ``[start, start + size)`` of :attr:`SortedGroups.ids`.
+class SortedCut:
+    """Micro-batches as slices ``[start, start + size)`` of :attr:`SortedGroups.ids`.
 
     Attributes:
-        starts: ``(m,)`` first position of each tile, ascending; tiles cover every position.
-        sizes: ``(m,)`` examples per tile.
-        cost: ``(m,)`` cost of each tile under the cost model (an upper bound when buckets are
-            wider than 1: the bucket's longest length stands in for every member).
-        total: ``(m,)`` summed planning lengths of each tile (exact for bucket width 1).
+        starts: ``(m,)`` first position of each micro-batch, ascending; together the
+            micro-batches cover every position.
+        sizes: ``(m,)`` examples per micro-batch.
+        cost: ``(m,)`` cost of each micro-batch under the cost model (an upper bound when
+            buckets are wider than 1: the bucket's longest length stands in for every member).
+        total: ``(m,)`` summed planning lengths of each micro-batch (exact for bucket width 1).
         work: ``(m,)`` what ranks are balanced by: the cost, or for ``layout="packed"`` the
             compute ``Σ L + flop_attention · Σ L²`` (:mod:`lightning_varbatch.planner.flops`).
     """
@@ -214,15 +218,15 @@ class Layout:
     work: np.ndarray
 
     @property
-    def num_tiles(self) -> int:
+    def num_micro_batches(self) -> int:
         """Number of micro-batches."""
         return int(self.starts.shape[0])
 
     @classmethod
-    def from_tiles(
+    def from_micro_batches(
         cls, groups: SortedGroups, starts: np.ndarray, sizes: np.ndarray, config: PlanConfig
-    ) -> Layout:
-        """Compute costs of given tiles and check them against the budget."""
+    ) -> SortedCut:
+        """Compute costs of given micro-batches and check them against the budget."""
         if starts.size == 0:
             zero = np.zeros(0)
             return cls(starts, sizes, cost=zero, total=zero.astype(np.int64), work=zero)
@@ -247,12 +251,12 @@ class Layout:
         return cls(starts=starts, sizes=sizes, cost=cost, total=total, work=load)
 
     @classmethod
-    def build(cls, groups: SortedGroups, config: PlanConfig) -> Layout:
+    def build(cls, groups: SortedGroups, config: PlanConfig) -> SortedCut:
         """Cut the sorted order greedily into micro-batches that fit the budget."""
         n = groups.size
         if n == 0:
             empty = np.zeros(0, dtype=np.int64)
-            return cls.from_tiles(groups, empty, empty, config)
+            return cls.from_micro_batches(groups, empty, empty, config)
         cap = min(config.max_examples or n, n)
         full = full_batch_sizes(groups.longest, cap, config)
         price_only_by_count = config.cost in ("padded", "quadratic")
@@ -276,7 +280,7 @@ class Layout:
             starts_parts.append(np.array([pos], dtype=np.int64))
             sizes_parts.append(np.array([size], dtype=np.int64))
             pos += size
-        return cls.from_tiles(
+        return cls.from_micro_batches(
             groups, np.concatenate(starts_parts), np.concatenate(sizes_parts), config
         )
 
@@ -290,13 +294,13 @@ def full_batch_sizes(longest: np.ndarray, cap: int, config: PlanConfig) -> np.nd
         np.ones_like(longest),
         cap,
     )
-    return _round_down(fits, config.batch_size_multiple)
+    return round_down(fits, config.batch_size_multiple)
 
 
 def _largest_fitting(
     groups: SortedGroups, pos: int, lo: int, hi: int, longest: int, config: PlanConfig
 ) -> int:
-    """Largest ``size`` in ``[lo, hi]`` whose tile starting at ``pos`` fits the budget."""
+    """Largest ``size`` in ``[lo, hi]`` whose micro-batch starting at ``pos`` fits the budget."""
     p = config.pad_to_multiple_of
     padded = np.array([-(-longest // p) * p])
     base = groups.prefix(np.array([pos]))
@@ -306,4 +310,4 @@ def _largest_fitting(
         return config.cost_fn(size.reshape(1), padded, total)[0] <= config.max_tokens
 
     size = largest_true(fits, max(lo, 1), hi)
-    return int(_round_down(size.reshape(1), config.batch_size_multiple)[0])
+    return int(round_down(size.reshape(1), config.batch_size_multiple)[0])

@@ -2,7 +2,7 @@
 
 Example:
     >>> import numpy as np
-    >>> from lightning_varbatch.planner.sources import DataSource, mixture_probabilities
+    >>> from lightning_varbatch.planner.mixture_datasets import DataSource, mixture_probabilities
     >>> long = DataSource(np.full(4, 4096), name="long", max_examples=4)
     >>> long.name, long.max_examples
     ('long', 4)
@@ -22,8 +22,10 @@ import numpy as np
 import numpy.typing as npt
 
 from lightning_varbatch.checks import check_count, check_real
-from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.shapes import choose_shape_lengths
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
 MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
@@ -36,8 +38,12 @@ __all__ = [
     "Weights",
     "apportion",
     "as_sources",
+    "check_dataset_index",
+    "dataset_planner",
+    "fit_units",
     "item_count",
     "mixture_probabilities",
+    "share_shape_lengths",
     "source_config",
     "source_names",
 ]
@@ -262,3 +268,105 @@ def source_config(common: PlanConfig, source: DataSource, index: int) -> PlanCon
         max_tokens=common.max_tokens if source.max_tokens is None else source.max_tokens,
         max_examples=common.max_examples if source.max_examples is None else source.max_examples,
     )
+
+
+def share_shape_lengths(
+    planners: Sequence[EpochPlanner],
+    sources: Sequence[DataSource],
+    names: list[str],
+    config: PlanConfig,
+) -> None:
+    """Give every dataset's planner one set of shape lengths, chosen over all datasets.
+
+    A mixture under ``max_shapes`` has at most ``max_shapes`` lengths in all, and one budget.
+
+    Raises:
+        SettingValueError: when a dataset has a budget of its own (``max_tokens`` or
+            ``max_examples`` on its :class:`DataSource`).
+    """
+    assert config.max_shapes is not None
+    own = [
+        n
+        for n, src in zip(names, sources, strict=True)
+        if src.max_tokens is not None or src.max_examples is not None
+    ]
+    if own:
+        raise SettingValueError(
+            f"max_shapes={config.max_shapes} with a budget of its own for dataset(s) "
+            f"{own}: a shape's rows follow from the budget, so per-dataset max_tokens "
+            "or max_examples would multiply the shapes. Give every dataset the common "
+            "budget (drop the DataSource max_tokens/max_examples) or unset max_shapes.",
+            setting="max_shapes",
+            value=config.max_shapes,
+        )
+    # One set of shape lengths for all datasets: at most max_shapes lengths in all.
+    keys = [
+        p.prepared.key if p.prepared.kept is None else p.prepared.key[p.prepared.kept]
+        for p in planners
+    ]
+    lengths = choose_shape_lengths(
+        np.concatenate(keys), config.max_shapes, config.pad_to_multiple_of
+    )
+    for planner in planners:
+        planner.use_shape_lengths(lengths)
+
+
+def fit_units(units: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """A pass's units made ``length`` long (pass 0's), and the micro-batches left out.
+
+    Every pass has as many units as pass 0, except packed rows over wide buckets, whose rows
+    are cut anew each pass (:mod:`~lightning_varbatch.planner.packed_rows`): a shorter pass
+    repeats its first units (counted as repeats), a longer one leaves its last out (counted
+    as dropped), so the stream of passes keeps its fixed positions.
+    """
+    if units.shape[0] >= length or units.shape[0] == 0:
+        return units[:length], units[length:].reshape(-1)
+    return units[np.arange(length) % units.shape[0]], np.zeros(0, dtype=np.int64)
+
+
+def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: str) -> EpochPlanner:
+    """The planner of dataset ``index`` of a mixture, with its own settings (:func:`source_config`).
+
+    Raises:
+        SettingError, ValueError, TypeError: for bad lengths or settings, or a dataset whose
+            item count differs from its lengths; the message starts with ``which`` (the
+            dataset's name and index).
+    """
+    try:
+        planner = EpochPlanner(
+            source.lengths, source_config(common, source, index), source.loss_lengths
+        )
+        items = item_count(source.dataset)
+        if items is not None and items != planner.num_examples:
+            raise ValueError(
+                f"its dataset has {items} items but its lengths describe "
+                f"{planner.num_examples} examples: pass one length per item (lengths of "
+                "the same dataset, in the same order)."
+            )
+        return planner
+    except SettingError as error:
+        raise error.renamed(error.setting, f"{which}: {error}") from error
+    except ValueError as error:
+        raise ValueError(f"{which}: {error}") from error
+    except TypeError as error:
+        raise TypeError(f"{which}: {error}") from error
+
+
+def check_dataset_index(dataset: object, names: Sequence[str]) -> int:
+    """``dataset`` as the index of one of the datasets called ``names``.
+
+    Raises:
+        SettingValueError: for anything but an integer in ``[0, len(names))``.
+    """
+    n = len(names)
+    if (
+        isinstance(dataset, (bool, np.bool_))
+        or not isinstance(dataset, (int, np.integer))
+        or not 0 <= dataset < n
+    ):
+        raise SettingValueError(
+            f"dataset must be a dataset index in [0, {n}) ({', '.join(names)}), got {dataset!r}.",
+            setting="dataset",
+            value=dataset,
+        )
+    return int(dataset)

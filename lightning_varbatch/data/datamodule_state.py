@@ -1,0 +1,115 @@
+"""What both DataModules save and restore: a versioned state and the position it gives back.
+
+Both states are ``{"version": 1, ...}`` (:data:`~lightning_varbatch.data.splits.
+STATE_VERSION`; a state without one is version 1) and count the micro-batches *trained* this
+epoch with the fit loop's ``batch_progress.current.processed`` (:func:`trained_this_epoch`),
+never the loader's prefetch. :class:`ResumableState` holds what both do with a state:
+read it (a mapping, of a version this release reads), keep it until the training loader is
+built, and refuse a mid-epoch resume that gave the DataModule no position.
+
+Example:
+    >>> versioned(), versioned(trained=3)
+    ({'version': 1}, {'version': 1, 'trained': 3})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from lightning_varbatch.data.splits import (
+    STATE_VERSION,
+    check_position_restored,
+    check_state_version,
+)
+
+__all__ = ["ResumableState", "read_state_mapping", "trained_this_epoch", "versioned"]
+
+
+def versioned(**entries: Any) -> dict[str, Any]:
+    """A DataModule state: the version first, then ``entries``."""
+    return {"version": STATE_VERSION, **entries}
+
+
+def trained_this_epoch(trainer: Any) -> int:
+    """Micro-batches the fit loop has trained this epoch (0 outside a Trainer).
+
+    Lightning increments the count before ``on_train_batch_end``, so a checkpoint saved there
+    already counts its batch; it is not ahead like the loader's prefetching.
+
+    Example:
+        >>> trained_this_epoch(None)
+        0
+    """
+    if trainer is None:
+        return 0
+    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+
+def read_state_mapping(owner: str, state_dict: Any) -> Mapping[str, Any]:
+    """``state_dict`` if it is a mapping, for ``owner.load_state_dict``.
+
+    Raises:
+        TypeError: for anything else, naming ``owner`` and what was given.
+
+    Example:
+        >>> read_state_mapping("X", [1])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: X.load_state_dict expects the dict returned by its state_dict(), got list: [1].
+    """
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(
+            f"{owner}.load_state_dict expects the dict returned by its "
+            f"state_dict(), got {type(state_dict).__name__}: {str(state_dict)[:60]}."
+        )
+    return state_dict
+
+
+class ResumableState:
+    """The resume protocol of both DataModules (a mixin).
+
+    ``load_state_dict`` reads the state (:meth:`_read_state`: its keys and version, each
+    DataModule's own), marks the DataModule restored and keeps the position
+    (:meth:`_keep_state`) until the training loader applies it; :meth:`_check_restored`
+    refuses a mid-epoch resume whose checkpoint held no state of this class.
+
+    Example:
+        >>> from lightning_varbatch import TokenBudgetDataModule
+        >>> dm = TokenBudgetDataModule([{"tokens": [1]}] * 2, [1, 1], 4)
+        >>> dm.load_state_dict({"version": 1}); dm._restored
+        True
+    """
+
+    _restored: bool  # whether a checkpoint gave this DataModule a state
+
+    def _read_state(self, state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The position a state holds (``None``: none), its keys and version checked."""
+        raise NotImplementedError
+
+    def _keep_state(self, state: dict[str, Any]) -> None:
+        """Keep (or apply) a position read by :meth:`_read_state`."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Keep a saved position; it is applied when the training loader is (re)built.
+
+        States saved before states had a version load as version 1.
+
+        Raises:
+            TypeError: when ``state_dict`` (or its position) is not a mapping.
+            ValueError: when it is not a state of this DataModule.
+            ResumeMismatchError: for another state version.
+        """
+        owner = type(self).__name__
+        state = self._read_state(read_state_mapping(owner, state_dict))
+        self._restored = True
+        if state is not None:
+            self._keep_state(state)
+
+    def _check_version(self, state_dict: Mapping[str, Any]) -> None:
+        check_state_version(type(self).__name__, state_dict)
+
+    def _check_restored(self) -> None:
+        """Refuse a mid-epoch resume from a checkpoint without this class's state."""
+        check_position_restored(getattr(self, "trainer", None), type(self).__name__, self._restored)

@@ -1,0 +1,312 @@
+"""What both DataModules do with a planned split: its sampler, loader, collate and ``check()``.
+
+:class:`~lightning_varbatch.TokenBudgetDataModule` and
+:class:`~lightning_varbatch.StreamingDataModule` keep each map-style split's planner in
+``_planners`` (every split of the map-style one; the evaluation splits of the stream) and share
+the rest through :class:`SplitLoaders`: this rank's sampler of a split (built once, moved to
+the Trainer's rank and world size), its :class:`~lightning_varbatch.data.loader.
+TokenBudgetDataLoader`, the plan's default collate for the split's columns, the validation and
+test loaders, and :meth:`SplitLoaders.check`. :func:`plan_split` builds a split's planner and
+names its errors after the DataModule's arguments.
+
+Example:
+    >>> import numpy as np
+    >>> planner = plan_split("val", 8, {"seed": 1}, np.array([3, 4, 5]), None,
+    ...                      budget_default=True)
+    >>> planner.num_examples
+    3
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from lightning_varbatch.checks import check_count
+from lightning_varbatch.data.loader import TokenBudgetDataLoader
+from lightning_varbatch.data.pairing import collate_for_plan, dataset_column_keys
+from lightning_varbatch.data.plan_settings import plain_settings
+from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
+from lightning_varbatch.data.splits import STAGES, check_evaluation, evaluation_config, split_error
+from lightning_varbatch.errors import SettingError, SettingValueError
+from lightning_varbatch.planner.epoch_plan import EpochPlan
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.mixture_datasets import DataSource
+from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.settings import PlanConfig
+
+__all__ = ["SplitLoaders", "check_stages", "plan_split"]
+
+
+def plan_split(
+    stage: str,
+    budget: int,
+    settings: Mapping[str, Any],
+    lengths: np.ndarray | None,
+    loss_lengths: np.ndarray | None,
+    *,
+    sources: list[DataSource] | None = None,
+    mixing: Mapping[str, Any] | None = None,
+    budget_default: bool,
+) -> Planner:
+    """The planner of one split: its lengths (or data sources) with its settings.
+
+    Args:
+        stage: ``"train"``, ``"val"`` or ``"test"``.
+        budget: the split's ``max_tokens`` (``val_max_tokens`` for evaluation).
+        settings: the planner settings; an evaluation split replaces ``shuffle`` and
+            ``tail`` (:func:`~lightning_varbatch.data.splits.evaluation_config`).
+        lengths: one planning length per item of a plain split (``None`` with ``sources``).
+        loss_lengths: its loss tokens (``None``: derived by the planner).
+        sources: the split's data sources, planned together by a mixture planner.
+        mixing: the mixture settings (``mixing``, ``weights``, ...), with ``sources``.
+        budget_default: whether ``val_max_tokens`` was left to default to ``max_tokens``.
+
+    Raises:
+        SettingError: the planner's, renamed after the DataModule's argument of ``stage``
+            (:func:`~lightning_varbatch.data.splits.split_error`).
+    """
+    try:
+        if stage == "train":
+            config = PlanConfig(**plain_settings(max_tokens=budget, **settings))
+        else:  # the evaluation rule both DataModules share
+            config = evaluation_config(budget, settings)
+        if sources is None:
+            assert lengths is not None  # a plain split has lengths
+            config.check_loss_lengths(loss_lengths)
+            return EpochPlanner(lengths, config, loss_lengths)
+        for source in sources:
+            config.check_loss_lengths(source.loss_lengths)
+        return MixturePlanner(sources, config, **dict(mixing or {}))
+    except SettingError as error:  # named after this DataModule's argument and split
+        longest = None
+        if sources is None and lengths is not None and np.size(lengths):
+            longest = int(np.max(lengths))
+        raise split_error(
+            error, stage, budget, budget_default=budget_default, longest=longest
+        ) from error
+
+
+def check_stages(stages: Sequence[str]) -> None:
+    """Refuse anything but a sequence of ``"train"``, ``"val"`` and ``"test"``.
+
+    Raises:
+        SettingValueError: naming ``stages``.
+
+    Example:
+        >>> check_stages(("val",))
+    """
+    if isinstance(stages, str) or any(s not in STAGES for s in stages):
+        raise SettingValueError(
+            f"stages must be a sequence of {', '.join(STAGES)}, got {stages!r}.",
+            setting="stages",
+            value=stages,
+        )
+
+
+class SplitLoaders:
+    """The loaders, samplers, collates and ``check()`` of a DataModule's planned splits.
+
+    A mixin of both DataModules. The DataModule keeps ``_planners`` (a split's planner, by
+    name), ``samplers`` (this rank's sampler of each split, built once), ``collate`` (the
+    collate given, or ``None``), ``num_workers`` and ``pin_memory``, and says where a split's
+    items are (:meth:`_dataset`), which fields its lengths name (``_columns``), and how its
+    training split is planned for :meth:`check` (:meth:`_train_plan`).
+
+    Example:
+        >>> from lightning_varbatch import TokenBudgetDataModule
+        >>> dm = TokenBudgetDataModule([{"tokens": [1, 2]}] * 3, [2, 2, 2], 4,
+        ...                            val_dataset=[{"tokens": [1]}], val_lengths=[1])
+        >>> isinstance(dm, SplitLoaders), [int(b["nexamples"]) for b in dm.val_dataloader()]
+        (True, [1])
+    """
+
+    _planners: Mapping[str, Planner]
+    _columns: Mapping[str, Any]
+    samplers: dict[str, TokenBudgetBatchSampler]
+    collate: Callable[[Any], Any] | None
+    num_workers: int
+    pin_memory: bool
+
+    # -- what each DataModule says about its splits -------------------------------------
+
+    def _dataset(self, stage: str) -> Any:
+        """The items of ``stage`` (its loader indexes them)."""
+        raise NotImplementedError
+
+    def _default_keys(self) -> dict[str, str]:
+        """The default collate's field names when a split's lengths name no columns."""
+        return {}
+
+    def _collate_loss_offset(self, config: PlanConfig) -> int | None:
+        """The loss offset the default collate of a split planned with ``config`` gets."""
+        # a packed plan without one counts lengths - 1 itself (TokenBudgetDataModule)
+        return config.loss_offset or (None if config.layout == "packed" else 0)
+
+    def _train_plan(self, world_size: int, accumulate: int, epoch: int) -> EpochPlan | None:
+        """The training plan :meth:`check` reports (``None``: no training split)."""
+        raise NotImplementedError
+
+    @property
+    def _trainer(self) -> Any:
+        return getattr(self, "trainer", None)
+
+    def _planner(self, stage: str) -> Planner:
+        """The planner of ``stage`` (built at construction)."""
+        return self._planners[stage]
+
+    # -- samplers and loaders ------------------------------------------------------------
+
+    def _topology(self, stage: str) -> tuple[int | None, int | None, int]:
+        """Rank, world size and accumulation of ``stage`` (``None``: outside a Trainer)."""
+        trainer = self._trainer
+        if trainer is None:
+            return None, None, 1
+        accumulate = int(trainer.accumulate_grad_batches) if stage == "train" else 1
+        return int(trainer.global_rank), int(trainer.world_size), accumulate
+
+    def _sampler(self, stage: str) -> TokenBudgetBatchSampler:
+        """This rank's sampler of ``stage``: built once, then moved to the Trainer's ranks."""
+        rank, world, accumulate = self._topology(stage)
+        sampler = self.samplers.get(stage)
+        if sampler is None:
+            sampler = TokenBudgetBatchSampler.from_planner(
+                self._planner(stage),
+                rank=rank,
+                world_size=world,
+                accumulate_grad_batches=accumulate,
+            )
+            self.samplers[stage] = sampler
+        elif rank is not None and world is not None:
+            sampler.set_distributed(rank, world, accumulate)
+        if stage != "train":
+            check_evaluation(stage, sampler)
+        return sampler
+
+    def _loader(self, stage: str) -> TokenBudgetDataLoader:
+        """The loader of ``stage`` over its sampler (built by :meth:`_sampler`)."""
+        return TokenBudgetDataLoader(  # the truncation and the first-item check are the loader's
+            self._dataset(stage),
+            self.samplers[stage],
+            collate_fn=self.collate_for(stage),
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            evaluation=stage != "train",
+        )
+
+    def collate_for(self, stage: str) -> Callable[[Any], Any]:
+        """The collate of ``stage``: the one given, or the plan's default for its columns.
+
+        The default follows the plan's layout (:func:`~lightning_varbatch.data.pairing.
+        collate_for_plan`) and reads the fields the lengths were read from: lengths given as
+        ``("src_ids", "tgt_ids")`` give ``PaddingCollate(source_key="src_ids",
+        target_key="tgt_ids")``, ``"input_ids"`` gives ``tokens_key="input_ids"``.
+
+        Raises:
+            SettingValueError: for a given collate that does not fit the plan's layout.
+
+        Example:
+            >>> from lightning_varbatch import TokenBudgetDataModule
+            >>> data = [{"input_ids": [1] * n} for n in (3, 5)]
+            >>> dm = TokenBudgetDataModule(data, [3, 5], 8, layout="packed")
+            >>> type(dm.collate_for("train")).__name__
+            'PackingCollate'
+        """
+        config = self._planner(stage).config
+        columns = self._columns.get(stage)
+        return collate_for_plan(
+            config,
+            self.collate,
+            loss_offset=self._collate_loss_offset(config),
+            keys=lambda: (
+                self._default_keys()
+                if columns is None
+                else dataset_column_keys(self._dataset(stage), columns)
+            ),
+        )
+
+    def val_dataloader(self) -> TokenBudgetDataLoader | list[Any]:
+        """The validation loader of this rank: every example exactly once across ranks.
+
+        Without a ``val_dataset`` it is an empty list: ``fit`` skips validation, as it does
+        for a DataModule that defines no ``val_dataloader``.
+        """
+        if "val" not in self._planners:
+            return []
+        self._sampler("val")
+        return self._loader("val")
+
+    def test_dataloader(self) -> TokenBudgetDataLoader:
+        """The test loader of this rank: every example exactly once across ranks."""
+        if "test" not in self._planners:
+            raise ValueError(
+                f"{type(self).__name__} has no test_dataset: pass test_dataset= and "
+                "test_lengths= when you build it to run trainer.test."
+            )
+        self._sampler("test")
+        return self._loader("test")
+
+    # -- planning without a Trainer -------------------------------------------------------
+
+    def check(
+        self,
+        world_size: int = 1,
+        accumulate_grad_batches: int = 1,
+        *,
+        stages: Sequence[str] = STAGES,
+        epoch: int = 0,
+    ) -> dict[str, EpochPlan]:
+        """Plan and check every split as a Trainer with this topology would, without one.
+
+        Lengths and settings are checked when the DataModule is built; this also plans each
+        split for ``world_size`` ranks (training with ``accumulate_grad_batches``; evaluation
+        with 1, as Lightning does) and applies the checks its loaders apply (evaluation sees
+        every example exactly once, with at least one example per rank). Nothing is kept:
+        the loaders a Trainer asks for later are built for its own topology. A stream's
+        training entry is the plan of the epoch's first window (it plans window by window).
+
+        Args:
+            world_size: number of ranks the run will have (``trainer.world_size``).
+            accumulate_grad_batches: the Trainer's ``accumulate_grad_batches``.
+            stages: the splits to check; those without data are left out.
+            epoch: the training epoch to plan (evaluation always plans epoch 0).
+
+        Returns:
+            The plan of every checked split, by name (``plan.num_skipped``,
+            ``plan.num_truncated``, ``plan.num_micro_batches_per_rank``, ...).
+
+        Raises:
+            SettingValueError: for a bad topology or stage, or a split that cannot be
+                planned or evaluated with it; ``.setting`` names the split's setting and
+                ``.stage`` the split.
+            RuntimeError: for an evaluation plan that would repeat or drop examples.
+
+        Example:
+            >>> from lightning_varbatch import TokenBudgetDataModule
+            >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
+            >>> dm = TokenBudgetDataModule(data, [3, 5, 2, 7, 4, 6], 12,
+            ...                            val_dataset=data[:3], val_lengths=[3, 5, 2])
+            >>> plans = dm.check(world_size=2, accumulate_grad_batches=2)
+            >>> sorted(plans), plans["train"].world_size, dm.samplers
+            (['train', 'val'], 2, {})
+        """
+        check_stages(stages)
+        world_size = check_count("world_size", world_size)
+        accumulate = check_count("accumulate_grad_batches", accumulate_grad_batches)
+        epoch = check_count("epoch", epoch, minimum=0)
+        plans: dict[str, EpochPlan] = {}
+        for stage in stages:
+            if stage == "train":
+                plan = self._train_plan(world_size, accumulate, epoch)
+                if plan is not None:
+                    plans[stage] = plan
+            elif stage in self._planners:
+                sampler = TokenBudgetBatchSampler.from_planner(
+                    self._planners[stage], rank=0, world_size=world_size
+                )
+                check_evaluation(stage, sampler)
+                plans[stage] = sampler.plan
+        return plans

@@ -1,0 +1,243 @@
+"""The search of :func:`find_max_tokens`: probe, fit, pick the largest budget, verify.
+
+Each round fits the memory model (:mod:`~lightning_varbatch.memory.model`) to the probes run
+so far (:mod:`~lightning_varbatch.memory.probes`), picks the largest budget whose planned
+micro-batches are all predicted to fit (:mod:`~lightning_varbatch.memory.prediction`: from
+the candidates, or by bisection of the bounds) and probes that budget's worst shape; the first
+budget whose probe fits is the :class:`~lightning_varbatch.memory.result.BudgetResult`.
+
+Example:
+    >>> result = find_max_tokens(lambda b, n: 10_000 + 4 * b * n, [30, 60, 90] * 100,
+    ...                          60_000, bounds=(90, 50_000), step=10)
+    >>> result.max_tokens, len(result.probes)
+    (11060, 5)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy.typing as npt
+
+from lightning_varbatch.memory.model import Coefficients, Probe, check_growth, fit_memory_model
+from lightning_varbatch.memory.prediction import Worst, predict_worst
+from lightning_varbatch.memory.probes import RunBatch, probe_shapes, run_probe
+from lightning_varbatch.memory.result import BudgetResult
+from lightning_varbatch.memory.settings import Search, search_settings
+
+__all__ = ["find_max_tokens"]
+
+
+def find_max_tokens(
+    run_batch: RunBatch,
+    lengths: npt.ArrayLike,
+    memory_limit_bytes: int,
+    *,
+    candidates: Iterable[int] | None = None,
+    bounds: tuple[int, int] | None = None,
+    step: int | None = None,
+    probes: int = 4,
+    margin: float = 0.1,
+    rounds: int = 3,
+    epochs: int = 1,
+    world_size: int = 1,
+    **plan_settings: Any,
+) -> BudgetResult:
+    """The largest ``max_tokens`` whose planned micro-batches fit in ``memory_limit_bytes``.
+
+    ``probes`` shapes (alternately the longest length and a third of it, growing from one
+    longest example to the lower quarter of the search range) are run with ``run_batch``;
+    ``a + b·B·L + c·B·L²`` is fitted to their peaks (:func:`fit_memory_model`). Every budget
+    considered is planned (an :class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner`
+    of ``lengths`` and ``plan_settings``, epochs ``0 .. epochs - 1``, ``world_size`` ranks)
+    and its most demanding micro-batch under the model must fit under
+    ``memory_limit_bytes * (1 - margin)``: the largest such candidate (with ``candidates``) or
+    the largest multiple of ``step`` in ``bounds`` found by bisection (which assumes the
+    predicted peak grows with the budget). The choice is verified by probing its worst shape;
+    if that probe exceeds the limit (or runs out of memory), it joins the fit and the search
+    runs again, at most ``rounds`` times (after an out-of-memory probe, below the midpoint
+    between the lowest budget and the failed one).
+
+    Every setting is checked before the first probe runs (the plan settings by
+    :class:`~lightning_varbatch.PlanConfig`, the lengths as the planner checks them), so a bad
+    setting is reported as such, never as "no budget fits". Under ``oversize="error"``
+    budgets below the longest example's own cost are never considered.
+
+    Args:
+        run_batch: ``run_batch(examples, length)`` runs forward and backward on a synthetic
+            batch of that shape and returns its peak memory in bytes (e.g. with
+            :func:`~lightning_varbatch.peak_memory.measure_peak`); it may raise
+            ``torch.OutOfMemoryError`` or ``MemoryError`` (:data:`OUT_OF_MEMORY`) for a shape
+            that does not fit.
+        lengths: the training lengths, ``(n,)`` or ``(n, 2)``, as the data module plans them.
+        memory_limit_bytes: memory the worst micro-batch may use (the figure ``run_batch``
+            returns: device memory, or the process's resident set on CPU).
+        candidates: budgets to choose from.
+        bounds: ``(low, high)`` budgets to search when no ``candidates`` are given (default:
+            from the longest length to 64 times the longest example's cost on its own).
+        step: resolution of the bisection (default: ``pad_to_multiple_of``, at least
+            ``(high - low) / 1024``).
+        probes: initial probes (at least 3).
+        margin: share of the limit kept free for what the model misses (0-1).
+        rounds: verification rounds.
+        epochs: epochs planned per budget (their worst micro-batch counts).
+        world_size: ranks to plan for.
+        **plan_settings: other :class:`~lightning_varbatch.PlanConfig` settings
+            (``max_examples``, ``cost``, ``pad_to_multiple_of``, ``seed``, ...).
+
+    Returns:
+        The :class:`BudgetResult`.
+
+    Raises:
+        SettingTypeError: for a setting of the wrong type (an unknown plan setting too).
+        SettingValueError: for a setting out of range; for ``candidates``/``bounds`` that
+            all lie below the longest example (under ``oversize="error"``; the message names
+            the example and the smallest budget that holds it); for ``max_tokens`` among
+            the plan settings (it is what is searched).
+        TypeError: when ``run_batch`` returns something other than a number.
+        ValueError: when it returns zero, a negative number, NaN or infinity, or the probes'
+            memory does not grow with the batch (the message names each probe and what it
+            measured); for no budget predicted to fit (the message gives the smallest
+            budget's prediction).
+        RuntimeError: when the chosen budget's worst shape still exceeds the limit after
+            ``rounds`` verifications.
+
+    Example:
+        >>> result = find_max_tokens(lambda b, n: 10_000 + 4 * b * n, [30, 60, 90] * 100,
+        ...                          60_000, bounds=(90, 50_000), step=10)
+        >>> result.max_tokens, result.worst_examples, result.worst_longest
+        (11060, 122, 90)
+    """
+    search = search_settings(
+        run_batch,
+        lengths,
+        memory_limit_bytes,
+        candidates=candidates,
+        bounds=bounds,
+        step=step,
+        probes=probes,
+        margin=margin,
+        rounds=rounds,
+        epochs=epochs,
+        world_size=world_size,
+        plan_settings=plan_settings,
+    )
+    first_tokens = [max(search.low, search.longest), search.probe_top]
+    done = [
+        run_probe(run_batch, b, n)
+        for b, n in probe_shapes(search.longest, first_tokens, search.probes)
+    ]
+    return _verified(run_batch, search, done)
+
+
+def _verified(run_batch: RunBatch, search: Search, done: list[Probe]) -> BudgetResult:
+    """The rounds of fit, choice and verifying probe, from the initial probes ``done``."""
+    refused: list[tuple[int, ValueError]] = []
+    ceiling = search.high
+    for _ in range(search.rounds):
+        coef = fit_memory_model(done)
+        check_growth(coef, done)
+        choice = _choose(search, coef, ceiling, refused)
+        if choice is None:
+            raise _nothing_fits(search, coef, refused)
+        budget, (predicted, examples, length) = choice
+        final = run_probe(run_batch, examples, length)
+        done.append(final)
+        if final.peak_bytes is not None and final.peak_bytes <= search.limit:
+            return BudgetResult(
+                max_tokens=budget,
+                memory_limit_bytes=search.limit,
+                margin=float(search.margin),
+                coefficients=coef,
+                worst_examples=examples,
+                worst_longest=length,
+                predicted_bytes=predicted,
+                measured_bytes=final.peak_bytes,
+                probes=tuple(done),
+            )
+        if final.peak_bytes is None:  # out of memory: no peak to fit; search below, halfway
+            ceiling = search.low + (budget - search.low) // 2
+    raise RuntimeError(
+        f"find_max_tokens: after {search.rounds} rounds the chosen budget's worst micro-batch "
+        f"still exceeds memory_limit_bytes={search.limit} (probes: "
+        f"{[(p.examples, p.length, p.peak_bytes) for p in done]}): memory does not follow "
+        "a + b·B·L + c·B·L²; raise margin= or rounds=, or pass explicit candidates."
+    )
+
+
+def _fits(
+    search: Search, budget: int, coef: Coefficients, refused: list[tuple[int, ValueError]]
+) -> Worst | None:
+    """The budget's predicted worst micro-batch if it fits under the limit, else ``None``."""
+    if search.config.oversize == "error" and budget < search.needed:
+        return None  # cannot hold the longest example
+    worst = predict_worst(
+        search.lengths,
+        budget,
+        coef,
+        search.epochs,
+        search.world_size,
+        search.plan_settings,
+        refused,
+    )
+    return worst if worst is not None and worst[0] <= search.allowed else None
+
+
+def _choose(
+    search: Search, coef: Coefficients, ceiling: int, refused: list[tuple[int, ValueError]]
+) -> tuple[int, Worst] | None:
+    """The largest budget up to ``ceiling`` predicted to fit, and its worst micro-batch.
+
+    With candidates, the largest that fits; else the bisection of ``low + k * step`` (which
+    assumes the predicted peak grows with the budget).
+    """
+    if search.grid is not None:
+        for budget in reversed([g for g in search.grid if g <= ceiling]):
+            found = _fits(search, budget, coef, refused)
+            if found is not None:
+                return budget, found
+        return None
+    step, low = search.step, search.low
+    assert step is not None
+    # budgets low + k * step; under oversize="error" from the first that holds the longest
+    # example
+    lo_k = 0 if search.config.oversize != "error" else max(0, -(-(search.needed - low) // step))
+    hi_k = (ceiling - low) // step
+    choice: tuple[int, Worst] | None = None
+    while lo_k <= hi_k:
+        mid = (lo_k + hi_k) // 2
+        found = _fits(search, low + mid * step, coef, refused)
+        if found is not None:
+            choice = (low + mid * step, found)
+            lo_k = mid + 1
+        else:
+            hi_k = mid - 1
+    return choice
+
+
+def _nothing_fits(
+    search: Search, coef: Coefficients, refused: list[tuple[int, ValueError]]
+) -> ValueError:
+    """The error when no budget is predicted to fit, with the smallest budget's prediction."""
+    strict = search.config.oversize == "error"
+    first = search.low if not strict else max(search.low, search.needed)
+    if search.grid is not None:
+        first = next(g for g in search.grid if not strict or g >= search.needed)
+    smallest = predict_worst(
+        search.lengths, first, coef, search.epochs, search.world_size, search.plan_settings
+    )
+    if smallest is None:
+        why = next((str(e) for b, e in refused if b == first), "")
+        said = f"cannot be planned ({why})" if why else "cannot be planned"
+        fix = "Pass larger candidates or bounds, or oversize='error' to see the longest example."
+    else:
+        said = (
+            f"is predicted to need {smallest[0]:.0f} bytes ({smallest[1]} examples x "
+            f"{smallest[2]} tokens)"
+        )
+        fix = "Raise the limit, shorten the longest examples, or use less memory per token."
+    return ValueError(
+        f"No budget fits memory_limit_bytes={search.limit} with margin={search.margin}: the "
+        f"smallest, max_tokens={first}, {said} (fitted a, b, c = {coef}). {fix}"
+    )

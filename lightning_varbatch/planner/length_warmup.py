@@ -1,0 +1,285 @@
+"""Sequence-length warm-up: a length curriculum at a constant token budget, nothing cut.
+
+Over the first ``length_warmup`` optimizer steps of the run (epoch 0), the longest example a
+step may hold (its *cap*) grows from ``length_warmup_min`` to ``length_warmup_max`` (the
+longest example when unset) along a schedule; afterwards there is no cap. The cap bounds the
+planning key: ``max(source, target)`` for pairs, the document length for packed rows.
+
+It is a policy of the one planner, not a second planner: micro-batches are cut and formed into
+optimizer steps exactly as without it (every micro-batch within the budget, steps of
+``world_size × accumulate_grad_batches`` micro-batches dealt to balance the ranks, the tail
+policy unchanged), and only the *order of the steps* changes. Position ``s`` of the warm-up
+takes the first step of the ordinary (shuffled) order that has not run yet and whose longest
+example is within ``cap(s)``. So every step still holds about ``max_tokens × world_size ×
+accumulate_grad_batches`` tokens (early steps many short examples, later ones few long ones),
+every example runs exactly once, ranks get equal counts, and the plan is a function of
+``(seed, epoch)``. When no step left fits under the cap (too few short examples), the schedule
+*advances*: the cap jumps to the shortest step left, which the plan records
+(:class:`LengthWarmupTrace`) and the plan report shows. Steps after the warm-up follow in the
+ordinary order, so the plan of the rest of the run is what it is without the warm-up.
+
+Example:
+    >>> import numpy as np
+    >>> caps = scheduled_caps("linear", 4, 8, 64, first=0)
+    >>> caps.tolist()
+    [8, 22, 36, 50]
+    >>> perm, realised = warmup_order(np.array([60, 9, 30, 8, 64]), caps, floor=0)
+    >>> perm.tolist(), realised.tolist()
+    ([3, 1, 2, 0, 4], [8, 22, 36, 60])
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+import numpy as np
+
+from lightning_varbatch.errors import SettingValueError
+
+__all__ = [
+    "SCHEDULES",
+    "LengthWarmupTrace",
+    "ScheduleFn",
+    "ScheduleName",
+    "check_schedule",
+    "light_steps",
+    "refuse_in_mixture",
+    "scheduled_caps",
+    "warmup_order",
+]
+
+ScheduleName: TypeAlias = Literal["linear", "root", "step"]
+#: A user schedule: progress in ``[0, 1]`` -> the fraction of the way from the minimum cap to
+#: the maximum, in ``[0, 1]`` and non-decreasing.
+ScheduleFn: TypeAlias = Callable[[float], float]
+SCHEDULES: tuple[str, ...] = ("linear", "root", "step")
+_PROBES = np.linspace(0.0, 1.0, 101)
+
+
+def _schedule_error(fn: object, text: str) -> SettingValueError:
+    name = getattr(fn, "__qualname__", repr(fn))
+    return SettingValueError(
+        f"length_warmup_schedule={name} {text}: a schedule is called with the progress of the "
+        "warm-up (a float in [0, 1]) and must return the fraction of the way from "
+        "length_warmup_min to the maximum, a finite number in [0, 1] that never decreases "
+        "(e.g. lambda p: p ** 0.5), or be one of 'linear', 'root', 'step'.",
+        setting="length_warmup_schedule",
+        value=fn,
+    )
+
+
+def _fractions(fn: ScheduleFn, progress: np.ndarray) -> np.ndarray:
+    """Call a user schedule at every ``progress`` and check what comes back."""
+    out = np.empty(progress.shape[0], dtype=np.float64)
+    for i, p in enumerate(progress.tolist()):
+        try:
+            value = fn(p)
+        except Exception as err:  # any failure of user code is reported the same way
+            raise _schedule_error(fn, f"raised {type(err).__name__}: {err}") from err
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+            raise _schedule_error(fn, f"returned {value!r} ({type(value).__name__}) at {p:g}")
+        if not (math.isfinite(float(value)) and 0.0 <= float(value) <= 1.0):
+            raise _schedule_error(fn, f"returned {float(value)!r} at progress {p:g}")
+        out[i] = float(value)
+    drops = np.flatnonzero(np.diff(out) < -1e-12)
+    if drops.size:
+        i = int(drops[0])
+        raise _schedule_error(
+            fn,
+            f"decreases from {out[i]:g} at progress {progress[i]:g} to {out[i + 1]:g} at "
+            f"{progress[i + 1]:g}",
+        )
+    return out
+
+
+def refuse_in_mixture(length_warmup: int | None) -> None:
+    """Refuse a length warm-up for several datasets, with the reason.
+
+    Raises:
+        SettingValueError: (``.setting``: ``"length_warmup"``) when it is set.
+
+    Example:
+        >>> refuse_in_mixture(None)  # no warm-up: fine
+    """
+    if length_warmup is None:
+        return
+    raise SettingValueError(
+        f"length_warmup={length_warmup} cannot be used with several datasets "
+        "(MixturePlanner) yet: a mixture spreads each dataset's steps evenly over the epoch "
+        "so that its share holds all along, and a warm-up would push the steps of a dataset "
+        "of long examples to the end of the warm-up, breaking those shares. Unset "
+        "length_warmup, or plan one dataset (concatenate the lengths).",
+        setting="length_warmup",
+        value=length_warmup,
+    )
+
+
+def check_schedule(fn: ScheduleFn) -> None:
+    """Probe a user schedule at 101 points of ``[0, 1]``.
+
+    Raises:
+        SettingValueError: (``.setting``: ``"length_warmup_schedule"``) when it fails, returns
+            something that is not a number in ``[0, 1]``, or decreases.
+
+    Example:
+        >>> check_schedule(lambda p: p ** 0.5)
+        >>> check_schedule(lambda p: 1 - p)
+        Traceback (most recent call last):
+        ...
+        lightning_varbatch.errors.SettingValueError: length_warmup_schedule=<lambda> decreases ...
+    """
+    _fractions(fn, _PROBES)
+
+
+def scheduled_caps(
+    schedule: ScheduleName | ScheduleFn, warmup: int, low: int, high: int, *, first: int
+) -> np.ndarray:
+    """The scheduled cap of warm-up steps ``first, ..., warmup - 1`` of the run.
+
+    Step ``s`` is at progress ``p = s / warmup``. ``"linear"``: ``low + p (high - low)``;
+    ``"root"`` (Li et al. 2022, DeepSpeed's ``fixed_root`` of degree 2): ``low + √p (high -
+    low)``; ``"step"``: the cap doubles in equal stages, ``low · 2^⌊p k⌋`` with ``k`` stages
+    to reach ``high`` (OLMo-core's power-of-two lengths); a callable: ``low + f(p) (high -
+    low)``. Caps are whole tokens, at least ``low`` and at most ``high``.
+
+    Returns:
+        ``int64`` caps, one per remaining warm-up step (empty when ``first >= warmup``).
+
+    Example:
+        >>> scheduled_caps("step", 8, 8, 64, first=0).tolist()
+        [8, 8, 16, 16, 32, 32, 64, 64]
+        >>> scheduled_caps("root", 4, 8, 64, first=2).tolist()
+        [47, 56]
+    """
+    progress = np.arange(max(first, 0), warmup, dtype=np.float64) / warmup
+    high = max(high, low)
+    if schedule == "step":
+        stages = math.ceil(math.log2(high / low)) + 1 if high > low else 1
+        caps = low * np.exp2(np.floor(progress * stages))
+    else:
+        if schedule == "linear":
+            frac = progress
+        elif schedule == "root":
+            frac = np.sqrt(progress)
+        else:
+            frac = _fractions(schedule, progress)  # type: ignore[arg-type]
+        caps = low + frac * (high - low)
+    return np.clip(np.floor(caps + 1e-9), low, high).astype(np.int64)
+
+
+def light_steps(micro_batch_cost: np.ndarray, assign: np.ndarray) -> np.ndarray:
+    """Steps under 90 % of the median step's cost (the tail's partial step, long examples).
+
+    They run after the warm-up, at the end of the epoch, so that no warm-up step runs short.
+
+    Example:
+        >>> light_steps(np.array([10.0, 10.0, 1.0]), np.array([[[0]], [[1]], [[2]]])).tolist()
+        [False, False, True]
+    """
+    cost = micro_batch_cost[assign].reshape(assign.shape[0], -1).sum(axis=1)
+    if cost.size == 0:
+        return np.zeros(0, dtype=bool)
+    return np.asarray(cost < 0.9 * np.median(cost))
+
+
+def warmup_order(
+    step_longest: np.ndarray, caps: np.ndarray, floor: int, light: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Reorder steps so that warm-up position ``s`` holds no example longer than its cap.
+
+    Args:
+        step_longest: the longest example of every step, in the ordinary order.
+        caps: the scheduled cap of each warm-up position (non-decreasing).
+        floor: the cap already reached before the first position (a resumed remainder).
+        light: steps far below the budget (the tail's partial step, :func:`light_steps`):
+            they go last in the epoch, so that no warm-up step runs nearly empty.
+
+    Returns:
+        ``(perm, realised)``: ``perm`` indexes the ordinary order (the warm-up positions first,
+        then the other steps in their ordinary order, light ones last); ``realised[s]`` is the
+        cap position ``s`` ran under: ``max(scheduled, earlier caps)``, or the shortest step
+        left when none fitted (the schedule advanced). Non-decreasing;
+        ``step_longest[perm[s]] <= realised[s]``.
+    """
+    if light is not None and light.any() and not light.all():
+        full, last = np.flatnonzero(~light), np.flatnonzero(light)
+        perm, realised = warmup_order(step_longest[full], caps, floor)
+        return np.concatenate((full[perm], last)), realised
+    n = step_longest.shape[0]
+    count = min(n, caps.shape[0])
+    by_length = np.argsort(step_longest, kind="stable")
+    ladder = step_longest[by_length]
+    pool: list[int] = []
+    pushed = 0
+    cap = int(floor)
+    taken = np.zeros(n, dtype=bool)
+    perm = np.empty(n, dtype=np.int64)
+    realised = np.empty(count, dtype=np.int64)
+    for s in range(count):
+        cap = max(cap, int(caps[s]))
+        if not pool and pushed < n and ladder[pushed] > cap:
+            cap = int(ladder[pushed])  # nothing left fits: the schedule advances
+        fits = int(np.searchsorted(ladder, cap, side="right"))
+        for j in by_length[pushed:fits].tolist():
+            heapq.heappush(pool, j)
+        pushed = max(pushed, fits)
+        step = heapq.heappop(pool)
+        perm[s], taken[step], realised[s] = step, True, cap
+    perm[count:] = np.flatnonzero(~taken)
+    return perm, realised
+
+
+@dataclass(frozen=True)
+class LengthWarmupTrace:
+    """What the length warm-up did to one plan (``plan.length_warmup``).
+
+    Attributes:
+        first_step: the run's optimizer step this plan's step 0 is (a resumed remainder
+            starts past 0).
+        scheduled: the scheduled cap of each warm-up step of this plan, in plan order.
+        realised: the cap each warm-up step ran under (``>= scheduled``; above it where the
+            schedule advanced because no step left fitted).
+        step_longest: the longest example (planning key) of every step of the plan.
+
+    Example:
+        >>> t = LengthWarmupTrace(0, np.array([8, 16]), np.array([8, 20]), np.array([8, 20, 9]))
+        >>> t.num_steps, t.advanced.tolist(), t.advanced_by.tolist()
+        (2, [1], [4])
+    """
+
+    first_step: int
+    scheduled: np.ndarray
+    realised: np.ndarray
+    step_longest: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        """Warm-up steps in this plan."""
+        return int(self.scheduled.shape[0])
+
+    @property
+    def advanced(self) -> np.ndarray:
+        """Plan steps where the schedule advanced (no step left fitted under its cap)."""
+        return np.flatnonzero(self.realised > self.scheduled)
+
+    def cap_at(self, step: int) -> int | None:
+        """The realised cap of the run's optimizer ``step`` (``None`` outside the warm-up).
+
+        What a callback logs (e.g. ``train/length_cap``) at ``trainer.global_step`` in epoch 0.
+
+        Example:
+            >>> t = LengthWarmupTrace(2, np.array([8, 16]), np.array([8, 20]), np.array([8, 20]))
+            >>> t.cap_at(3), t.cap_at(4), t.cap_at(1)
+            (20, None, None)
+        """
+        index = step - self.first_step
+        return int(self.realised[index]) if 0 <= index < self.num_steps else None
+
+    @property
+    def advanced_by(self) -> np.ndarray:
+        """How many tokens the cap was raised at each of :attr:`advanced`."""
+        return (self.realised - self.scheduled)[self.advanced]

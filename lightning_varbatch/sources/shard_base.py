@@ -1,0 +1,227 @@
+"""The base every shard kind subclasses: its lengths index cached once, its reads counted.
+
+:class:`CachedShard` holds what the shard kinds (parquet, Arrow, JSON lines, ``litdata``
+chunks, Hugging Face stream shards) share: the checked ``columns``, the cache folder, the
+:class:`~lightning_varbatch.sources.shard_index.ReadStats`, and the one path from a shard to
+its per-row lengths: load the index (the lengths, plus whatever else the kind needs, such as
+the byte offset of every JSON line) from the disk cache under the shard's key, else build it
+from the data once and save it. With a disk cache the index is re-read on each call, so a
+stream over many shards holds only the lengths of the shards it is planning; without one (or
+when the folder cannot be written) it is kept in memory after the first build. ``read(rows)``
+checks the rows (strictly ascending, in range) and counts a read that starts before the end
+of the previous one as a backward seek. :class:`FileBackedShard` adds what a shard backed by
+one file has: its path as its name, the file's name and size as its content identity, and a
+cache key from the file's path, size and modification time.
+
+A new shard kind implements ``name``, ``_cache_key``, ``_build_index`` and ``_read``.
+
+Example:
+    >>> from collections.abc import Iterator
+    >>> class Squares(CachedShard):
+    ...     def __init__(self, n: int) -> None:
+    ...         super().__init__("n", cache_dir=None)
+    ...         self.n = n
+    ...     @property
+    ...     def name(self) -> str:
+    ...         return f"squares-{self.n}"
+    ...     def _cache_key(self) -> str:
+    ...         return self.name
+    ...     def _build_index(self) -> dict[str, np.ndarray]:
+    ...         self.stats.opens += 1
+    ...         return {"lengths": np.arange(1, self.n + 1) ** 2}
+    ...     def _read(self, rows: np.ndarray) -> Iterator[dict[str, int]]:
+    ...         yield from ({"n": int(r + 1) ** 2} for r in rows)
+    >>> shard = Squares(3)
+    >>> shard.num_rows, shard.lengths().tolist(), list(shard.read([0, 2]))
+    (3, [1, 4, 9], [{'n': 1}, {'n': 9}])
+    >>> shard.lengths() is shard.lengths(), shard.stats.opens  # built once, kept in memory
+    (True, 1)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lightning_varbatch.sources.arrow_lengths import Columns
+from lightning_varbatch.sources.shard_index import (
+    CacheDir,
+    ReadStats,
+    check_rows,
+    column_names,
+    file_key,
+    load_index,
+    resolve_cache_dir,
+    save_index,
+)
+
+__all__ = ["CachedShard", "FileBackedShard"]
+
+
+class CachedShard:
+    r"""A shard whose index (its per-row lengths, and more) is built once and cached.
+
+    Subclasses give ``name``, ``_cache_key()`` (the key of the index on disk), the
+    ``_build_index()`` that reads the data once, and ``_read(rows)`` that yields the items
+    of already checked rows; those whose row count is known without the index (from
+    metadata) override ``num_rows`` and ``_known_rows``.
+
+    Args:
+        columns: a length column/field, a token-id one, or a (source, target) pair.
+        cache_dir: where the index is cached (``True``: the default folder; ``None``/``False``:
+            in memory only).
+
+    Attributes:
+        columns: the one or two column names.
+        cache_dir: the cache folder (``None``: none, or it could not be written).
+        stats: what reading the shard cost so far.
+
+    Example:
+        >>> import json, tempfile
+        >>> from lightning_varbatch.sources.file_shards import JsonlShard
+        >>> folder = tempfile.mkdtemp()
+        >>> with open(folder + "/a.jsonl", "w") as f:
+        ...     f.writelines(json.dumps({"ids": [7] * k}) + "\n" for k in (2, 3))
+        >>> first = JsonlShard(folder + "/a.jsonl", "ids", cache_dir=folder + "/cache")
+        >>> first.index_names, first.lengths().tolist(), first.stats.opens
+        (('lengths', 'offsets'), [2, 3], 1)
+        >>> again = JsonlShard(folder + "/a.jsonl", "ids", cache_dir=folder + "/cache")
+        >>> again.lengths().tolist(), again.stats.opens  # from the cache: the file is not read
+        ([2, 3], 0)
+    """
+
+    #: The arrays of the index; the first is always ``"lengths"``.
+    index_names: ClassVar[tuple[str, ...]] = ("lengths",)
+
+    def __init__(self, columns: Columns, *, cache_dir: CacheDir = True) -> None:
+        self.columns = column_names(columns)
+        self.cache_dir = resolve_cache_dir(cache_dir)
+        self.stats = ReadStats()
+        self._kept: dict[str, np.ndarray] | None = None
+        self._num_rows: int | None = None
+        self._end = 0
+
+    @property
+    def name(self) -> str:
+        """A stable id of the shard (e.g. its file's path); it goes into fingerprints."""
+        raise NotImplementedError
+
+    @property
+    def num_rows(self) -> int:
+        """Rows in the shard (from the index, unless the subclass knows them from metadata)."""
+        if self._num_rows is None:
+            self._num_rows = int(self.lengths().shape[0])
+        return self._num_rows
+
+    def lengths(self) -> np.ndarray:
+        """Per-row lengths (cached on disk; in memory only without a disk cache).
+
+        With a disk cache they are re-read on each call, so a stream over many shards holds
+        only the lengths of the shards it is planning (memory flat in the data's size).
+        """
+        return self._index_array("lengths")
+
+    def read(self, rows: Any) -> Iterator[dict[str, Any]]:
+        """The items of ``rows`` (strictly ascending, within ``[0, num_rows)``), in order.
+
+        Raises:
+            TypeError: for rows that are not integers.
+            ValueError: for rows out of range or not strictly ascending.
+        """
+        checked = check_rows(rows, self.num_rows, f"read ({self.name})")
+        if checked.size:
+            self.stats.note_read(int(checked[0]), self._end)
+            self._end = int(checked[-1]) + 1
+        return self._read(checked)
+
+    def _where(self) -> str:
+        """How messages about the lengths name the shard."""
+        return f"columns ({self.name})"
+
+    def _known_rows(self) -> int | None:
+        """The rows the shard's metadata gives (``None``: known from the index only)."""
+        return None
+
+    def _cache_key(self) -> str:
+        """The key of the index on disk (``""`` when the shard is never cached)."""
+        raise NotImplementedError
+
+    def _build_index(self) -> dict[str, np.ndarray]:
+        """Read the data once and return the arrays named by ``index_names``."""
+        raise NotImplementedError
+
+    def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
+        """The items of checked ``rows`` (a strictly ascending ``int64`` array)."""
+        raise NotImplementedError
+
+    def _index_array(self, name: str) -> np.ndarray:
+        """One array of the index: kept in memory, else loaded from the cache, else built."""
+        if self._kept is not None:
+            return self._kept[name]
+        key = self._cache_key()
+        index = load_index(self.cache_dir, key, self.index_names, self._known_rows())
+        if index is None:
+            index = self._build_index()
+            if not save_index(self.cache_dir, key, index):
+                self.cache_dir = None  # unwritable (warned): keep the index in memory
+        if self.cache_dir is None:
+            self._kept = index
+        return index[name]
+
+
+class FileBackedShard(CachedShard):
+    """A :class:`CachedShard` backed by one file: named by its path, identified by its content.
+
+    Args:
+        file: the file (a parquet or Arrow file, a JSON-lines file, a ``litdata`` chunk).
+        columns: a length column/field, a token-id one, or a (source, target) pair.
+        cache_dir: where the index is cached (``True``: the default folder; ``None``: none).
+
+    Example:
+        >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
+        >>> from lightning_varbatch.sources.file_shards import ParquetShard
+        >>> path = tempfile.mkdtemp() + "/a.parquet"
+        >>> pq.write_table(pa.table({"n": [3, 1]}), path)
+        >>> shard = ParquetShard(path, "n", cache_dir=None)
+        >>> shard.content_name, shard.size_bytes > 0, shard.name == os.path.abspath(path)
+        ('a.parquet', True, True)
+    """
+
+    #: The kind of file, part of its cache key (and of messages about a damaged file).
+    kind = "file"
+
+    def __init__(
+        self, file: str | os.PathLike[str], columns: Columns, *, cache_dir: CacheDir = True
+    ) -> None:
+        super().__init__(columns, cache_dir=cache_dir)
+        self._file = Path(file)
+
+    @property
+    def name(self) -> str:
+        """The file's absolute path."""
+        return os.path.abspath(self._file)
+
+    @property
+    def content_name(self) -> str:
+        """The file's name without its folder (part of the shard's content identity).
+
+        With the size and the lengths it identifies the shard for a resume, so identical
+        shards copied to another folder (node-local disk) still resume.
+        """
+        return self._file.name
+
+    @property
+    def size_bytes(self) -> int:
+        """The file's size in bytes."""
+        return int(os.path.getsize(self._file))
+
+    def _key_extra(self) -> tuple[Any, ...]:
+        """What else goes into the cache key besides the file, its kind and the columns."""
+        return ()
+
+    def _cache_key(self) -> str:
+        return file_key(self._file, self.kind, self.columns, *self._key_extra())

@@ -1,0 +1,173 @@
+"""Planner API: the sequence-length warm-up settings (``length_warmup*``, issue 24).
+
+Example:
+    >>> len(CASES) > 20
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from lightning_varbatch import EpochPlanner, MixturePlanner, PlanConfig
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.planner.windows import WindowedPlanner
+from tests.bad_inputs.case import Case, error
+from tests.bad_inputs.families import int_family
+
+CONFIG = "lightning_varbatch/planner/warmup_plan.py"
+WARMUP = "lightning_varbatch/planner/length_warmup.py"
+L = np.array([3, 5, 2, 7, 4, 6, 1, 8])
+
+
+def _config(name: str) -> Any:
+    def call(value: Any) -> Any:
+        kwargs: dict[str, Any] = {"max_tokens": 16, "length_warmup": 4, name: value}
+        return PlanConfig(**kwargs)
+
+    return call
+
+
+def _schedule(fn: Any) -> Any:
+    return PlanConfig(max_tokens=16, length_warmup=4, length_warmup_schedule=fn)
+
+
+def _nan(p: float) -> float:
+    return float("nan")
+
+
+def _boom(p: float) -> float:
+    raise RuntimeError("no")
+
+
+def _bad_schedule(id: str, words: str, fn: Any, *match: str) -> Case:
+    return error(
+        f"config-length_warmup_schedule-{id}",
+        "planner API",
+        f"PlanConfig(length_warmup=4, length_warmup_schedule={words})",
+        lambda tmp: _schedule(fn),
+        "length_warmup_schedule",
+        "[0, 1]",
+        *match,
+        setting="length_warmup_schedule",
+        raises=SettingValueError,
+        fix_in=WARMUP,
+    )
+
+
+CASES: list[Case] = [
+    *int_family(
+        "config-length_warmup",
+        "planner API",
+        "length_warmup",
+        lambda v: PlanConfig(max_tokens=16, length_warmup=v),
+        required=False,
+        what="PlanConfig(length_warmup=",
+        fix_in=CONFIG,
+    ),
+    *int_family(
+        "config-length_warmup_min",
+        "planner API",
+        "length_warmup_min",
+        _config("length_warmup_min"),
+        what="PlanConfig(length_warmup=4, length_warmup_min=",
+        fix_in=CONFIG,
+    ),
+    *int_family(
+        "config-length_warmup_max",
+        "planner API",
+        "length_warmup_max",
+        _config("length_warmup_max"),
+        required=False,
+        good=16,
+        what="PlanConfig(length_warmup=4, length_warmup_max=",
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-length_warmup_min-above-max",
+        "planner API",
+        "PlanConfig(length_warmup=4, length_warmup_min=64, length_warmup_max=32)",
+        lambda tmp: PlanConfig(16, length_warmup=4, length_warmup_min=64, length_warmup_max=32),
+        "length_warmup_min=64",
+        "length_warmup_max=32",
+        "Lower length_warmup_min",
+        setting="length_warmup_min",
+        raises=SettingValueError,
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-length_warmup_min-without-warmup",
+        "planner API",
+        "PlanConfig(length_warmup_min=16) (no length_warmup)",
+        lambda tmp: PlanConfig(16, length_warmup_min=16),
+        "no effect without length_warmup",
+        setting="length_warmup_min",
+        raises=SettingValueError,
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-length_warmup_schedule-unknown",
+        "planner API",
+        "PlanConfig(length_warmup=4, length_warmup_schedule='cosine')",
+        lambda tmp: _schedule("cosine"),
+        "length_warmup_schedule",
+        "'linear'",
+        "'root'",
+        setting="length_warmup_schedule",
+        raises=SettingValueError,
+        fix_in=CONFIG,
+    ),
+    error(
+        "config-length_warmup_schedule-not-callable",
+        "planner API",
+        "PlanConfig(length_warmup=4, length_warmup_schedule=0.5)",
+        lambda tmp: _schedule(0.5),
+        "length_warmup_schedule",
+        "callable",
+        setting="length_warmup_schedule",
+        raises=SettingTypeError,
+        fix_in=CONFIG,
+    ),
+    _bad_schedule("decreasing", "lambda p: 1 - p", lambda p: 1 - p, "decreases"),
+    _bad_schedule("above-one", "lambda p: 2 * p", lambda p: 2 * p, "returned 1.02"),
+    _bad_schedule("negative", "lambda p: p - 0.5", lambda p: p - 0.5, "returned -0.5"),
+    _bad_schedule("nan", "a function returning NaN", _nan, "nan"),
+    _bad_schedule("string", "lambda p: 'half'", lambda p: "half", "'half'"),
+    _bad_schedule("raises", "a function that raises", _boom, "RuntimeError"),
+    error(
+        "mixture-length_warmup",
+        "mixing/DataSource",
+        "MixturePlanner([a, b], PlanConfig(..., length_warmup=4))",
+        lambda tmp: MixturePlanner([L, L], PlanConfig(16, length_warmup=4)),
+        "length_warmup=4",
+        "several datasets",
+        "Unset length_warmup",
+        setting="length_warmup",
+        raises=SettingValueError,
+        fix_in=WARMUP,
+    ),
+    error(
+        "stream-length_warmup",
+        "streaming",
+        "WindowedPlanner(..., PlanConfig(..., length_warmup=4))",
+        lambda tmp: WindowedPlanner([8], lambda s: L, PlanConfig(16, length_warmup=4)),
+        "length_warmup=4",
+        "window",
+        "Unset length_warmup",
+        setting="length_warmup",
+        raises=SettingValueError,
+        fix_in="lightning_varbatch/planner/windows.py",
+    ),
+    error(
+        "planner-first_step-negative",
+        "planner API",
+        "EpochPlanner(...).plan(0, first_step=-1)",
+        lambda tmp: EpochPlanner(L, PlanConfig(16, length_warmup=4)).plan(0, first_step=-1),
+        "first_step",
+        setting="first_step",
+        raises=SettingValueError,
+        fix_in="lightning_varbatch/planner/epoch_planner.py",
+    ),
+]
