@@ -240,8 +240,8 @@ def build_datamodule(
     DataModule with those column names as their lengths (read from Arrow), so that every
     micro-batch is read as one Arrow table.
     Every split is planned on the padded (source, target) lengths with ``loss_offset=1`` (the
-    planner counts each pair's target minus BOS, after any cut:
-    :mod:`examples.translation.batching`): one corpus is one plain dataset per split; with
+    planner counts each pair's target minus BOS, after any cut): one corpus is one plain
+    dataset per split; with
     ``data.corpora`` every split is a list of :class:`~lightning_varbatch.DataSource`, one per
     corpus (named, with its own ``max_tokens``/``max_examples``), mixed by ``data.mixing``,
     ``data.corpora.<name>.weight``, ``data.temperature`` and ``data.steps_per_epoch``;

@@ -40,7 +40,6 @@ from examples.common.config_checks import ConfigError
 from examples.common.oversize import fitting_length
 from examples.common.summary import rank
 from examples.translation import tokenizer as tok
-from examples.translation.batching import loss_lengths
 from lightning_varbatch import (
     PaddingCollate,
     ShardedSource,
@@ -373,13 +372,6 @@ def announce(shards: Mapping[str, Any], folder: Path, rows: int) -> None:
 LEGACY_STATE_KEY = "TranslationStreamingDataModule"
 
 
-def eval_loss_lengths(data: DictConfig, lengths: np.ndarray) -> np.ndarray:
-    """Loss tokens per validation/test pair, after the cut of ``data.oversize=truncate``."""
-    budget = data.val_max_tokens or data.max_tokens
-    cut = fitting_length(budget, data.pad_to_multiple_of)
-    return loss_lengths(lengths, cut if data.oversize == "truncate" else None)
-
-
 def build(
     data: DictConfig,
     source: ShardedSource,
@@ -420,7 +412,6 @@ def build(
         kwargs = {
             "test_dataset": test[0],
             "test_lengths": test[1],
-            "test_loss_lengths": eval_loss_lengths(data, test[1]),
         }
     return StreamingDataModule(
         source,
@@ -434,8 +425,7 @@ def build(
         val_dataset=val_items,
         val_lengths=val_lengths,
         val_max_tokens=data.val_max_tokens,
-        val_loss_lengths=eval_loss_lengths(data, val_lengths),
-        loss_offset=1,
+        loss_offset=1,  # the planner counts target minus BOS per pair, after any cut
         bucket_width=data.bucket_width,
         tail=data.tail,
         oversize=data.oversize,

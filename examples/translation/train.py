@@ -21,7 +21,8 @@ validation: after its micro-batch in progress) and exit with 143 and 130 (see
 :mod:`examples.common.preemption`); once training has finished, ``metrics.json`` names
 its complete ``last.ckpt`` as ``checkpoint`` (a signal during the test then points there).
 The data: :mod:`examples.translation.datamodule`; budget semantics and the loss counts:
-:mod:`examples.translation.batching`; the early checks: :mod:`examples.translation.checks`;
+:class:`~lightning_varbatch.PlanConfig`'s ``loss_offset``; the early checks:
+:mod:`examples.translation.checks`;
 the run around them, shared with the LM example: :mod:`examples.common`.
 """
 

@@ -108,10 +108,7 @@ def worst_micro_batches(
     planner, plan = sampler.planner, sampler.plan
     figures = micro_batch_figures(planner, plan)
     slots = figures.slots.astype(np.int64)
-    if planner.config.layout == "packed":
-        attention = np.rint(figures.squares).astype(np.int64)
-    else:
-        attention = figures.rows * figures.longest * figures.longest
+    attention = np.rint(figures.attention).astype(np.int64)
     mine = plan.rank_micro_batches(sampler.rank).astype(np.int64)
     run = np.flatnonzero(figures.size[mine] > 0)
     if run.size == 0:

@@ -94,11 +94,7 @@ def _worst_of_plan(planner: EpochPlanner, plan: Any, coef: Coefficients) -> Wors
         return None
     a, b, c = coef
     slots = figures.slots[run].astype(np.float64)
-    longest = figures.longest[run].astype(np.float64)
-    if planner.config.layout == "packed":
-        attention = figures.squares[run]
-    else:
-        attention = figures.rows[run] * longest * longest  # a shape's masked rows run too
+    attention = figures.attention[run]  # a shape's masked rows run too
     predicted = a + b * slots + c * attention
     i = int(np.argmax(predicted))
     return float(predicted[i]), int(figures.rows[run][i]), int(figures.longest[run][i])
