@@ -9,9 +9,10 @@ import torch
 from torch.utils.data import DataLoader
 
 from lightning_varbatch import keys
-from lightning_varbatch.data.collate import PaddingCollate, _CollatedItems
+from lightning_varbatch.data.collate import PaddingCollate
 from lightning_varbatch.data.loader import _BatchInfoDataset
 from lightning_varbatch.data.micro_batch import MicroBatch
+from lightning_varbatch.data.plan_items import PlanItems
 from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
 
 
@@ -80,7 +81,7 @@ def test_truncation() -> None:
 
 
 def test_metadata_and_check() -> None:
-    items = _CollatedItems(PAIRS, info=_BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 6)).info)
+    items = PlanItems(PAIRS, info=_BatchInfoDataset(PAIRS).__getitems__(micro([0, 1], 6)).info)
     batch = PaddingCollate()(items)
     assert int(batch[keys.STEP_NTOKENS]) == 50 and int(batch[keys.STEP_NEXAMPLES]) == 9
     assert int(batch[keys.DATASET]) == 0
@@ -104,7 +105,7 @@ def test_bad_input() -> None:
 def test_pickles_with_metadata() -> None:
     mb = pickle.loads(pickle.dumps(micro([3, 1], 4)))
     assert isinstance(mb, MicroBatch) and mb == [3, 1] and mb.step_ntokens == 50
-    items = pickle.loads(pickle.dumps(_CollatedItems([1], info={"ntokens": 2})))
+    items = pickle.loads(pickle.dumps(PlanItems([1], info={"ntokens": 2})))
     assert items == [1] and items.info == {"ntokens": 2}
 
 

@@ -63,9 +63,6 @@ __all__ = [
     "static_shape",
 ]
 
-#: The old name of :class:`~lightning_varbatch.data.plan_items.PlanItems`.
-_CollatedItems = PlanItems
-
 
 def check_static_width(
     ragged: Ragged, field: str, shape: tuple[int, int], items: Sequence[Any]
