@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from lightning_varbatch.attention import document_attention
     from lightning_varbatch.callbacks import (
         BatchSizeLRScaler,
+        RankShareBalancer,
         TokenThroughputMonitor,
         WorstBatchCheck,
     )
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "BatchSizeLRScaler": "lightning_varbatch.callbacks",
+    "RankShareBalancer": "lightning_varbatch.callbacks",
     "TokenThroughputMonitor": "lightning_varbatch.callbacks",
     "WorstBatchCheck": "lightning_varbatch.callbacks",
     "BudgetResult": "lightning_varbatch.memory",
@@ -118,6 +120,7 @@ __all__ = [
     "PackingCollate",
     "PaddingCollate",
     "PlanConfig",
+    "RankShareBalancer",
     "ResumeMismatchError",
     "SettingError",
     "SettingTypeError",

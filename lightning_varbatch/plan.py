@@ -130,6 +130,9 @@ def _flag_kwargs(setting: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
         kwargs["choices"] = [c for lit in literals for c in typing.get_args(lit)]
     elif options[0] is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
+    elif typing.get_origin(options[0]) is tuple:  # one value per rank: --rank-shares 1 0.5
+        kwargs["type"] = typing.get_args(options[0])[0]
+        kwargs["nargs"] = "+"
     else:
         kwargs["type"] = options[0]
     return kwargs

@@ -29,8 +29,9 @@ QUICK = {
     "gpu_packing": ["--device", "cpu", "--tiny"],
     "streaming": ["--quick"],
     "compile_shapes": ["--quick"],
+    "rank_shares": ["--quick"],
 }
-NO_PLOT = {"hf_datasets", "packing", "gpu_packing", "streaming", "compile_shapes"}
+NO_PLOT = {"hf_datasets", "packing", "gpu_packing", "streaming", "compile_shapes", "rank_shares"}
 HF_CONFIGS = {
     *(f"lengths/{case}/{m}" for case in "abc" for m in ("ours", "loop", "map")),
     "lengths/a/numpy",

@@ -64,7 +64,7 @@ def planner_or_skip(lengths: np.ndarray, config: PlanConfig) -> EpochPlanner:
         raise
 
 
-def _cost(ids: np.ndarray, key: np.ndarray, config: PlanConfig) -> float:
+def recomputed_cost(ids: np.ndarray, key: np.ndarray, config: PlanConfig) -> float:
     """Independent re-computation of a micro-batch's cost under the built-in models."""
     lens = key[ids].astype(np.int64)
     p = config.pad_to_multiple_of
@@ -111,7 +111,7 @@ def test_plan_invariants(case: dict) -> None:
     for rank_batches in batches:
         for b in rank_batches:
             assert len(b) >= 1
-            assert _cost(np.asarray(b), key, config) <= config.max_tokens
+            assert recomputed_cost(np.asarray(b), key, config) <= config.max_tokens
             if config.max_examples is not None:
                 assert len(b) <= config.max_examples
     # Coverage exactly as the policies report.

@@ -20,6 +20,7 @@ from examples.common.config_checks import (
     is_number,
 )
 from examples.common.length_warmup import check_length_warmup
+from examples.common.rank_shares import check_rank_settings
 from examples.translation.tokenizer import MIN_VOCAB_SIZE
 from lightning_varbatch.planner import LAYOUTS
 
@@ -64,3 +65,4 @@ def check_config(cfg: DictConfig) -> None:
     check_choice("layout", cfg.get("layout"), LAYOUTS)
     _check_data(cfg.data)
     check_trainer(cfg.trainer)
+    check_rank_settings(cfg.data, cfg.trainer)

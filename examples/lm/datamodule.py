@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 
 from examples.common.config_checks import ConfigError
 from examples.common.length_warmup import length_warmup_settings
+from examples.common.rank_shares import planned_ranks, rank_settings
 from examples.common.summary import world_size
 from examples.lm.data import build_documents, encode_documents, length_stats, split_documents
 from examples.translation import tokenizer as tok
@@ -92,7 +93,8 @@ def _layout(cfg: DictConfig, vocab_size: int) -> tuple[dict[str, Any], Any]:
 def _datamodule(
     cfg: DictConfig, splits: dict[str, Any], layout: dict[str, Any], collate: Any
 ) -> TokenBudgetDataModule:
-    """The DataModule, both splits planned and checked (as rank 0 of 1)."""
+    """The DataModule, both splits planned and checked (as rank 0 of 1, or of one rank per
+    ``data.rank_*`` entry)."""
     data = cfg.data
     (train_items, train_lengths), (val_items, val_lengths) = splits["train"], splits["valid"]
     try:
@@ -106,6 +108,7 @@ def _datamodule(
             # L - 1 next-token predictions per document, after any truncate cut
             loss_offset=1,
             **length_warmup_settings(data),
+            **rank_settings(data),  # a mixed cluster: plain tuples, one entry per rank
             collate=collate,
             num_workers=int(data.num_workers),
             on_resume_mismatch=cfg.get("on_resume_mismatch", "error"),
@@ -116,7 +119,7 @@ def _datamodule(
             seed=int(data.seed),
             **layout,
         )
-        dm.check(stages=("train", "val"))
+        dm.check(planned_ranks(data), stages=("train", "val"))
     except ValueError as error:
         setting = f"data.max_tokens={data.max_tokens}"
         if data.val_max_tokens is not None:

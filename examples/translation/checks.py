@@ -24,6 +24,7 @@ from examples.common.config_checks import (
     is_number,
 )
 from examples.common.length_warmup import check_length_warmup
+from examples.common.rank_shares import check_rank_settings
 from examples.translation.compiling import check_compile
 from examples.translation.corpora import mixture_settings, read_corpora
 from examples.translation.streaming import check_stream
@@ -53,13 +54,18 @@ MODEL_INTS = (
 def _warmup_refusals(data: DictConfig) -> dict[str, str]:
     """The settings on in ``data`` that rule out ``data.length_warmup`` (the planner's)."""
     out = {}
-    if data.get("corpora"):
-        out[
-            "several corpora (data.corpora; a mixture keeps each corpus's share of the steps "
-            "all along, which a warm-up would break)"
-        ] = "train on one corpus"
     if data.get("stream"):
         out["data.stream=true (the streamed windows are planned one at a time)"] = (
+            "set data.stream=false"
+        )
+    return out
+
+
+def _rank_refusals(data: DictConfig) -> dict[str, str]:
+    """The settings on in ``data`` that rule out ``data.rank_shares``/``data.rank_max_tokens``."""
+    out = {}
+    if data.get("stream"):
+        out["data.stream=true (the streamed windows do not take per-rank shares)"] = (
             "set data.stream=false"
         )
     return out
@@ -143,6 +149,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
     check_trainer(cfg.trainer)
+    check_rank_settings(cfg.data, cfg.trainer, refused_with=_rank_refusals(cfg.data))
     check_stream(cfg)
     corpora = read_corpora(cfg.data)
     mixture_settings(cfg.data, corpora)

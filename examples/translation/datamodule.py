@@ -33,6 +33,7 @@ from examples.common.checkpoints import check_sampler_resume
 from examples.common.config_checks import ConfigError
 from examples.common.length_warmup import length_warmup_settings
 from examples.common.oversize import describe_oversize, fitting_length, oversize_counts
+from examples.common.rank_shares import planned_ranks, rank_settings
 from examples.common.summary import rank, world_size
 from examples.translation import streaming
 from examples.translation import tokenizer as tok
@@ -155,6 +156,7 @@ def _datamodule(
             # one, after any data.oversize=truncate cut (the collate checks the same count)
             loss_offset=1,
             **length_warmup_settings(data),
+            **rank_settings(data),  # a mixed cluster: plain tuples, one entry per rank
             **_split_arguments(cfg, corpora, encoded, with_test),
             **mixture,
         )
@@ -181,12 +183,13 @@ def _mostly_lost(counts: dict[str, int]) -> bool:
 def _check_oversize(
     cfg: DictConfig, dm: TokenBudgetDataModule, corpora: list[Corpus], splits: list[str]
 ) -> dict[str, dict[str, int]]:
-    """Plan ``splits`` as the Trainer will (rank 0 of 1); count, warn, refuse most lost."""
+    """Plan ``splits`` as the Trainer will (rank 0 of 1, or of one rank per ``data.rank_*``
+    entry); count, warn, refuse most lost."""
     data, oversize = cfg.data, {}
     for split in splits:
         stage = STAGES[split]
         try:
-            plan = dm.check(stages=(stage,))[stage]
+            plan = dm.check(planned_ranks(data), stages=(stage,))[stage]
         except ValueError as error:
             raise ConfigError(_plan_error(cfg, split, corpora, error)) from error
         counts = oversize[split] = oversize_counts(dm.planner(stage), plan)

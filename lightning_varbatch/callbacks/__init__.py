@@ -19,18 +19,28 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_varbatch.callbacks.lr_scaling import BatchSizeLRScaler
+    from lightning_varbatch.callbacks.rank_balancer import RankShareBalancer, follow_epoch_length
     from lightning_varbatch.callbacks.throughput import TokenThroughputMonitor
     from lightning_varbatch.callbacks.worst_batch import WorstBatchCheck
     from lightning_varbatch.callbacks.worst_micro_batches import check_names
 
 _WHERE = {
     "BatchSizeLRScaler": "lightning_varbatch.callbacks.lr_scaling",
+    "RankShareBalancer": "lightning_varbatch.callbacks.rank_balancer",
     "TokenThroughputMonitor": "lightning_varbatch.callbacks.throughput",
     "WorstBatchCheck": "lightning_varbatch.callbacks.worst_batch",
     "check_names": "lightning_varbatch.callbacks.worst_micro_batches",
+    "follow_epoch_length": "lightning_varbatch.callbacks.rank_balancer",
 }
 
-__all__ = ["BatchSizeLRScaler", "TokenThroughputMonitor", "WorstBatchCheck", "check_names"]
+__all__ = [
+    "BatchSizeLRScaler",
+    "RankShareBalancer",
+    "TokenThroughputMonitor",
+    "WorstBatchCheck",
+    "check_names",
+    "follow_epoch_length",
+]
 
 
 def __getattr__(name: str) -> Any:

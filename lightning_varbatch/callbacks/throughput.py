@@ -40,7 +40,7 @@ from lightning_varbatch.callbacks.throughput_window import (
 from lightning_varbatch.checks import check_flag
 from lightning_varbatch.errors import SettingTypeError
 
-__all__ = ["TokenThroughputMonitor", "length_cap"]
+__all__ = ["TokenThroughputMonitor", "length_cap", "rank_metrics", "rank_shares_in_force"]
 
 PaddingFn = Callable[[Any], "tuple[int | float | torch.Tensor, int | float | torch.Tensor]"]
 
@@ -64,6 +64,51 @@ def length_cap(trainer: Trainer, step: int) -> int | None:
         return None
     trace = getattr(sampler.plan, "length_warmup", None)  # type: ignore[union-attr]
     return None if trace is None else trace.cap_at(step)
+
+
+def rank_shares_in_force(trainer: Trainer) -> tuple[float, ...] | None:
+    """The training sampler's ``rank_shares`` (largest 1), or ``None`` without any.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> loader = SimpleNamespace(batch_sampler=SimpleNamespace(rank_shares=(2.0, 1.0)))
+        >>> rank_shares_in_force(SimpleNamespace(train_dataloader=loader))
+        (1.0, 0.5)
+    """
+    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+    shares = getattr(sampler, "rank_shares", None)
+    if shares is None or len(shares) == 0:
+        return None
+    top = max(float(s) for s in shares)
+    return tuple(float(s) / top for s in shares)
+
+
+def rank_metrics(
+    windows: list[RankWindow], shares: tuple[float, ...] | None = None
+) -> dict[str, float]:
+    """Each rank's loss tokens per second of the window's wall time, and its share in force.
+
+    The wall time is the window's (the slowest rank's), so the ranks' rates add up to
+    ``train/tokens_per_sec``. Nothing for a single rank (``train/device/...`` says it all);
+    shares only when given with one per rank.
+
+    Example:
+        >>> a, b = RankWindow(tokens=300, elapsed=3.0), RankWindow(tokens=150, elapsed=2.9)
+        >>> rank_metrics([a, b], (1.0, 0.5))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'train/rank/0/tokens_per_sec': 100.0, 'train/rank/1/tokens_per_sec': 50.0,
+         'train/rank/0/share': 1.0, 'train/rank/1/share': 0.5}
+    """
+    if len(windows) < 2:
+        return {}
+    elapsed = max(w.elapsed for w in windows)
+    out = {
+        f"train/rank/{r}/tokens_per_sec": (w.tokens / elapsed if elapsed > 0 else float("nan"))
+        for r, w in enumerate(windows)
+    }
+    if shares is not None and len(shares) == len(windows):
+        out.update({f"train/rank/{r}/share": float(s) for r, s in enumerate(shares)})
+    return out
 
 
 class TokenThroughputMonitor(Callback):
@@ -132,11 +177,19 @@ class TokenThroughputMonitor(Callback):
                                         length warm-up (``PlanConfig.length_warmup``,
                                         docs/length-warmup.md): the realised cap, read from
                                         the plan (``plan.length_warmup.cap_at(step)``)
+    ``train/rank/<r>/tokens_per_sec``   rank ``r``'s loss tokens / s of the window's wall
+                                        time (the ranks' rates add up to
+                                        ``train/tokens_per_sec``)
+    ``train/rank/<r>/share``            rank ``r``'s share of each step in force (the
+                                        training sampler's ``rank_shares``, largest 1)
     ==================================  ================================================
 
     The ``train/dataset/...`` keys appear only when several datasets are mixed, and
     ``train/length_cap`` only during a length warm-up (the first ``length_warmup`` optimizer
-    steps of epoch 0, with a :class:`~lightning_varbatch.TokenBudgetBatchSampler`).
+    steps of epoch 0, with a :class:`~lightning_varbatch.TokenBudgetBatchSampler`). The
+    ``train/rank/...`` keys appear only with more than one rank, the shares only when the
+    training sampler has ``rank_shares`` set (``PlanConfig.rank_shares``, or a
+    :class:`~lightning_varbatch.callbacks.RankShareBalancer`).
 
     When training ends (``on_train_end``, a collective on every rank) the run's totals go into
     ``trainer.callback_metrics`` on every rank (not to the loggers), where a script reads them
@@ -334,6 +387,7 @@ class TokenThroughputMonitor(Callback):
         cap = length_cap(trainer, trainer.global_step - 1)
         if cap is not None:
             metrics["train/length_cap"] = float(cap)
+        metrics.update(rank_metrics(windows, rank_shares_in_force(trainer)))
         log_rank_zero(trainer, metrics, trainer.global_step - 1)
         if self.prog_bar:
             pl_module.log(

@@ -31,7 +31,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -69,6 +69,7 @@ from lightning_varbatch.data.splits import STAGES, check_evaluation
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.mixture_datasets import DataSource, MixingPolicy, Weights
 from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.rank_shares import check_rank_shares
 from lightning_varbatch.sources.arrow_lengths import Columns, is_column_spec
 
 __all__ = ["TokenBudgetDataModule", "check_evaluation", "check_ranks_agree", "plan_digest"]
@@ -220,6 +221,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         self.sampler_kwargs = with_loss_offset(sampler_kwargs, loss_offset)
         self.samplers: dict[str, TokenBudgetBatchSampler] = {}
         self._pending_state: dict[str, Any] | None = None
+        self._run_shares: tuple[float, ...] | None = None  # set_rank_shares before the loader
         self._restored = False  # whether a checkpoint gave this DataModule a state
         # Lengths, counts and settings are checked now, before any loader or Trainer exists;
         # the planners (with their sort) are reused by every sampler built later.
@@ -321,12 +323,43 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
             # then on_advance_start): set it now so that a prefetch starts in the right epoch.
             sampler.set_epoch(int(trainer.fit_loop.epoch_progress.current.processed))
             check_same_plan_everywhere(trainer, sampler)
+        if self._run_shares is not None:
+            sampler.set_rank_shares(self._run_shares)
         if self._pending_state is not None:
             sampler.load_state_dict(self._pending_state, on_mismatch=self.on_resume_mismatch)
             self._pending_state = None
         self._check_restored()
         sampler.plan  # noqa: B018  (plan now: a topology the data cannot serve fails here)
         return self._loader("train")
+
+    # -- ranks of different speed ---------------------------------------------------------
+
+    @property
+    def rank_shares(self) -> tuple[float, ...] | None:
+        """The training plan's shares (largest 1; ``None``: equal), once the loader is built.
+
+        Before that, the shares set by :meth:`set_rank_shares` or ``rank_shares``.
+        """
+        sampler = self.samplers.get("train")
+        if sampler is not None:
+            return sampler.rank_shares
+        return self._run_shares or self._planner("train").config.rank_shares
+
+    def set_rank_shares(self, shares: Sequence[float] | None) -> None:
+        """Train the next epochs with these shares (``TokenBudgetBatchSampler.set_rank_shares``).
+
+        Raises:
+            SettingValueError: for a bad share (the rank is named) or the wrong number.
+
+        Example:
+            >>> dm = TokenBudgetDataModule([{"tokens": [1]}] * 8, [1] * 8, 4)
+            >>> dm.set_rank_shares([1.0, 0.5]); dm.rank_shares
+            (1.0, 0.5)
+        """
+        sampler = self.samplers.get("train")
+        if sampler is not None:
+            sampler.set_rank_shares(shares)
+        self._run_shares = check_rank_shares(shares)
 
     # -- checkpointing -------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ __all__ = [
 
 
 def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
-    """A 63-bit digest of everything a plan depends on: lengths, loss lengths, settings.
+    """A 63-bit digest of everything a plan depends on: lengths, loss lengths, settings, budgets.
 
     Example:
         >>> a = TokenBudgetBatchSampler([3, 4, 5], 8, rank=0, world_size=1)
@@ -43,6 +43,9 @@ def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
     h = hashlib.blake2b(digest_size=8)
     h.update(sampler.lengths_digest.encode())  # cached on the sampler: computed once
     h.update(sampler.planner.fingerprint().encode())
+    # the ranks' budgets are left out of the fingerprint (a resume may change them), not out
+    # of what every rank must agree on
+    h.update(repr(sampler.rank_budgets).encode())
     return int.from_bytes(h.digest(), "little") >> 1
 
 
@@ -77,8 +80,9 @@ def check_same_plan_everywhere(trainer: Any, sampler: TokenBudgetBatchSampler) -
         trainer,
         plan_digest(sampler),
         "The ranks planned from different training data or settings (ranks grouped by what "
-        "they planned: {groups}): every rank must see the same lengths, max_tokens, seed and "
-        "planner settings, or they get different batches and hang. Check that the data is "
+        "they planned: {groups}): every rank must see the same lengths, max_tokens, seed, "
+        "planner settings and rank_shares / rank_max_tokens, or they get different batches "
+        "and hang. Check that the data is "
         "loaded and tokenized identically on every rank.",
     )
 

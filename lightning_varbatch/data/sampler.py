@@ -35,6 +35,7 @@ from lightning_varbatch.data.plan_settings import (
     plan_config,
     reject_unknown,
 )
+from lightning_varbatch.data.rank_share_setting import RankShareSetting
 from lightning_varbatch.data.sampler_state import (
     ON_MISMATCH,
     STATE_VERSION,
@@ -143,6 +144,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             check_accumulate(accumulate_grad_batches)
             planner = _planner
         self.planner = planner
+        self._shares = RankShareSetting(planner)
         # Found in the environment (not given): re-read from the process group once it exists.
         self._inferred = rank is None or world_size is None
         self.rank, self.world_size = resolve_rank_world(*check_topology(rank, world_size))
@@ -343,11 +345,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         )
         rank, world_size = resolve_rank_world(*check_topology(rank, world_size))
         changed = (world_size, acc) != (self.world_size, self.accumulate_grad_batches)
-        position = self._position
-        if changed and position.consumed:
-            topology = (self.world_size, self.accumulate_grad_batches, position.consumed)
-            position.history.append(topology)
-            position.consumed = 0
+        if changed:
+            self._position.leave_topology(self.world_size, self.accumulate_grad_batches)
         self.rank, self.world_size, self.accumulate_grad_batches = rank, world_size, acc
 
     # -- the plan ------------------------------------------------------------------------
@@ -356,19 +355,80 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     def plan(self) -> EpochPlan:
         """The current epoch's plan (re-planned remainder after a topology change)."""
         position = self._position
+        if not position.budgets_set:  # a new plan takes the shares in force
+            position.budgets = self._shares.budgets(self.world_size)
+            position.budgets_set = True
         key = (
             position.epoch,
             tuple(position.history),
             self.world_size,
             self.accumulate_grad_batches,
+            position.budgets,
         )
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
-        plan = self.planner.plan_resumed(
-            position.epoch, self.world_size, self.accumulate_grad_batches, position.history
-        )
+        args = (position.epoch, self.world_size, self.accumulate_grad_batches, position.history)
+        if isinstance(self.planner, EpochPlanner):
+            plan = self.planner.plan_resumed(*args, rank_budgets=position.budgets)
+        else:
+            plan = self.planner.plan_resumed(*args)
         self._cache = (key, plan)
         return plan
+
+    # -- ranks of different speed ----------------------------------------------------------
+
+    @property
+    def rank_budgets(self) -> tuple[int, ...]:
+        """Every rank's micro-batch budget in the current plan (``max_tokens`` when equal)."""
+        budget = self.plan.rank_budget
+        if budget is None:
+            return (self.max_tokens,) * self.world_size
+        return tuple(int(b) for b in budget)
+
+    @property
+    def rank_shares(self) -> tuple[float, ...] | None:
+        """The ranks' shares in the current plan (largest 1), ``None`` when all are equal.
+
+        They are the budgets' ratios: ``rank_shares`` as set, unless a rank's memory budget
+        (``rank_max_tokens``) or the longest example moved them.
+
+        Example:
+            >>> s = TokenBudgetBatchSampler([5] * 40, 20, rank=0, world_size=2,
+            ...                             rank_shares=[2, 1])
+            >>> s.rank_budgets, s.rank_shares
+            ((20, 10), (1.0, 0.5))
+        """
+        budget = self.plan.rank_budget
+        if budget is None:
+            return None
+        return tuple(float(b) / float(budget.max()) for b in budget)
+
+    def set_rank_shares(self, shares: Sequence[float] | None) -> None:
+        """Plan the next epochs with these shares (relative speeds, one per rank).
+
+        They take effect when the next epoch is first planned (at once if the current epoch
+        has not started): the rest of an epoch keeps its plan, so no example is lost or
+        repeated. A share too small for the longest example is raised to hold it. They are
+        saved with :meth:`state_dict`. Every rank must set the same shares.
+
+        Args:
+            shares: one positive share per rank, or ``None`` for the config's
+                (``rank_shares``).
+
+        Raises:
+            SettingValueError: for a bad share (the rank is named), the wrong number of
+                shares, or a sampler over several datasets.
+
+        Example:
+            >>> s = TokenBudgetBatchSampler([5] * 40, 20, rank=0, world_size=2)
+            >>> s.set_rank_shares([1.0, 0.5])
+            >>> s.rank_budgets
+            (20, 10)
+        """
+        self._shares.set(shares, self.world_size)
+        position = self._position
+        if not position.consumed and not position.history and not position.restored:
+            position.budgets_set = False
 
     def _sync_with_process_group(self) -> None:
         """Follow torch.distributed's rank and world size, or refuse a contradiction.
@@ -462,9 +522,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         saved = EpochPosition(
             position.epoch, consumed, history=position.history, offset=position.offset
         )
-        return save_state(
+        saved.budgets = position.budgets
+        state = save_state(
             saved, self.planner, self.world_size, self.accumulate_grad_batches, self.lengths_digest
         )
+        if self._shares.set_by_run and self._shares.shares is not None:
+            state["rank_shares"] = list(self._shares.shares)
+        return state
 
     def load_state_dict(
         self, state: Mapping[str, Any], *, on_mismatch: OnMismatch = "error"
@@ -525,6 +589,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             what=" (what to do with a state saved for other data or settings)",
         )
         saved = read_state(state)
+        if state.get("rank_shares") is not None:
+            self._shares.set(state["rank_shares"], len(state["rank_shares"]))
         restore_position(
             self._position,
             saved,

@@ -64,9 +64,13 @@ _STATE_KEYS_V1 = frozenset(
     }
 )
 _STATE_KEYS = _STATE_KEYS_V1 | {"lengths_digest", "restart_offset", "settings"}
+#: Keys a version-2 state has only when ranks have budgets of their own: the budgets of the
+#: saved plan, and the shares a run set for the epochs after it.
+_OPTIONAL_KEYS = frozenset({"rank_budgets", "rank_shares"})
 
-#: (world_size, accumulate_grad_batches, micro-batches consumed) of an earlier topology.
-Topology = tuple[int, int, int]
+#: (world_size, accumulate_grad_batches, micro-batches consumed) of an earlier topology, and
+#: the ranks' budgets of its plan when they had their own.
+Topology = tuple[Any, ...]
 
 
 def lengths_digest(planner: Planner) -> str:
@@ -105,6 +109,10 @@ class EpochPosition:
         consumed: micro-batches of the current plan taken (yielded or restored).
         restored: a restored position is honoured even at the epoch's end.
         history: micro-batches consumed under earlier topologies of this epoch.
+        budgets: the ranks' budgets of the current plan (``None``: ``max_tokens`` on every
+            rank), fixed for the rest of the epoch once :attr:`budgets_set`.
+        budgets_set: whether the current plan's budgets are decided (a new epoch takes the
+            sampler's shares in force when it is first planned).
         offset: micro-batches the training loop counted in this epoch before it was restarted
             afresh (``on_mismatch="restart_epoch"``): counted, but no example is excluded.
 
@@ -119,11 +127,13 @@ class EpochPosition:
     restored: bool = False
     history: list[Topology] = field(default_factory=list)
     offset: int = 0
+    budgets: tuple[int, ...] | None = None
+    budgets_set: bool = False
 
     @property
     def counted_before(self) -> int:
         """Micro-batches of this epoch counted before the current plan (not in it)."""
-        return self.offset + sum(c for _, _, c in self.history)
+        return self.offset + sum(h[2] for h in self.history)
 
     def start(self, epoch: int) -> None:
         """Move to the start of ``epoch``."""
@@ -134,6 +144,16 @@ class EpochPosition:
             [],
             0,
         )
+        self.budgets_set = False
+
+    def leave_topology(self, world_size: int, accumulate: int) -> None:
+        """Record the current plan's consumed micro-batches as history (a topology change)."""
+        if self.consumed:
+            entry: Topology = (world_size, accumulate, self.consumed)
+            if self.budgets is not None:
+                entry = (*entry, self.budgets)
+            self.history.append(entry)
+        self.consumed, self.budgets_set = 0, False
 
 
 def save_state(
@@ -154,9 +174,14 @@ def save_state(
         "world_size": world_size,
         "accumulate_grad_batches": accumulate,
         "consumed": int(position.consumed),
-        "history": [list(h) for h in position.history],
+        "history": [_plain_topology(h) for h in position.history],
         "restart_offset": position.offset,
+        **({} if position.budgets is None else {"rank_budgets": list(position.budgets)}),
     }
+
+
+def _plain_topology(entry: Topology) -> list[Any]:
+    return [*entry[:3], *(list(b) for b in entry[3:])]
 
 
 @dataclass(frozen=True)
@@ -170,11 +195,12 @@ class SavedState:
     offset: int
     history: list[Topology]
     entries: Mapping[str, Any]
+    budgets: tuple[int, ...] | None = None
 
     @property
     def counted(self) -> int:
         """The training loop's count of this epoch's micro-batches when the state was saved."""
-        return self.offset + sum(c for _, _, c in self.history) + self.consumed
+        return self.offset + sum(h[2] for h in self.history) + self.consumed
 
 
 def _state_int(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
@@ -196,8 +222,8 @@ def _check_keys(state: Any) -> int:
             "saved sampler state (in a Lightning checkpoint: "
             "ckpt['datamodule_state_dict'] or your own key)."
         )
-    keys = set(state)
     version = state.get("version")
+    keys = set(state) if version == 1 else set(state) - _OPTIONAL_KEYS
     allowed = _STATE_KEYS_V1 if version == 1 else _STATE_KEYS
     if keys != allowed:
         raise ValueError(
@@ -231,14 +257,26 @@ def read_state(state: Any) -> SavedState:
     )
     offset = _state_int(state, "restart_offset") if version != 1 else 0
     try:
-        history = [(int(w), int(a), int(c)) for w, a, c in state["history"]]
+        history = [_read_topology(h) for h in state["history"]]
+        budgets = state.get("rank_budgets")
+        budgets = None if budgets is None else tuple(int(b) for b in budgets)
     except (TypeError, ValueError):
         raise ValueError(
             "Not a valid TokenBudgetBatchSampler state: history must be a list of "
-            f"[world_size, accumulate_grad_batches, consumed] triples, got "
-            f"{state['history']!r}."
+            f"[world_size, accumulate_grad_batches, consumed] triples (each optionally with "
+            f"the ranks' budgets) and rank_budgets a list of integers, got history="
+            f"{state['history']!r}, rank_budgets={state.get('rank_budgets')!r}."
         ) from None
-    return SavedState(version, epoch, consumed, topology, offset, history, state)
+    return SavedState(version, epoch, consumed, topology, offset, history, state, budgets)
+
+
+def _read_topology(entry: Any) -> Topology:
+    if len(entry) not in (3, 4):
+        raise ValueError(f"history entry {entry!r}")
+    head: Topology = tuple(int(x) for x in entry[:3])
+    if len(entry) == 4 and entry[3] is not None:
+        return (*head, tuple(int(b) for b in entry[3]))
+    return head
 
 
 def _changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
@@ -355,6 +393,7 @@ def restore_position(
     wrong = _unproven(saved, wrong, restart)
     counted = saved.counted
     position.epoch, position.restored, position.consumed = saved.epoch, True, 0
+    position.budgets, position.budgets_set = saved.budgets, not wrong
     if wrong:
         warnings.warn(
             f"Starting epoch {saved.epoch} afresh (on_mismatch='restart_epoch'): the sampler "
@@ -368,14 +407,15 @@ def restore_position(
         return
     position.history, position.offset = list(saved.history), saved.offset
     if saved.topology != topology:
-        if saved.consumed:
-            position.history.append((*saved.topology, saved.consumed))
+        position.consumed = saved.consumed
+        position.leave_topology(*saved.topology)
         return
     epoch_total = total()
     if 0 <= saved.consumed <= epoch_total:
         position.consumed = saved.consumed
     elif restart:
         position.history, position.offset = [], counted
+        position.budgets_set = False
     else:
         raise ResumeMismatchError(
             f"The sampler state says {saved.consumed} micro-batches were consumed but epoch "

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,9 +37,10 @@ from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_datasets import DataSource
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.settings import RANK_SETTINGS, PlanConfig
+from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS
 
-__all__ = ["SplitLoaders", "check_stages", "plan_split"]
+__all__ = ["SplitLoaders", "check_stages", "plan_split", "training_only"]
 
 
 def plan_split(
@@ -58,7 +60,8 @@ def plan_split(
         stage: ``"train"``, ``"val"`` or ``"test"``.
         budget: the split's ``max_tokens`` (``val_max_tokens`` for evaluation).
         settings: the planner settings; an evaluation split replaces ``shuffle`` and
-            ``tail`` (:func:`~lightning_varbatch.data.splits.evaluation_config`).
+            ``tail`` (:func:`~lightning_varbatch.data.splits.evaluation_config`) and leaves
+            the length warm-up and the ranks' own budgets out (:func:`training_only`).
         lengths: one planning length per item of a plain split (``None`` with ``sources``).
         loss_lengths: its loss tokens (``None``: derived by the planner).
         sources: the split's data sources, planned together by a mixture planner.
@@ -72,14 +75,16 @@ def plan_split(
     try:
         if stage == "train":
             config = PlanConfig(**plain_settings(max_tokens=budget, **settings))
-        else:  # the evaluation rule both DataModules share
-            config = evaluation_config(budget, settings)
+        else:  # the evaluation rule both DataModules share; no length curriculum
+            config = evaluation_config(budget, training_only(settings))
         if sources is None:
             assert lengths is not None  # a plain split has lengths
             config.check_loss_lengths(loss_lengths)
             return EpochPlanner(lengths, config, loss_lengths)
         for source in sources:
             config.check_loss_lengths(source.loss_lengths)
+        if stage != "train":  # a dataset's own warm-up bounds are training settings too
+            sources = [replace(s, length_warmup_min=None, length_warmup_max=None) for s in sources]
         return MixturePlanner(sources, config, **dict(mixing or {}))
     except SettingError as error:  # named after this DataModule's argument and split
         longest = None
@@ -88,6 +93,22 @@ def plan_split(
         raise split_error(
             error, stage, budget, budget_default=budget_default, longest=longest
         ) from error
+
+
+def training_only(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` without those of training alone, for an evaluation split.
+
+    The length warm-up (evaluation needs no curriculum) and the ranks' own budgets
+    (``rank_shares`` / ``rank_max_tokens`` divide the training budget; evaluation plans
+    ``val_max_tokens`` on every rank: set it for the smallest card).
+
+    Example:
+        >>> training_only({"seed": 1, "length_warmup": 10, "rank_shares": (1.0, 0.5)})
+        {'seed': 1}
+    """
+    return {
+        k: v for k, v in settings.items() if k not in WARMUP_DEFAULTS and k not in RANK_SETTINGS
+    }
 
 
 def check_stages(stages: Sequence[str]) -> None:

@@ -27,8 +27,16 @@ Example:
 """
 
 from lightning_varbatch.memory.model import Probe, fit_memory_model
+from lightning_varbatch.memory.per_rank import gather_rank_max_tokens
 from lightning_varbatch.memory.probes import OUT_OF_MEMORY
 from lightning_varbatch.memory.result import BudgetResult
 from lightning_varbatch.memory.search import find_max_tokens
 
-__all__ = ["OUT_OF_MEMORY", "BudgetResult", "Probe", "find_max_tokens", "fit_memory_model"]
+__all__ = [
+    "OUT_OF_MEMORY",
+    "BudgetResult",
+    "Probe",
+    "find_max_tokens",
+    "fit_memory_model",
+    "gather_rank_max_tokens",
+]

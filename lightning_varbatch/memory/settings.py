@@ -233,6 +233,16 @@ def check_plan_settings(settings: dict[str, Any], top: int) -> PlanConfig:
             setting="max_tokens",
             value=settings["max_tokens"],
         )
+    for name in ("rank_shares", "rank_max_tokens"):
+        if settings.get(name) is not None:
+            raise SettingValueError(
+                f"find_max_tokens finds the budget of the device it runs on, got {name}="
+                f"{settings[name]!r}: on ranks of different memory run it on every rank with "
+                "that rank's memory limit and pass gather_rank_max_tokens(result) as "
+                "rank_max_tokens (see docs/mixed-clusters.md).",
+                setting=name,
+                value=settings[name],
+            )
     valid = [f.name for f in fields(PlanConfig) if f.name != "max_tokens"]
     unknown = sorted(set(settings) - set(valid))
     if unknown:

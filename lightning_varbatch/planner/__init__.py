@@ -26,6 +26,7 @@ from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_datasets import MIXING_POLICIES, DataSource
 from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
 from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.rank_shares import rank_budgets
 from lightning_varbatch.planner.settings import (
     DEFAULT_FLOP_ATTENTION,
     LAYOUTS,
@@ -33,6 +34,7 @@ from lightning_varbatch.planner.settings import (
     TAIL_POLICIES,
     PlanConfig,
 )
+from lightning_varbatch.planner.share_balance import balanced_shares, smoothed_speeds
 from lightning_varbatch.planner.synthetic import wmt_like_lengths
 from lightning_varbatch.planner.warmup_report import WarmupReport, WarmupStage, warmup_report
 
@@ -55,11 +57,14 @@ __all__ = [
     "Planner",
     "WarmupReport",
     "WarmupStage",
+    "balanced_shares",
     "dataset_breakdown",
     "diagnose",
     "format_breakdown",
     "plan_epoch",
+    "rank_budgets",
     "rank_loads",
+    "smoothed_speeds",
     "warmup_report",
     "wmt_like_lengths",
 ]

@@ -73,6 +73,8 @@ class PlanDiagnostics:
         examples_per_batch_max: most examples in a micro-batch.
         imbalance_linear_mean: per optimizer step, the busiest rank's load over the mean rank
             load, with load = Σ examples × longest padded length; mean over steps (1 = even).
+            With per-rank budgets (``EpochPlan.rank_budget``) each rank's load is divided by
+            its share of the budgets first: the time it takes at the speed the shares assume.
         imbalance_linear_max: the same, worst step.
         imbalance_quadratic_mean: as ``imbalance_linear_mean`` with load
             Σ n·L + c·n·L² (``c = config.quadratic_coef``, 1/64 by default).
@@ -247,12 +249,18 @@ def _budgets(planner: Planner, plan: EpochPlan) -> np.ndarray:
     if isinstance(planner, MixturePlanner) and plan.micro_batch_dataset is not None:
         budgets = np.array([planner.budget(d) for d in range(planner.num_datasets)], float)
         return budgets[plan.micro_batch_dataset]
-    return np.full(plan.micro_batch_cost.shape, float(planner.config.max_tokens))
+    budgets = np.full(plan.micro_batch_cost.shape, float(planner.config.max_tokens))
+    if plan.rank_budget is not None:  # each rank's micro-batches fit its own budget
+        for rank, budget in enumerate(plan.rank_budget):
+            budgets[plan.assign[:, rank, :]] = float(budget)
+    return budgets
 
 
-def _imbalance(loads: np.ndarray) -> tuple[float, float]:
+def _imbalance(loads: np.ndarray, plan: EpochPlan) -> tuple[float, float]:
     if loads.shape[0] == 0:
         return 1.0, 1.0
+    if plan.rank_budget is not None:  # ranks of different speed: time = load / share
+        loads = loads / (plan.rank_budget / plan.rank_budget.mean())
     mean = loads.mean(axis=1)
     ratio = np.divide(loads.max(axis=1), mean, out=np.ones_like(mean), where=mean > 0)
     return float(ratio.mean()), float(ratio.max())
@@ -304,10 +312,10 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
     padded = int(micro_batches.slots[run].sum())
     lin = micro_batch_load(planner, micro_batches, "linear")[plan.assign].sum(axis=2)
     quad = micro_batch_load(planner, micro_batches, "quadratic")[plan.assign].sum(axis=2)
-    lin_mean, lin_max = _imbalance(lin)
-    quad_mean, quad_max = _imbalance(quad)
+    lin_mean, lin_max = _imbalance(lin, plan)
+    quad_mean, quad_max = _imbalance(quad, plan)
     flops_mean, flops_max = _imbalance(
-        micro_batch_load(planner, micro_batches, "flops")[plan.assign].sum(axis=2)
+        micro_batch_load(planner, micro_batches, "flops")[plan.assign].sum(axis=2), plan
     )
     per_rank = np.count_nonzero(micro_batches.size[plan.assign] > 0, axis=(0, 2))
     cost = cfg.cost if isinstance(cfg.cost, str) else getattr(cfg.cost, "__qualname__", "custom")

@@ -99,6 +99,10 @@ class EpochPlan:
             :mod:`lightning_varbatch.planner.flops`); ``None``: the cost.
         micro_batch_shape: ``(m, 2)`` the static ``(rows, length)`` every micro-batch is padded
             to under a shape budget (``PlanConfig.max_shapes``); ``None``: free shapes.
+        rank_budget: ``(world_size,)`` the budget every micro-batch of each rank fits when
+            ranks have their own (``PlanConfig.rank_shares`` / ``rank_max_tokens``,
+            :mod:`lightning_varbatch.planner.rank_lanes`); ``None``: ``max_tokens`` on every
+            rank.
     """
 
     epoch: int
@@ -116,6 +120,7 @@ class EpochPlan:
     micro_batch_dataset: np.ndarray | None = None
     micro_batch_work: np.ndarray | None = None
     micro_batch_shape: np.ndarray | None = None
+    rank_budget: np.ndarray | None = None
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
     #: What the length warm-up did (``PlanConfig.length_warmup``), ``None`` without one. Not

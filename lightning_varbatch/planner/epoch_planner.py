@@ -39,6 +39,12 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.length_warmup import LengthWarmupTrace, light_steps, warmup_order
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
+from lightning_varbatch.planner.rank_lanes import (
+    check_budgets_hold,
+    lane_plan,
+    single_example_cost,
+    uniform,
+)
 from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 from lightning_varbatch.planner.shape_budget import ShapeBudget
@@ -111,6 +117,7 @@ class EpochPlanner(ShapeBudget):
         self._groups: SortedGroups | None = None
         self._shape_lengths: np.ndarray | None = None
         self._cuts: dict[int, SortedCut] = {}
+        self._longest_cost: int | None = None
 
     @property
     def num_examples(self) -> int:
@@ -199,6 +206,7 @@ class EpochPlanner(ShapeBudget):
         salt: int = 0,
         first_step: int = 0,
         cap_floor: int = 0,
+        rank_budgets: Sequence[int] | None = None,
     ) -> EpochPlan:
         """Plan one epoch.
 
@@ -212,6 +220,10 @@ class EpochPlanner(ShapeBudget):
             first_step: the run's optimizer step the plan's first step is (a re-planned
                 remainder of epoch 0 continues the length warm-up there).
             cap_floor: the length warm-up's cap already reached before ``first_step``.
+            rank_budgets: each rank's micro-batch budget (``None``: the config's,
+                :meth:`PlanConfig.rank_budgets`, which is ``max_tokens`` on every rank unless
+                ``rank_shares`` / ``rank_max_tokens`` are set); unequal budgets plan in lanes
+                (:mod:`~lightning_varbatch.planner.rank_lanes`).
 
         Returns:
             The plan.
@@ -236,6 +248,25 @@ class EpochPlanner(ShapeBudget):
             starts = groups.starts
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
+        budgets = self._budgets(world, rank_budgets)
+        if budgets is not None:
+            lanes = lane_plan(groups, order, self.prepared.key, budgets, cfg, acc, tail, rng)
+            caps = warmup_caps(cfg, self.prepared, epoch, first_step)
+            floor = check_count("cap_floor", cap_floor, minimum=0)
+            warm = None if caps is None else (caps, floor, lanes.order, first_step)
+            assign, trace = self._order_steps(lanes.cut, lanes.steps(acc), rng, warm)
+            return self._epoch_plan(
+                epoch,
+                world,
+                acc,
+                lanes.order,
+                lanes.cut,
+                assign,
+                trace,
+                dropped=lanes.num_dropped,
+                duplicated=lanes.num_duplicated,
+                rank_budget=np.asarray(budgets, dtype=np.int64),
+            )
         if cuts_each_epoch(cfg):  # packed rows cut on this epoch's exact lengths
             groups = exact_groups(order, self.prepared.key)
             cut = tail_cut(packed_cut(groups, cfg), groups, tail, wa, cfg)
@@ -248,6 +279,66 @@ class EpochPlanner(ShapeBudget):
         floor = check_count("cap_floor", cap_floor, minimum=0)
         warm = None if caps is None else (caps, floor, order, first_step)
         assign, trace = self._deal(cut, selected.micro_batches, world, acc, rng, warm)
+        return self._epoch_plan(
+            epoch,
+            world,
+            acc,
+            order,
+            cut,
+            assign,
+            trace,
+            dropped=selected.num_dropped,
+            duplicated=selected.num_duplicated,
+            shapes=self._micro_batch_shapes(groups, cut),
+        )
+
+    def _budgets(self, world: int, given: Sequence[int] | None) -> tuple[int, ...] | None:
+        """The ranks' budgets when they differ from ``max_tokens`` on every rank, else ``None``."""
+        cfg = self.config
+        budgets = cfg.rank_budgets(world) if given is None else tuple(int(b) for b in given)
+        if budgets is not None and len(budgets) != world:
+            raise SettingValueError(
+                f"rank_budgets has {len(budgets)} entries but world_size={world}: give one "
+                "budget per rank.",
+                setting="rank_budgets",
+                value=budgets,
+            )
+        if uniform(budgets, cfg.max_tokens):
+            return None
+        assert budgets is not None
+        if max(budgets) > cfg.max_tokens or min(budgets) < 1:
+            raise SettingValueError(
+                f"rank_budgets={budgets} must each be in [1, max_tokens={cfg.max_tokens}].",
+                setting="rank_budgets",
+                value=budgets,
+            )
+        if self._longest_cost is None:
+            self._longest_cost = single_example_cost(self.prepared, cfg)
+        check_budgets_hold(budgets, self._longest_cost, cfg)
+        return budgets
+
+    @property
+    def longest_cost(self) -> int:
+        """The cost of the longest planned example alone: no rank's budget may be lower."""
+        if self._longest_cost is None:
+            self._longest_cost = single_example_cost(self.prepared, self.config)
+        return self._longest_cost
+
+    def _epoch_plan(
+        self,
+        epoch: int,
+        world: int,
+        acc: int,
+        order: np.ndarray,
+        cut: SortedCut,
+        assign: np.ndarray,
+        trace: LengthWarmupTrace | None,
+        *,
+        dropped: int,
+        duplicated: int,
+        shapes: np.ndarray | None = None,
+        rank_budget: np.ndarray | None = None,
+    ) -> EpochPlan:
         prep = self.prepared
         plan = EpochPlan(
             epoch=epoch,
@@ -257,13 +348,14 @@ class EpochPlanner(ShapeBudget):
             micro_batch_start=cut.starts,
             micro_batch_size=cut.sizes,
             micro_batch_cost=cut.cost,
-            micro_batch_work=cut.work if cfg.layout == "packed" else None,
-            micro_batch_shape=self._micro_batch_shapes(groups, cut),
+            micro_batch_work=cut.work if self.config.layout == "packed" else None,
+            micro_batch_shape=shapes,
             assign=assign,
-            num_dropped=selected.num_dropped,
-            num_duplicated=selected.num_duplicated,
+            num_dropped=dropped,
+            num_duplicated=duplicated,
             num_skipped=prep.num_skipped,
             num_truncated=prep.num_truncated,
+            rank_budget=rank_budget,
             _loss=prep.loss,
             _exact_tokens=cut.total if self._exact_totals else None,
         )
@@ -299,15 +391,7 @@ class EpochPlanner(ShapeBudget):
             # of neighbouring compute, so that dealing can even the ranks out.
             run = run[np.argsort(-cut.work[run], kind="stable")]
         assign = deal_steps(run.reshape(-1, world * acc), cut.work, world, acc)
-        if self.config.shuffle:
-            assign = assign[rng.permutation(assign.shape[0])]
-        trace = None
-        if warm is not None:
-            caps, floor, order, first = warm
-            longest = step_longest(self.prepared.key, cut.starts, cut.sizes, order, assign)
-            perm, realised = warmup_order(longest, caps, floor, light_steps(cut.cost, assign))
-            assign, longest = assign[perm], longest[perm]
-            trace = LengthWarmupTrace(first, caps[: realised.shape[0]], realised, longest)
+        assign, trace = self._order_steps(cut, assign, rng, warm)
         if self.rotate_ranks and world > 1:
             # Dealing gives rank 0 each step's largest micro-batch: over a few steps (a window
             # of a stream) that skews the ranks' real tokens; a random rank order per step
@@ -318,12 +402,33 @@ class EpochPlanner(ShapeBudget):
             )
         return assign, trace
 
+    def _order_steps(
+        self,
+        cut: SortedCut,
+        assign: np.ndarray,
+        rng: np.random.Generator,
+        warm: tuple[np.ndarray, int, np.ndarray, int] | None,
+    ) -> tuple[np.ndarray, LengthWarmupTrace | None]:
+        """The steps shuffled, then ordered by the length warm-up (``warm``) when it is on."""
+        if self.config.shuffle:
+            assign = assign[rng.permutation(assign.shape[0])]
+        trace = None
+        if warm is not None:
+            caps, floor, order, first = warm
+            longest = step_longest(self.prepared.key, cut.starts, cut.sizes, order, assign)
+            perm, realised = warmup_order(longest, caps, floor, light_steps(cut.cost, assign))
+            assign, longest = assign[perm], longest[perm]
+            trace = LengthWarmupTrace(first, caps[: realised.shape[0]], realised, longest)
+        return assign, trace
+
     def plan_resumed(
         self,
         epoch: int,
         world_size: int,
         accumulate_grad_batches: int,
-        history: Sequence[tuple[int, int, int]] = (),
+        history: Sequence[tuple[Any, ...]] = (),
+        *,
+        rank_budgets: Sequence[int] | None = None,
     ) -> EpochPlan:
         """Plan what is left of ``epoch`` after topology changes.
 
@@ -332,7 +437,11 @@ class EpochPlanner(ShapeBudget):
             world_size: the current number of ranks.
             accumulate_grad_batches: the current accumulation.
             history: ``(world_size, accumulate_grad_batches, consumed micro-batches per rank)``
-                of each earlier topology of this epoch, oldest first.
+                of each earlier topology of this epoch, oldest first, each optionally with a
+                fourth item: the ranks' budgets its plan was made with (``None``: the
+                config's).
+            rank_budgets: the ranks' budgets for the rest of the epoch (``None``: the
+                config's; see :meth:`plan`).
 
         Returns:
             The plan of the examples the earlier topologies did not consume (the whole epoch
@@ -341,9 +450,16 @@ class EpochPlanner(ShapeBudget):
         history = check_history(history)
         exclude: np.ndarray | None = None
         first, floor = 0, 0  # where the length warm-up stands
-        for depth, (world, acc, consumed) in enumerate(history):
+        for depth, (world, acc, consumed, *budgets) in enumerate(history):
             done = self.plan(
-                epoch, world, acc, exclude=exclude, salt=depth, first_step=first, cap_floor=floor
+                epoch,
+                world,
+                acc,
+                exclude=exclude,
+                salt=depth,
+                first_step=first,
+                cap_floor=floor,
+                rank_budgets=budgets[0] if budgets else None,
             )
             if exclude is None:
                 exclude = np.zeros(self.num_examples, dtype=bool)
@@ -357,6 +473,7 @@ class EpochPlanner(ShapeBudget):
             salt=len(history),
             first_step=first,
             cap_floor=floor,
+            rank_budgets=rank_budgets,
         )
 
     def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:

@@ -47,7 +47,6 @@ __all__ = [
     "ScheduleName",
     "check_schedule",
     "light_steps",
-    "refuse_in_mixture",
     "scheduled_caps",
     "warmup_order",
 ]
@@ -94,28 +93,6 @@ def _fractions(fn: ScheduleFn, progress: np.ndarray) -> np.ndarray:
             f"{progress[i + 1]:g}",
         )
     return out
-
-
-def refuse_in_mixture(length_warmup: int | None) -> None:
-    """Refuse a length warm-up for several datasets, with the reason.
-
-    Raises:
-        SettingValueError: (``.setting``: ``"length_warmup"``) when it is set.
-
-    Example:
-        >>> refuse_in_mixture(None)  # no warm-up: fine
-    """
-    if length_warmup is None:
-        return
-    raise SettingValueError(
-        f"length_warmup={length_warmup} cannot be used with several datasets "
-        "(MixturePlanner) yet: a mixture spreads each dataset's steps evenly over the epoch "
-        "so that its share holds all along, and a warm-up would push the steps of a dataset "
-        "of long examples to the end of the warm-up, breaking those shares. Unset "
-        "length_warmup, or plan one dataset (concatenate the lengths).",
-        setting="length_warmup",
-        value=length_warmup,
-    )
 
 
 def check_schedule(fn: ScheduleFn) -> None:
@@ -244,6 +221,13 @@ class LengthWarmupTrace:
         realised: the cap each warm-up step ran under (``>= scheduled``; above it where the
             schedule advanced because no step left fitted).
         step_longest: the longest example (planning key) of every step of the plan.
+        levels: a mixture's warm-up only: the run's step whose caps each warm-up step ran
+            under (``>=`` its own step; above it where the schedule advanced). A resumed
+            remainder continues from the highest level reached.
+        dataset_scheduled: a mixture's warm-up only: ``(datasets, steps)`` scheduled caps of
+            every dataset (each dataset's cap grows to its own maximum); ``scheduled`` and
+            ``realised`` are then the largest over the datasets.
+        dataset_realised: a mixture's warm-up only: ``(datasets, steps)`` realised caps.
 
     Example:
         >>> t = LengthWarmupTrace(0, np.array([8, 16]), np.array([8, 20]), np.array([8, 20, 9]))
@@ -255,6 +239,9 @@ class LengthWarmupTrace:
     scheduled: np.ndarray
     realised: np.ndarray
     step_longest: np.ndarray
+    levels: np.ndarray | None = None
+    dataset_scheduled: np.ndarray | None = None
+    dataset_realised: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
@@ -262,9 +249,18 @@ class LengthWarmupTrace:
         return int(self.scheduled.shape[0])
 
     @property
+    def raised(self) -> np.ndarray:
+        """Tokens each warm-up step's cap ran above its schedule (any dataset's, in a mixture)."""
+        raised = self.realised - self.scheduled
+        if self.dataset_realised is not None and self.dataset_scheduled is not None:
+            own = (self.dataset_realised - self.dataset_scheduled).max(axis=0, initial=0)
+            raised = np.maximum(raised, own)
+        return np.asarray(raised)
+
+    @property
     def advanced(self) -> np.ndarray:
         """Plan steps where the schedule advanced (no step left fitted under its cap)."""
-        return np.flatnonzero(self.realised > self.scheduled)
+        return np.flatnonzero(self.raised > 0)
 
     def cap_at(self, step: int) -> int | None:
         """The realised cap of the run's optimizer ``step`` (``None`` outside the warm-up).
@@ -282,4 +278,4 @@ class LengthWarmupTrace:
     @property
     def advanced_by(self) -> np.ndarray:
         """How many tokens the cap was raised at each of :attr:`advanced`."""
-        return (self.realised - self.scheduled)[self.advanced]
+        return self.raised[self.advanced]

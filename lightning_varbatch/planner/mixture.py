@@ -29,6 +29,10 @@ the whole epoch, not only at its end. Every rank computes the same plan: equal m
 counts by construction. A re-planned remainder (resume with another topology) follows the
 tail policy's rule for re-plans (:func:`~lightning_varbatch.planner.tail.effective_tail`).
 
+A length warm-up (``PlanConfig.length_warmup``) reorders the whole steps of the mixture's
+epoch 0, each dataset's cap growing to its own longest example unless bounds are set
+(:func:`~lightning_varbatch.planner.warmup_plan.warm_mixture`, ``docs/length-warmup.md``).
+
 Example:
     >>> import numpy as np
     >>> from lightning_varbatch import PlanConfig
@@ -59,7 +63,6 @@ from lightning_varbatch.checks import check_choice, check_count
 from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
 from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
 from lightning_varbatch.planner.interleave import MIX_TAG, Part, compose_parts
-from lightning_varbatch.planner.length_warmup import refuse_in_mixture
 from lightning_varbatch.planner.lengths import PreparedLengths
 from lightning_varbatch.planner.mixture_datasets import (
     MIXING_POLICIES,
@@ -78,6 +81,11 @@ from lightning_varbatch.planner.mixture_datasets import (
 from lightning_varbatch.planner.resume_inputs import check_history
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.tail import effective_tail
+from lightning_varbatch.planner.warmup_plan import (
+    mixture_warmup_caps,
+    warm_mixture,
+    warmup_position,
+)
 
 __all__ = ["DataSource", "MixturePlanner"]
 
@@ -134,7 +142,6 @@ class MixturePlanner:
                 value=config,
             )
         check_choice("mixing", mixing, MIXING_POLICIES)
-        refuse_in_mixture(config.length_warmup)
         mixture_probabilities(np.ones(1), "size", temperature)  # validates the temperature
         if steps_per_epoch is not None:
             steps_per_epoch = check_count("steps_per_epoch", steps_per_epoch)
@@ -162,6 +169,8 @@ class MixturePlanner:
         )
         self.weights = weights if isinstance(weights, str) else [float(w) for w in weights]
         self.temperature = float(temperature)
+        #: ``(datasets, length_warmup + 1)`` caps of the length warm-up (``None``: none).
+        self.warmup_caps = mixture_warmup_caps(config, self.sources, self.planners, self.names)
 
     def _which(self, index: int) -> str:
         """How error messages name a dataset."""
@@ -224,17 +233,18 @@ class MixturePlanner:
 
     def fingerprint(self) -> str:
         """A short hash of every setting that changes the plan (for checkpoint checks)."""
-        blob = json.dumps(
-            {
-                "datasets": [p.fingerprint() for p in self.planners],
-                "sizes": self.offsets.tolist(),
-                "mixing": self.mixing,
-                "weights": self.weights,
-                "temperature": self.temperature,
-                "steps_per_epoch": self.steps_per_epoch,
-            },
-            sort_keys=True,
-        ).encode()
+        settings: dict[str, object] = {
+            "datasets": [p.fingerprint() for p in self.planners],
+            "sizes": self.offsets.tolist(),
+            "mixing": self.mixing,
+            "weights": self.weights,
+            "temperature": self.temperature,
+            "steps_per_epoch": self.steps_per_epoch,
+        }
+        if self.warmup_caps is not None:  # absent without a warm-up: fingerprints unchanged
+            # every dataset's caps at every step: the schedule, its bounds, a callable's values
+            settings["length_warmup"] = hashlib.sha1(self.warmup_caps.tobytes()).hexdigest()
+        blob = json.dumps(settings, sort_keys=True).encode()
         return hashlib.sha1(blob).hexdigest()[:16]
 
     @cached_property
@@ -267,7 +277,7 @@ class MixturePlanner:
                 self._part(i, self._pass(i, epoch, world, acc), int(self.offsets[i]))
                 for i in range(self.num_datasets)
             ]
-            return self._compose(parts, epoch, world, acc, salt=0)
+            return self._warm(self._compose(parts, epoch, world, acc, salt=0), 0, 0)
         per_unit = 1 if self.mixing == "per_step" else world * acc
         counts = apportion(self.steps_per_epoch * per_unit, self.probabilities)
         parts = []
@@ -280,7 +290,7 @@ class MixturePlanner:
         plan = self._compose(parts, epoch, world, acc, salt=0, dropped=dropped)
         run = plan.ids_of_micro_batches(plan.assign.reshape(-1))
         unique = int(np.count_nonzero(np.bincount(run, minlength=self.num_examples)))
-        return replace(plan, num_duplicated=int(run.size) - unique)
+        return self._warm(replace(plan, num_duplicated=int(run.size) - unique), 0, 0)
 
     def plan_resumed(
         self,
@@ -300,12 +310,22 @@ class MixturePlanner:
             return self.plan(epoch, world_size, accumulate_grad_batches)
         world, acc, consumed = history[0]
         plan = self.plan(epoch, world, acc)
+        first, floor = 0, 0  # where the length warm-up stands (the run's step, its level)
         later = [*history[1:], (world_size, accumulate_grad_batches, 0)]
         for depth, (world, acc, next_consumed) in enumerate(later, start=1):
             left = plan.consumed_micro_batches(consumed)[1]
+            first, floor = warmup_position(plan, consumed, first, floor)
             plan = self._plan_remainder(plan, left, epoch, world, acc, salt=depth)
+            plan = self._warm(plan, first, floor)
             consumed = next_consumed
         return plan
+
+    def _warm(self, plan: EpochPlan, first: int, floor: int) -> EpochPlan:
+        """``plan`` with the length warm-up applied from the run's step ``first`` (epoch 0)."""
+        if self.warmup_caps is None or plan.epoch != 0:
+            return plan
+        budgets = np.array([p.config.max_tokens for p in self.planners], dtype=np.int64)
+        return warm_mixture(plan, self.prepared.key, budgets, self.warmup_caps, first, floor)
 
     def _pass(self, dataset: int, k: int, world: int, acc: int, salt: int = 0) -> EpochPlan:
         try:

@@ -26,6 +26,7 @@ from lightning_varbatch.errors import SettingError, SettingTypeError, SettingVal
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.shapes import choose_shape_lengths
+from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
 MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
@@ -62,6 +63,10 @@ class DataSource:
         max_examples: this dataset's cap on examples per micro-batch (default: the common one).
         loss_lengths: loss tokens per item when they are not the lengths / target column.
         name: a label for logs and reports (default: the dataset's index).
+        length_warmup_min: this dataset's cap at the first step of the length warm-up
+            (default: the common ``length_warmup_min``).
+        length_warmup_max: this dataset's cap at the end of the length warm-up (default: the
+            common ``length_warmup_max``, else the dataset's own longest example).
 
     Example:
         >>> import numpy as np
@@ -75,6 +80,8 @@ class DataSource:
     max_examples: int | None = None
     loss_lengths: npt.ArrayLike | None = None
     name: str | None = None
+    length_warmup_min: int | None = None
+    length_warmup_max: int | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None and (not isinstance(self.name, str) or not self.name):
@@ -85,7 +92,7 @@ class DataSource:
                 value=self.name,
             )
         label = "DataSource" if self.name is None else f"DataSource {self.name!r}"
-        for setting in ("max_tokens", "max_examples"):
+        for setting in ("max_tokens", "max_examples", "length_warmup_min", "length_warmup_max"):
             value = check_count(
                 setting,
                 getattr(self, setting),
@@ -256,12 +263,15 @@ def source_config(common: PlanConfig, source: DataSource, index: int) -> PlanCon
     """The settings of dataset ``index``: ``common`` with the source's own budget, if any.
 
     Each dataset shuffles with its own random stream, derived from ``common.seed`` and its
-    index.
+    index. A length warm-up is the mixture's (it orders the mixture's steps), so the dataset's
+    own plans are made without it.
 
     Raises:
         ValueError: for a source budget :class:`PlanConfig` refuses.
     """
     seed = int(np.random.SeedSequence([common.seed, index]).generate_state(1)[0])
+    if common.length_warmup is not None:
+        common = replace(common, **WARMUP_DEFAULTS)
     return replace(
         common,
         seed=seed,

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,8 +51,12 @@ def check_exclude(exclude: object, num_examples: int) -> np.ndarray:
     return mask
 
 
-def check_history(history: object) -> list[tuple[int, int, int]]:
+def check_history(history: object) -> list[tuple[Any, ...]]:
     """Validate ``plan_resumed``'s history: ``(world_size, accumulation, consumed)`` triples.
+
+    An entry may carry a fourth item, the ranks' budgets its plan was made with
+    (``EpochPlan.rank_budget``, saved when ranks had budgets of their own); it is returned as a
+    tuple of ints (``None`` when absent or ``None``).
 
     Raises:
         ValueError: naming the bad entry and what it should be.
@@ -63,12 +68,12 @@ def check_history(history: object) -> list[tuple[int, int, int]]:
             setting="history",
             value=history,
         )
-    out = []
+    out: list[tuple[Any, ...]] = []
     for i, entry in enumerate(history):
         if (
             isinstance(entry, (str, bytes))
             or not isinstance(entry, (Sequence, np.ndarray))
-            or len(entry) != 3
+            or len(entry) not in (3, 4)
         ):
             raise SettingValueError(
                 f"history[{i}] is {entry!r}: each entry must be a (world_size, "
@@ -76,12 +81,22 @@ def check_history(history: object) -> list[tuple[int, int, int]]:
                 setting="history",
                 value=history,
             )
-        world, acc, consumed = entry
-        out.append(
-            (
-                check_count(f"history[{i}] world_size", world),
-                check_count(f"history[{i}] accumulate_grad_batches", acc),
-                check_count(f"history[{i}] consumed micro-batches", consumed, minimum=0),
-            )
+        world, acc, consumed = entry[:3]
+        checked = (
+            check_count(f"history[{i}] world_size", world),
+            check_count(f"history[{i}] accumulate_grad_batches", acc),
+            check_count(f"history[{i}] consumed micro-batches", consumed, minimum=0),
         )
+        budgets = entry[3] if len(entry) == 4 else None
+        if budgets is None:
+            out.append(checked)
+            continue
+        if isinstance(budgets, (str, bytes)) or not isinstance(budgets, (Sequence, np.ndarray)):
+            raise SettingValueError(
+                f"history[{i}]'s rank budgets are {budgets!r}: a list of one budget per rank "
+                "(or None) was expected.",
+                setting="history",
+                value=history,
+            )
+        out.append((*checked, tuple(check_count(f"history[{i}] rank budget", b) for b in budgets)))
     return out

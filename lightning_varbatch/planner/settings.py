@@ -12,6 +12,7 @@ import hashlib
 import json
 import textwrap
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeAlias
 
@@ -21,6 +22,11 @@ from lightning_varbatch.checks import check_choice, check_count, check_flag, che
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
 from lightning_varbatch.planner.length_warmup import ScheduleFn, ScheduleName
+from lightning_varbatch.planner.rank_shares import (
+    check_rank_max_tokens,
+    check_rank_shares,
+    rank_budgets,
+)
 from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS, check_warmup_settings
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
@@ -36,7 +42,17 @@ OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
 #: Settings added after checkpoints were first saved, with their defaults: at its default such
 #: a setting is left out of :meth:`PlanConfig.plain` and :meth:`PlanConfig.fingerprint`, so the
 #: fingerprints and saved states of plans made without it are unchanged (they still resume).
-LATER_SETTINGS: dict[str, Any] = {"loss_offset": 0, **WARMUP_DEFAULTS}
+LATER_SETTINGS: dict[str, Any] = {
+    "loss_offset": 0,
+    **WARMUP_DEFAULTS,
+    "rank_shares": None,
+    "rank_max_tokens": None,
+}
+#: Settings that say how the work is shared between ranks, not which examples go together:
+#: like the world size, they are left out of :meth:`PlanConfig.fingerprint` and
+#: :meth:`PlanConfig.plain`, so a checkpoint resumes when they change (the rest of the epoch
+#: keeps the saved plan's budgets, the next epoch takes the new ones).
+RANK_SETTINGS: tuple[str, ...] = ("rank_shares", "rank_max_tokens")
 
 
 def _probe_cost(fn: CostFn) -> None:
@@ -244,6 +260,25 @@ class PlanConfig:
         ),
     )
 
+    rank_shares: tuple[float, ...] | None = field(
+        default=None,
+        metadata=_help(
+            """each rank's relative speed, one per rank (e.g. ``[1.0, 0.5]``: rank 1 half as
+            fast): each rank's micro-batches are cut to a budget in proportion to it, so its
+            work per step is too, while every rank runs the same number of micro-batches
+            (``None``: equal; see docs/mixed-clusters.md); a run may change them between
+            epochs (``RankShareBalancer``)"""
+        ),
+    )
+    rank_max_tokens: tuple[int, ...] | None = field(
+        default=None,
+        metadata=_help(
+            """each rank's own memory budget, one per rank, at most ``max_tokens`` (the
+            largest micro-batch of any rank): no micro-batch of rank ``r`` costs more
+            (``None``: ``max_tokens`` on every rank)"""
+        ),
+    )
+
     def __post_init__(self) -> None:
         counts = {
             "max_tokens": check_count("max_tokens", self.max_tokens),
@@ -334,6 +369,62 @@ class PlanConfig:
             _probe_cost(self.cost)
         for name, value in check_warmup_settings(self).items():
             object.__setattr__(self, name, value)
+        self._check_rank_settings()
+
+    def _check_rank_settings(self) -> None:
+        """Check ``rank_shares`` / ``rank_max_tokens`` and store them as tuples."""
+        shares = check_rank_shares(self.rank_shares)
+        memory = check_rank_max_tokens(self.rank_max_tokens)
+        object.__setattr__(self, "rank_shares", shares)
+        object.__setattr__(self, "rank_max_tokens", memory)
+        if memory is not None and max(memory) > self.max_tokens:
+            r = memory.index(max(memory))
+            raise SettingValueError(
+                f"rank_max_tokens[{r}]={memory[r]} exceeds max_tokens={self.max_tokens}: "
+                "max_tokens is the largest micro-batch of any rank (collates and checks hold "
+                f"every batch to it); set max_tokens={max(memory)}.",
+                setting="rank_max_tokens",
+                value=memory,
+            )
+        if (shares is not None or memory is not None) and self.max_shapes is not None:
+            raise SettingValueError(
+                f"max_shapes={self.max_shapes} cannot be combined with per-rank budgets "
+                "(rank_shares / rank_max_tokens): the shapes are chosen for one budget. Unset "
+                "max_shapes, or the per-rank settings.",
+                setting="max_shapes",
+                value=self.max_shapes,
+            )
+        if shares is not None and memory is not None and len(shares) != len(memory):
+            raise SettingValueError(
+                f"rank_shares has {len(shares)} entries and rank_max_tokens {len(memory)}: "
+                "give both one entry per rank.",
+                setting="rank_max_tokens",
+                value=memory,
+            )
+
+    def rank_budgets(
+        self, world_size: int, shares: Sequence[float] | None = None
+    ) -> tuple[int, ...] | None:
+        """Every rank's micro-batch budget for ``world_size`` ranks (``None``: all ``max_tokens``).
+
+        Args:
+            world_size: the number of ranks.
+            shares: shares to use instead of ``rank_shares`` (set by a run, e.g. balancing).
+
+        Raises:
+            SettingValueError: when ``rank_shares`` / ``rank_max_tokens`` do not have one
+                entry per rank.
+
+        Example:
+            >>> PlanConfig(4096, rank_shares=(1, 0.5)).rank_budgets(2)
+            (4096, 2048)
+            >>> PlanConfig(4096).rank_budgets(2) is None
+            True
+        """
+        shares = self.rank_shares if shares is None else shares
+        if shares is None and self.rank_max_tokens is None:
+            return None
+        return rank_budgets(self.max_tokens, world_size, shares, self.rank_max_tokens)
 
     def _check_shape_budget(self) -> None:
         """Refuse the settings a shape budget cannot keep (``max_shapes`` is set)."""
@@ -435,7 +526,7 @@ class PlanConfig:
         """Every setting as a plain value (a custom cost by its name), to say what changed.
 
         A setting of :data:`LATER_SETTINGS` at its default is left out (states saved before it
-        existed compare equal).
+        existed compare equal), and so are :data:`RANK_SETTINGS` (a resume may change them).
 
         Example:
             >>> def slots(n, longest, total):
@@ -445,7 +536,7 @@ class PlanConfig:
         """
         out: dict[str, Any] = {}
         for name, value in vars(self).items():
-            if name in LATER_SETTINGS and value == LATER_SETTINGS[name]:
+            if name in RANK_SETTINGS or (name in LATER_SETTINGS and value == LATER_SETTINGS[name]):
                 continue  # as before the setting existed: saved states compare equal
             if callable(value):
                 value = getattr(value, "__qualname__", repr(value))
@@ -468,7 +559,7 @@ class PlanConfig:
         if self.max_shapes is None:
             del values["max_shapes"]
         for name, default in LATER_SETTINGS.items():
-            if values[name] == default:
+            if values[name] == default or name in RANK_SETTINGS:
                 del values[name]
         for name in ("cost", "length_warmup_schedule"):
             if name in values and callable(values[name]):
@@ -481,7 +572,10 @@ def _args_section() -> str:
     lines = []
     for f in fields(PlanConfig):
         body = textwrap.fill(
-            f"{f.name}: {f.metadata['help']}.", width=88, subsequent_indent="            "
+            f"{f.name}: {f.metadata['help']}.",
+            width=88,
+            subsequent_indent="            ",
+            break_on_hyphens=False,  # "micro-batches" stays one word when the text is joined
         )
         lines.append(body)
     return "\n        ".join(lines)

@@ -40,6 +40,9 @@ class WarmupStage:
         padding_efficiency: real tokens / token slots over the stage.
         advanced: steps where the schedule advanced (nothing left fitted its cap).
         advanced_by: the most tokens the cap was raised by at one of those steps.
+        dataset_caps: a mixture's warm-up: every dataset's ``(lowest, highest)`` realised
+            cap over the stage (each dataset's cap grows to its own maximum); empty
+            otherwise.
     """
 
     label: str
@@ -53,18 +56,27 @@ class WarmupStage:
     padding_efficiency: float
     advanced: int
     advanced_by: int
+    dataset_caps: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
 class WarmupReport:
-    """The stages of a plan's length warm-up (``rows``), the last row the steps after it."""
+    """The stages of a plan's length warm-up (``rows``), the last row the steps after it.
+
+    ``datasets`` names a mixture's datasets (the order of each row's ``dataset_caps``).
+    """
 
     first_step: int
     rows: tuple[WarmupStage, ...]
+    datasets: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values, for JSON or a logger."""
-        return {"first_step": self.first_step, "stages": [asdict(r) for r in self.rows]}
+        out: dict[str, Any] = {"first_step": self.first_step}
+        if self.datasets:
+            out["datasets"] = list(self.datasets)
+        out["stages"] = [asdict(r) for r in self.rows]
+        return out
 
     def format(self) -> str:
         """A table: one line per stage.
@@ -87,6 +99,13 @@ class WarmupReport:
                 f"{r.examples_per_step:>7.1f} {r.real_tokens_per_step:>9,.0f} "
                 f"{r.min_real_tokens:>9,} {100 * r.padding_efficiency:5.1f} %  {moved:>6}"
             )
+            if r.dataset_caps:
+                names = self.datasets or tuple(map(str, range(len(r.dataset_caps))))
+                caps = ", ".join(
+                    f"{name} {lo}-{hi}"
+                    for name, (lo, hi) in zip(names, r.dataset_caps, strict=True)
+                )
+                lines.append(f"  {'':<14} cap per dataset: {caps}")
         return "\n".join(lines)
 
 
@@ -113,14 +132,23 @@ def step_figures(planner: Planner, plan: EpochPlan) -> dict[str, np.ndarray]:
     }
 
 
-def _stage(label: str, span: slice, figures: dict[str, np.ndarray], caps: Any) -> WarmupStage:
+def _stage(
+    label: str,
+    span: slice,
+    figures: dict[str, np.ndarray],
+    caps: Any,
+    per_dataset: np.ndarray | None = None,
+) -> WarmupStage:
     real, slots = figures["real"][span], figures["slots"][span]
-    longest, scheduled, realised = caps
+    longest, realised, raised = caps[0], caps[2], caps[3]
+    own: tuple[tuple[int, int], ...] = ()
+    if per_dataset is not None and per_dataset[:, span].size:
+        own = tuple((int(row.min()), int(row.max())) for row in per_dataset[:, span])
     n = int(real.size)
     if n == 0:
         return WarmupStage(label, 0, 0, 0, 0, 0.0, 0.0, 0, 0.0, 0, 0)
     capped = realised[span]
-    moved = capped - scheduled[span]
+    moved = raised[span]
     return WarmupStage(
         label=label,
         num_steps=n,
@@ -133,6 +161,7 @@ def _stage(label: str, span: slice, figures: dict[str, np.ndarray], caps: Any) -
         padding_efficiency=float(real.sum() / slots.sum()) if slots.sum() else 0.0,
         advanced=int(np.count_nonzero(moved > 0)),
         advanced_by=int(moved.max(initial=0)),
+        dataset_caps=own,
     )
 
 
@@ -148,11 +177,13 @@ def warmup_report(planner: Planner, plan: EpochPlan, stages: int = 4) -> WarmupR
     figures = step_figures(planner, plan)
     w = trace.num_steps
     bounds = np.unique(np.linspace(0, w, min(stages, w) + 1).round().astype(np.int64))
-    caps = (trace.step_longest, trace.scheduled, trace.realised)
+    caps = (trace.step_longest, trace.scheduled, trace.realised, trace.raised)
     rows = []
     for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
         first = trace.first_step
-        rows.append(_stage(f"steps {first + a}-{first + b - 1}", slice(a, b), figures, caps))
+        label = f"steps {first + a}-{first + b - 1}"
+        rows.append(_stage(label, slice(a, b), figures, caps, trace.dataset_realised))
     none = np.zeros(0, dtype=np.int64)
-    rows.append(_stage("after", slice(w, None), figures, (trace.step_longest, none, none)))
-    return WarmupReport(trace.first_step, tuple(rows))
+    rows.append(_stage("after", slice(w, None), figures, (trace.step_longest, none, none, none)))
+    names = () if trace.dataset_realised is None else tuple(getattr(planner, "names", ()))
+    return WarmupReport(trace.first_step, tuple(rows), names)

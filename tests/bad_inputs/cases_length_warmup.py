@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_varbatch import EpochPlanner, MixturePlanner, PlanConfig
+from lightning_varbatch import DataSource, EpochPlanner, MixturePlanner, PlanConfig
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.windows import WindowedPlanner
 from tests.bad_inputs.case import Case, error
@@ -32,6 +32,17 @@ def _config(name: str) -> Any:
 
 def _schedule(fn: Any) -> Any:
     return PlanConfig(max_tokens=16, length_warmup=4, length_warmup_schedule=fn)
+
+
+def _source(name: str) -> Any:
+    """A length warm-up bound of the second dataset of a mixture, ``news``."""
+
+    def call(value: Any) -> Any:
+        news = DataSource(L, name="news", **{name: value})
+        planner = MixturePlanner([DataSource(L, name="wmt"), news], PlanConfig(16, length_warmup=4))
+        return planner.plan(epoch=0)
+
+    return call
 
 
 def _nan(p: float) -> float:
@@ -136,17 +147,41 @@ CASES: list[Case] = [
     _bad_schedule("nan", "a function returning NaN", _nan, "nan"),
     _bad_schedule("string", "lambda p: 'half'", lambda p: "half", "'half'"),
     _bad_schedule("raises", "a function that raises", _boom, "RuntimeError"),
-    error(
-        "mixture-length_warmup",
+    *int_family(
+        "source-length_warmup_min",
         "mixing/DataSource",
-        "MixturePlanner([a, b], PlanConfig(..., length_warmup=4))",
-        lambda tmp: MixturePlanner([L, L], PlanConfig(16, length_warmup=4)),
-        "length_warmup=4",
-        "several datasets",
-        "Unset length_warmup",
-        setting="length_warmup",
+        "length_warmup_min",
+        _source("length_warmup_min"),
+        required=False,
+        good=4,
+        what="DataSource(name='news', length_warmup_min=",
+        extra_match=("news",),
+        fix_in="lightning_varbatch/planner/mixture_datasets.py",
+    ),
+    *int_family(
+        "source-length_warmup_max",
+        "mixing/DataSource",
+        "length_warmup_max",
+        _source("length_warmup_max"),
+        required=False,
+        good=16,
+        what="DataSource(name='news', length_warmup_max=",
+        extra_match=("news",),
+        fix_in="lightning_varbatch/planner/mixture_datasets.py",
+    ),
+    error(
+        "mixture-length_warmup_min-above-max",
+        "mixing/DataSource",
+        "MixturePlanner([DataSource(a, length_warmup_max=4), b], PlanConfig(..., length_warmup=4))",
+        lambda tmp: MixturePlanner(
+            [DataSource(L, length_warmup_max=4, name="a"), L], PlanConfig(16, length_warmup=4)
+        ),
+        "Dataset 'a'",
+        "length_warmup_min=8",
+        "length_warmup_max=4",
+        setting="length_warmup_min",
         raises=SettingValueError,
-        fix_in=WARMUP,
+        fix_in="lightning_varbatch/planner/warmup_plan.py",
     ),
     error(
         "stream-length_warmup",

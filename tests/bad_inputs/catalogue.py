@@ -19,6 +19,7 @@ from tests.bad_inputs import (
     cases_mixing,
     cases_pairing,
     cases_planner,
+    cases_rank_shares,
     cases_sampler,
     cases_shard_files,
     cases_streaming,
@@ -30,6 +31,7 @@ CASES: list[Case] = sorted(
     [
         *cases_planner.CASES,
         *cases_length_warmup.CASES,
+        *cases_rank_shares.CASES,
         *cases_sampler.CASES,
         *cases_collate.CASES,
         *cases_pairing.CASES,

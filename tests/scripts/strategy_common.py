@@ -18,6 +18,12 @@ SEED = 0
 #: The cap at the first step of a length warm-up (``--length-warmup N``): below the longest
 #: sequence (16), so that the first steps hold only short ones.
 WARMUP_MIN = 4
+#: A mixed cluster (``--rank-shares 1.0,0.5 --rank-max-tokens 48,20``): rank 1 half as fast,
+#: and its memory (20) binds, so the per-rank budgets are (40, 20) (``b_r = c * s_r``, ``c`` the
+#: largest value with every ``b_r`` within its rank's memory); both hold the longest sequence (16).
+RANK_SHARES = (1.0, 0.5)
+RANK_MAX_TOKENS = (48, 20)
+RANK_BUDGETS = (40, 20)
 
 
 def pop_length_warmup(argv: list[str]) -> int | None:
@@ -30,6 +36,38 @@ def pop_length_warmup(argv: list[str]) -> int | None:
     steps = int(argv[at + 1])
     del argv[at : at + 2]
     return steps
+
+
+def pop_per_rank(
+    argv: list[str], option: str, kind: type[float] | type[int]
+) -> tuple[Any, ...] | None:
+    """Remove ``OPTION a,b,...`` from ``argv`` (in place) and return the values (default ``None``).
+
+    ``--rank-shares 1.0,0.5`` (floats) and ``--rank-max-tokens 48,20`` (integers): one per rank.
+    """
+    if option not in argv:
+        return None
+    at = argv.index(option)
+    try:
+        values = tuple(kind(v) for v in argv[at + 1].split(","))
+    except (IndexError, ValueError):
+        raise SystemExit(
+            f"{option} needs one {kind.__name__} per rank, e.g. {option} 1,2"
+        ) from None
+    del argv[at : at + 2]
+    return values
+
+
+def rank_settings(
+    shares: tuple[float, ...] | None, max_tokens: tuple[int, ...] | None
+) -> dict[str, Any]:
+    """The planner settings of ``--rank-shares`` / ``--rank-max-tokens`` (none without them)."""
+    out: dict[str, Any] = {}
+    if shares is not None:
+        out["rank_shares"] = shares
+    if max_tokens is not None:
+        out["rank_max_tokens"] = max_tokens
+    return out
 
 
 def warmup_settings(length_warmup: int | None) -> dict[str, Any]:

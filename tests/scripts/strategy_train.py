@@ -8,6 +8,9 @@ streamed by ``StreamingDataModule`` (one window: the same guarantees, another lo
 ``--length-warmup N`` (anywhere): the epoch planned with a length warm-up over its first N
 optimizer steps (the cap from ``WARMUP_MIN``; list and ``hf`` sources), so the first steps hold
 only short sequences; the record then holds the realised cap of every step (``caps``).
+``--rank-shares a,b`` and ``--rank-max-tokens a,b`` (anywhere): a mixed cluster, each rank's
+share of a step's work and its memory budget (list and ``hf`` sources); the record then holds
+the shares and per-rank budgets the sampler planned with (``rank_shares``, ``rank_budgets``).
 
 ``--layout packed`` (anywhere, see ``packed_model.py``): the epoch planned with
 ``layout="packed"`` and ``loss_lengths = lengths - 1``, every micro-batch one padding-free row
@@ -59,6 +62,8 @@ from strategy_common import (
     make_model,
     make_sequences,
     pop_length_warmup,
+    pop_per_rank,
+    rank_settings,
     sequence_columns,
     warmup_settings,
 )
@@ -173,11 +178,15 @@ class ListModel(Model):
     """The sequences as a Python list, through the sampler, a torch DataLoader and ``collate``."""
 
     def __init__(
-        self, sequences: list[list[int]], layout: str = "padded", warmup: int | None = None
+        self,
+        sequences: list[list[int]],
+        layout: str = "padded",
+        warmup: int | None = None,
+        ranks: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(layout)
         self.sequences = sequences
-        self.warmup = warmup_settings(warmup)
+        self.warmup = {**warmup_settings(warmup), **(ranks or {})}
 
     def train_dataloader(self) -> DataLoader[dict[str, Any]]:
         lengths = [len(s) for s in self.sequences]
@@ -209,9 +218,13 @@ class ListModel(Model):
 
 
 def hf_datamodule(
-    source: str, layout: str = "padded", warmup: int | None = None
+    source: str,
+    layout: str = "padded",
+    warmup: int | None = None,
+    ranks: dict[str, Any] | None = None,
 ) -> TokenBudgetDataModule:
     """The same sequences as a Hugging Face dataset, planned from its ``tokens`` column."""
+    settings = {**warmup_settings(warmup), **(ranks or {})}
     if layout == "packed":
         columns = sequence_columns()
         return TokenBudgetDataModule(
@@ -222,7 +235,7 @@ def hf_datamodule(
             train_loss_lengths=[len(t) - 1 for t in columns["tokens"]],
             collate=RecordingPackingCollate(),
             seed=0,
-            **warmup_settings(warmup),
+            **settings,
         )
     return TokenBudgetDataModule(
         as_dataset(sequence_columns(), source),
@@ -230,7 +243,7 @@ def hf_datamodule(
         MAX_TOKENS,
         collate=RecordingCollate(),
         seed=0,
-        **warmup_settings(warmup),
+        **settings,
     )
 
 
@@ -272,6 +285,9 @@ def main() -> None:
     source = pop_source(argv)
     layout = pop_layout(argv)
     warmup = pop_length_warmup(argv)
+    ranks = rank_settings(
+        pop_per_rank(argv, "--rank-shares", float), pop_per_rank(argv, "--rank-max-tokens", int)
+    )
     out, name = Path(argv[0]), argv[1]
     config = json.loads(argv[2]) if len(argv) > 2 else None
     rank = int(os.environ["RANK"])
@@ -279,13 +295,13 @@ def main() -> None:
     model: Model
     datamodule: TokenBudgetDataModule | StreamingDataModule | None = None
     if is_stream(source):
-        if warmup is not None:
-            raise SystemExit("--length-warmup: a stream refuses a length warm-up")
+        if warmup is not None or ranks:
+            raise SystemExit("--length-warmup, --rank-*: list and hf sources only")
         model, datamodule = Model(layout), stream_datamodule(source)
     elif is_hf(source):
-        model, datamodule = Model(layout), hf_datamodule(source, layout, warmup)
+        model, datamodule = Model(layout), hf_datamodule(source, layout, warmup, ranks)
     else:
-        model = ListModel(make_sequences(), layout, warmup)
+        model = ListModel(make_sequences(), layout, warmup, ranks)
     init = {n: p.detach().double().tolist() for n, p in model.net.named_parameters()}
     snapshots = Snapshots()
     trainer = Trainer(
@@ -328,6 +344,9 @@ def main() -> None:
     trace = getattr(getattr(sampler, "plan", None), "length_warmup", None)
     if trace is not None:  # the realised cap of every step the run trained
         record["caps"] = [trace.cap_at(s) for s in range(STEPS)]
+    if ranks:  # what the plan was made with
+        record["rank_shares"] = getattr(sampler, "rank_shares", None)
+        record["rank_budgets"] = getattr(sampler, "rank_budgets", None)
     if is_hf(source):
         record["loader"] = loader_evidence(trainer.train_dataloader)
     (out / f"rank{rank}.json").write_text(json.dumps(record))

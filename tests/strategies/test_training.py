@@ -10,8 +10,12 @@ checked against the same reference. And once with padding-free packing (``--layo
 ``layout="packed"``, ``loss_lengths = lengths - 1``, ``PackingCollate`` rows, a causal attention
 model through ``document_attention``, ``step_token_mean``), checked against the float64 update
 computed from every document of the step run alone. DDP and DeepSpeed ZeRO 2 also run with a
-length warm-up over all their steps (``--length-warmup 3``): every step, not only the first,
-equals the float64 token-mean update of its micro-batches.
+And DDP, FSDP and DeepSpeed ZeRO 2 run once each as a mixed cluster
+(``--rank-shares 1.0,0.5 --rank-max-tokens 48,20``: rank 1 half as fast, its memory binding,
+budgets 40 and 20) with a length warm-up over all their steps (``--length-warmup 3``): rank
+1's micro-batches are smaller, the caps grow, and every step's update, not only the first,
+equals the float64 token mean of the step's micro-batches (one run checks both policies of
+the planner: the strategies see only micro-batches).
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from tests.scripts.strategy_common import (
     ACCUMULATE,
     MAX_TOKENS,
     NUM_EXAMPLES,
+    RANK_BUDGETS,
+    RANK_MAX_TOKENS,
+    RANK_SHARES,
     WARMUP_MIN,
     make_sequences,
     sequence_columns,
@@ -62,8 +69,9 @@ HF = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
 PACKED = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
 # One run per strategy streaming the same sequences from parquet shards (StreamingDataModule).
 STREAM = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
-# One run each with a length warm-up over every step of the run (``--length-warmup``).
-WARMUP = ["ddp", "deepspeed_varbatch_stage_2"]
+# One run each as a mixed cluster (unequal rank shares and memory budgets, ``--rank-shares``)
+# with a length warm-up over every step of the run (``--length-warmup``).
+SHARES = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
 # (strategy, source): the list runs keep their test ids, the HF runs are "<strategy>-hf", the
 # streamed runs "<strategy>-stream".
 CORE_AND_HF = (
@@ -98,9 +106,16 @@ def run(
     source: str = "list",
     layout: str = "padded",
     length_warmup: int | None = None,
+    rank_shares: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every rank's record of one run of ``strategy`` (run once per test session)."""
-    key = (strategy, source, layout) if length_warmup is None else (strategy, source, "warmup")
+    """Every rank's record of one run of ``strategy`` (run once per test session).
+
+    ``rank_shares``: as a mixed cluster (``RANK_SHARES`` and ``RANK_MAX_TOKENS``).
+    """
+    key = (strategy, source, layout)
+    if length_warmup is not None or rank_shares:
+        policies = ("warmup",) * (length_warmup is not None) + ("shares",) * rank_shares
+        key = (strategy, source, "+".join(policies))
     if key not in _runs:
         extra: tuple[str, ...] = ()
         if source == "stream":
@@ -115,6 +130,9 @@ def run(
             extra = (*extra, "--layout", layout)
         if length_warmup is not None:
             extra = (*extra, "--length-warmup", str(length_warmup))
+        if rank_shares:
+            extra = (*extra, "--rank-shares", ",".join(map(str, RANK_SHARES)))
+            extra = (*extra, "--rank-max-tokens", ",".join(map(str, RANK_MAX_TOKENS)))
         out = tmp_path_factory.mktemp("-".join(key))
         _runs[key] = launch("strategy_train.py", WORLD_SIZE, out, strategy, *extra, timeout=TIMEOUT)
     return _runs[key]
@@ -190,14 +208,14 @@ def test_update_equals_single_process_token_mean(
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", WARMUP)
+@pytest.mark.parametrize("strategy", SHARES)
 def test_update_equals_single_process_token_mean_during_a_length_warmup(
     strategy: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     # Every step of the run is a warm-up step (--length-warmup STEPS): the first ones hold only
     # short sequences, more of them per step; each step's update is still the float64 token
     # mean over the union of its micro-batches, and the ranks agree.
-    records = run(strategy, tmp_path_factory, length_warmup=STEPS)
+    records = run(strategy, tmp_path_factory, length_warmup=STEPS, rank_shares=True)
     lengths = [len(s) for s in make_sequences()]
     caps = records[0]["caps"]
     assert all(r["caps"] == caps for r in records)
@@ -212,6 +230,52 @@ def test_update_equals_single_process_token_mean_during_a_length_warmup(
             delta = after[name] - before[name]
             torch.testing.assert_close(delta, value - before[name], **TOLERANCE)
     assert records[0]["params"][str(STEPS)] == records[1]["params"][str(STEPS)]
+
+
+def padded_cost(ids: list[int], lengths: list[int]) -> int:
+    """What a padded micro-batch costs the planner: examples x the longest."""
+    return len(ids) * max(lengths[i] for i in ids)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", SHARES)
+def test_update_equals_single_process_token_mean_with_unequal_rank_shares(
+    strategy: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # Rank 1 is half as fast (shares 1.0, 0.5) and has less memory (20 against 48): its
+    # micro-batches are cut to half rank 0's budget (40 and 20, both holding the longest
+    # sequence). Each step's update is still the float64 token mean over the union of its
+    # micro-batches, every rank ran every step, and the ranks agree.
+    records = run(strategy, tmp_path_factory, length_warmup=STEPS, rank_shares=True)
+    assert [r["rank"] for r in records] == list(range(WORLD_SIZE))
+    assert [r["global_step"] for r in records] == [STEPS] * WORLD_SIZE
+    for r in records:
+        assert r["rank_shares"] == list(RANK_SHARES)
+        assert r["rank_budgets"] == list(RANK_BUDGETS)
+        order = [(m["step"], m["micro"]) for m in r["micro_batches"]]
+        assert order == [(s, k) for s in range(STEPS) for k in range(ACCUMULATE)]
+    # The shares are in force: every micro-batch within its rank's budget, rank 1's smaller.
+    lengths = [len(s) for s in make_sequences()]
+    costs = [[padded_cost(m["ids"], lengths) for m in r["micro_batches"]] for r in records]
+    for rank, budget in enumerate(RANK_BUDGETS):
+        assert max(costs[rank]) <= budget, (rank, costs[rank])
+    assert max(costs[1]) < min(RANK_BUDGETS[0], max(costs[0])), costs
+    real = [sum(m["ntokens"] for m in r["micro_batches"]) for r in records]
+    assert real[1] < 0.75 * real[0], real
+    # No example twice within the epoch, over all ranks.
+    seen = [i for r in records for m in r["micro_batches"] for i in m["ids"]]
+    assert len(seen) == len(set(seen)) and set(seen) <= set(range(NUM_EXAMPLES))
+    params = [records[0]["init"]] + [records[0]["params"][str(s)] for s in range(1, STEPS + 1)]
+    for step in range(STEPS):
+        micro_batches = step_micro_batches(records, step)
+        assert len(micro_batches) == WORLD_SIZE * ACCUMULATE
+        expected = reference_update(params[step], micro_batches)
+        before, after = params_of(params[step]), params_of(params[step + 1])
+        for name, value in expected.items():
+            delta = after[name] - before[name]
+            torch.testing.assert_close(delta, value - before[name], **TOLERANCE)
+    for step in records[0]["params"]:
+        assert records[0]["params"][step] == records[1]["params"][step], step
 
 
 @pytest.mark.parametrize("strategy", CORE)

@@ -1,0 +1,423 @@
+"""Balance per-rank shares by each rank's measured speed, at epoch boundaries.
+
+On a mixed cluster every data-parallel step waits for its slowest rank. The planner can give
+each rank a share of every step (``PlanConfig.rank_shares``, :mod:`~lightning_varbatch.planner.
+rank_shares`); :class:`RankShareBalancer` finds the shares by measurement: each rank times its
+own compute per unit of planned cost, every rank gathers every rank's figures, and all compute
+the same new shares (:func:`~lightning_varbatch.planner.balanced_shares`) and hand them to the
+sampler, which plans the next epoch with them.
+
+Example:
+    >>> balancer = RankShareBalancer(every_n_epochs=1, smoothing=0.5, tolerance=0.05)
+    >>> balancer.shares is None
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from time import perf_counter
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.fabric.utilities.data import sized_len
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
+from lightning.pytorch.trainer.states import RunningStage
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from typing_extensions import override
+
+from lightning_varbatch import keys
+from lightning_varbatch.callbacks.batch_counts import log_rank_zero, read_count
+from lightning_varbatch.checks import check_count
+from lightning_varbatch.planner import balanced_shares, smoothed_speeds
+
+__all__ = ["RankShareBalancer", "follow_epoch_length"]
+
+_OWNER = "RankShareBalancer"
+_STATE_KEYS = ("shares", "history")
+
+
+def _shares_target(trainer: Trainer) -> Any:
+    """What takes new shares: the DataModule if it can, else the train loader's batch sampler."""
+    datamodule = getattr(trainer, "datamodule", None)
+    if callable(getattr(datamodule, "set_rank_shares", None)):
+        return datamodule
+    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+    if callable(getattr(sampler, "set_rank_shares", None)):
+        return sampler
+    return None
+
+
+def _training_sampler(trainer: Trainer) -> Any:
+    return getattr(trainer.train_dataloader, "batch_sampler", None)
+
+
+def follow_epoch_length(trainer: Trainer) -> None:
+    """Make Lightning run this epoch's length of the train loader, not the first epoch's.
+
+    Lightning reads the train loader's length once per ``fit`` (``fit_loop.max_batches``, the
+    combined loader's limits, ``val_check_batch``) unless it reloads the loader. New shares
+    change the number of micro-batches per rank of the next epochs (equal on every rank), so
+    an epoch would be cut short or validated at the wrong batch. Called in
+    ``on_train_epoch_start``: the sampler already has the epoch (Lightning relays
+    ``set_epoch`` before the hook) and the epoch's iterator is not created yet.
+    """
+    loop = trainer.fit_loop
+    combined = loop._combined_loader
+    if combined is None or loop.max_batches == float("inf"):
+        return
+    lengths = [sized_len(loader) for loader in combined.flattened]
+    if any(n is None for n in lengths):
+        return
+    limit = trainer.limit_train_batches
+    limits = [
+        _parse_num_batches(RunningStage.TRAINING, n, limit)  # type: ignore[arg-type]
+        for n in lengths
+    ]
+    combined.limits = limits
+    iterator = getattr(combined, "_iterator", None)  # the last epoch's: its length is read
+    if iterator is not None:
+        iterator.limits = list(limits)
+    length = sized_len(combined)
+    if length is None or length == loop.max_batches:
+        return
+    loop.max_batches = length
+    check = trainer.val_check_batch
+    if isinstance(trainer.val_check_interval, float) and check is not None and check != math.inf:
+        trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
+
+
+class _Clock:
+    """Seconds between two marks: ``perf_counter`` on CPU, CUDA events on a GPU.
+
+    A GPU runs kernels after the host enqueued them, so host time to ``on_before_backward`` is
+    not the forward's time; events recorded on the current stream are, and cost nothing until
+    read (once per period, after a synchronize).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.pending: list[tuple[Any, Any]] = []
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def interval(self, start: Any, end: Any) -> float:
+        """Seconds from ``start`` to ``end`` (CUDA: 0 now, read in :meth:`collect`)."""
+        if not self.cuda:
+            return float(end - start)
+        self.pending.append((start, end))
+        return 0.0
+
+    def collect(self) -> float:
+        """Seconds of the CUDA intervals not read yet (0 on CPU)."""
+        if not self.pending:
+            return 0.0
+        torch.cuda.synchronize(self.device)
+        seconds = sum(start.elapsed_time(end) for start, end in self.pending) / 1000.0
+        self.pending = []
+        return seconds
+
+
+class RankShareBalancer(Callback):
+    """Set every rank's share of each step from its measured speed, at epoch boundaries.
+
+    **What is measured.** A rank's compute time is the time from ``on_train_batch_start`` to
+    ``on_before_backward`` of each micro-batch: the forward and the loss, after the batch is on
+    the device and before any gradient synchronisation. Under DDP nothing in a forward waits for
+    another rank, so the time is the rank's own (with ``broadcast_buffers=True`` and a model
+    with buffers, e.g. BatchNorm, DDP broadcasts them at the start of each forward: set
+    ``broadcast_buffers=False`` or expect the fast ranks to look slower). Backward is left out
+    because DDP's gradient all-reduce overlaps it, and there a fast rank waits for a slow one;
+    the backward is assumed to scale with the forward. On CPU times come from
+    ``time.perf_counter``; on CUDA from events recorded on the current stream (read once per
+    period). Under FSDP and DeepSpeed ZeRO-3 the forward all-gathers parameters: a fast rank
+    waits there for the slowest, its measured speed is pulled towards the slowest rank's, and the
+    balancer moves the shares less than it should (down to not at all); measure with DDP or
+    ZeRO-1/2, or set ``rank_shares`` by hand. The first ``warmup_steps`` optimizer steps of each
+    epoch are not timed (first-call costs: allocator, cuDNN autotuning, ``torch.compile``).
+
+    **Planned cost** of a micro-batch is read from the training sampler's plan
+    (``plan.micro_batch_load`` of the micro-batch the rank runs at that position: the units the
+    shares divide). Without a plan (another sampler) the batch's ``keys.NTOKENS`` is used.
+    A rank's speed is its planned cost over its measured seconds in the period.
+
+    **When shares change.** At the end of every ``every_n_epochs``-th epoch every rank
+    all-gathers every rank's (seconds, cost, micro-batches) in ``on_train_epoch_end`` (which runs
+    on every rank), computes :func:`~lightning_varbatch.planner.balanced_shares` from the
+    shares in force (the sampler's ``rank_shares``; equal when unset) with ``smoothing``,
+    ``tolerance`` and ``min_share``, and passes the result to
+    ``trainer.datamodule.set_rank_shares`` (else to the train loader's
+    ``batch_sampler.set_rank_shares``); the speeds are smoothed over periods
+    (:func:`~lightning_varbatch.planner.share_balance.smoothed_speeds`, kept in ``history``);
+    the sampler plans the next epoch with them (it raises a
+    share whose budget could not hold the longest example). Every rank computes from the same
+    gathered numbers, so every rank gets the same shares. Shares never change inside an epoch,
+    so no example is lost or repeated; since the number of micro-batches per rank of an epoch
+    changes with the shares, the callback tells Lightning each epoch's length at its start
+    (:func:`follow_epoch_length`). A period in which some rank timed nothing changes nothing.
+    With one process nothing is gathered or changed (``last_period`` still holds the
+    measurement).
+
+    The shares set at each period's end and the measurement behind them are kept in
+    ``history`` and in the checkpoint (``state_dict``); at the start of a resumed run the
+    checkpoint's shares are set again (a no-op when the sampler's own state holds them; skipped
+    when the world size changed; a period cut by the resume starts its measurement again).
+    The sampler plans with budgets in whole tokens, so the shares it reports (``rank_shares``,
+    the budgets' ratios) are the set ones rounded to its budget.
+
+    Args:
+        every_n_epochs: epochs per measurement period (shares change at its end).
+        smoothing: weight of the earlier periods' speeds, in ``[0, 1)``: the first period's
+            measurement sets the shares as it is (the second period runs balanced); later a
+            change of speed moves them ``1 - smoothing`` of the way (in ratio) per period, so
+            a rank slowed for one period does not make the shares swing (0: each period's
+            speeds alone).
+        tolerance: dead band in ``[0, 1)``: no change while every rank's measured share is
+            within this relative distance of its share in force.
+        warmup_steps: optimizer steps at the start of each epoch that are not timed.
+        min_share: the least share (of the largest, 1), in ``(0, 1]``; ``None``: none.
+
+    Raises:
+        SettingValueError: for a setting out of its range (the message names it).
+        SettingTypeError: for a setting of the wrong type.
+        RuntimeError: at the start of a multi-process fit whose training data has no
+            ``set_rank_shares`` (neither the DataModule nor the loader's ``batch_sampler``).
+
+    Logged metrics (rank 0, through the Trainer's loggers, at the period's last step):
+
+    ============================  ===================================================
+    Key                           Meaning
+    ============================  ===================================================
+    ``train/rank/<r>/share``      rank ``r``'s share for the next period (largest 1)
+    ``train/rank/<r>/speed``      rank ``r``'s measured planned cost per compute second
+    ============================  ===================================================
+
+    Example:
+        >>> from lightning.pytorch import Trainer
+        >>> from lightning_varbatch.callbacks import RankShareBalancer
+        >>> trainer = Trainer(callbacks=[RankShareBalancer(smoothing=0.5)])  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        smoothing: float = 0.5,
+        tolerance: float = 0.05,
+        warmup_steps: int = 1,
+        min_share: float | None = None,
+    ) -> None:
+        self.every_n_epochs = check_count(
+            "every_n_epochs", every_n_epochs, what=" (epochs per measurement period)"
+        )
+        self.warmup_steps = check_count(
+            "warmup_steps", warmup_steps, minimum=0, what=" (untimed optimizer steps per epoch)"
+        )
+        # The same checks as the maths uses, so one bad value gives one message.
+        balanced_shares(
+            [1.0], [1.0], [1.0], smoothing=smoothing, tolerance=tolerance, min_share=min_share
+        )
+        self.smoothing = float(smoothing)
+        self.tolerance = float(tolerance)
+        self.min_share = None if min_share is None else float(min_share)
+        self.shares: tuple[float, ...] | None = None
+        self.history: list[dict[str, Any]] = []
+        self.last_period: dict[str, float] | None = None
+        self._seconds = 0.0
+        self._work = 0.0
+        self._count = 0
+        self._epochs = 0
+        self._start: Any = None
+        self._pending_work = 0.0
+        self._clock: _Clock | None = None
+        self._costs: tuple[Any, np.ndarray] | None = None
+
+    # -- measuring ------------------------------------------------------------------------
+
+    @override
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        follow_epoch_length(trainer)
+
+    def _planned_cost(self, trainer: Trainer, batch: Any, batch_idx: int) -> float | None:
+        """This rank's planned cost of the micro-batch at ``batch_idx`` of the epoch."""
+        sampler = _training_sampler(trainer)
+        plan = getattr(sampler, "plan", None)
+        convert = getattr(sampler, "consumed_from_epoch_count", None)
+        if plan is None or convert is None:
+            return read_count(batch, keys.NTOKENS, None, "tokens_fn", _OWNER)
+        if self._costs is None or self._costs[0] is not plan:
+            order = plan.rank_micro_batches(int(getattr(sampler, "rank", trainer.global_rank)))
+            self._costs = (plan, np.asarray(plan.micro_batch_load, dtype=np.float64)[order])
+        position = convert(batch_idx)
+        costs = self._costs[1]
+        if not 0 <= position < costs.size:
+            return None  # not the plan's micro-batch (a loader that repeats): not timed
+        return float(costs[position])
+
+    @override
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._clock = _Clock(trainer.strategy.root_device)
+        self._reset_period()
+        if trainer.world_size == 1:
+            rank_zero_info(f"{_OWNER}: one process, nothing to balance (shares stay as set).")
+            return
+        target = _shares_target(trainer)
+        if target is None:
+            raise RuntimeError(
+                f"{_OWNER} found no set_rank_shares on trainer.datamodule nor on the train "
+                "loader's batch_sampler: it balances a TokenBudgetDataModule or a loader over a "
+                "TokenBudgetBatchSampler. Use one of those, or remove the callback."
+            )
+        if self.shares is None:
+            return
+        if len(self.shares) != trainer.world_size:
+            rank_zero_info(
+                f"{_OWNER}: the checkpoint's shares {_show(self.shares)} are for "
+                f"{len(self.shares)} ranks, this run has {trainer.world_size}: starting from "
+                "the sampler's shares."
+            )
+            return
+        # Restored from a checkpoint: the sampler's own state normally holds them already
+        # (setting them again changes nothing); a loader built afresh gets them here.
+        target.set_rank_shares(self.shares)
+
+    @override
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._start = None
+        if batch_idx // trainer.accumulate_grad_batches < self.warmup_steps:
+            return
+        cost = self._planned_cost(trainer, batch, batch_idx)
+        if cost is None:
+            return
+        assert self._clock is not None
+        self._pending_work = cost
+        self._start = self._clock.mark()
+
+    @override
+    def on_before_backward(
+        self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
+    ) -> None:
+        if self._start is None or self._clock is None:
+            return
+        self._seconds += self._clock.interval(self._start, self._clock.mark())
+        self._work += self._pending_work
+        self._count += 1
+        self._start = None  # one interval per micro-batch, even with several backward calls
+
+    # -- balancing ------------------------------------------------------------------------
+
+    def _reset_period(self) -> None:
+        self._seconds, self._work, self._count, self._epochs = 0.0, 0.0, 0, 0
+
+    @override
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        assert self._clock is not None
+        self._seconds += self._clock.collect()
+        self._epochs += 1
+        if self._epochs < self.every_n_epochs:
+            return
+        local = [self._seconds, self._work, float(self._count)]
+        self._reset_period()
+        self.last_period = dict(zip(("seconds", "work", "micro_batches"), local, strict=True))
+        world = trainer.world_size
+        if world == 1:
+            return
+        # Every rank ends the epoch here: gather on all of them, decide the same on all.
+        vector = torch.tensor(local, dtype=torch.float64, device=trainer.strategy.root_device)
+        rows = trainer.strategy.all_gather(vector).reshape(-1, len(local)).cpu().tolist()
+        seconds, work, counts = (list(column) for column in zip(*rows, strict=True))
+        if min(counts) < 1 or min(seconds) <= 0 or min(work) <= 0:
+            rank_zero_info(
+                f"{_OWNER}: some rank timed no micro-batch this period (micro-batches per rank "
+                f"{[int(c) for c in counts]}); shares unchanged. Lower warmup_steps or raise "
+                "every_n_epochs."
+            )
+            return
+        target = _shares_target(trainer)
+        current = _in_force(target, world)
+        previous = self._smoothed(world)
+        shares = balanced_shares(
+            seconds,
+            work,
+            current,
+            smoothing=self.smoothing,
+            tolerance=self.tolerance,
+            min_share=self.min_share,
+            previous=previous,
+        )
+        smoothed = smoothed_speeds(seconds, work, previous, smoothing=self.smoothing)
+        speeds = [w / s for w, s in zip(work, seconds, strict=True)]
+        changed = not np.allclose(shares, np.asarray(current) / max(current), rtol=1e-12)
+        if changed:
+            target.set_rank_shares(shares)  # from the next epoch's plan on
+            rank_zero_info(
+                f"{_OWNER}: epoch {trainer.current_epoch}: measured speeds {_show(speeds)} "
+                f"(planned cost per compute second); shares {_show(current)} -> {_show(shares)} "
+                "from the next epoch."
+            )
+        self.shares = tuple(float(s) for s in shares)
+        self.history.append(
+            {
+                "epoch": int(trainer.current_epoch),
+                "shares": list(self.shares),
+                "speeds": speeds,
+                "smoothed": list(smoothed),
+                "seconds": seconds,
+                "work": work,
+                "changed": bool(changed),
+            }
+        )
+        metrics = {f"train/rank/{r}/share": s for r, s in enumerate(self.shares)}
+        metrics.update({f"train/rank/{r}/speed": v for r, v in enumerate(speeds)})
+        log_rank_zero(trainer, metrics, max(trainer.global_step - 1, 0))
+
+    def _smoothed(self, world: int) -> tuple[float, ...] | None:
+        """The speeds smoothed over the earlier periods (``None``: none measured yet)."""
+        if not self.history:
+            return None
+        smoothed = self.history[-1].get("smoothed")
+        if smoothed is None or len(smoothed) != world:  # another world size: start afresh
+            return None
+        return tuple(float(v) for v in smoothed)
+
+    # -- checkpoint -----------------------------------------------------------------------
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "shares": None if self.shares is None else list(self.shares),
+            "history": [dict(entry) for entry in self.history],
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if set(state_dict) != set(_STATE_KEYS):
+            raise ValueError(
+                f"{_OWNER} state has keys {sorted(state_dict)}, expected {sorted(_STATE_KEYS)}: "
+                "the checkpoint was written by another version."
+            )
+        shares = state_dict["shares"]
+        self.shares = None if shares is None else tuple(float(s) for s in shares)
+        self.history = [dict(entry) for entry in state_dict["history"]]
+
+
+def _in_force(target: Any, world_size: int) -> tuple[float, ...]:
+    """The shares the target plans with now (equal shares when unset)."""
+    shares = getattr(target, "rank_shares", None)
+    if shares is None:
+        return (1.0,) * world_size
+    return tuple(float(s) for s in shares)
+
+
+def _show(values: Sequence[float]) -> str:
+    return "[" + ", ".join(f"{v:.3g}" if math.isfinite(v) else str(v) for v in values) + "]"

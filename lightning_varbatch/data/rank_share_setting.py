@@ -1,0 +1,97 @@
+"""The shares a sampler plans its next epochs with, and the budgets they give.
+
+Fixed shares come from ``PlanConfig.rank_shares``; a run may replace them
+(:meth:`~lightning_varbatch.TokenBudgetBatchSampler.set_rank_shares`, e.g. from
+:class:`~lightning_varbatch.callbacks.RankShareBalancer`). The budgets they give
+(:func:`~lightning_varbatch.planner.rank_shares.rank_budgets`) are what the planner cuts each
+rank's micro-batches to. Shares set by a run are raised where needed so that every rank's budget
+still holds the longest example (a measured share cannot make the plan impossible); fixed
+shares that cannot are refused with the rank named.
+
+Example:
+    >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
+    >>> setting = RankShareSetting(EpochPlanner([30, 40, 50], PlanConfig(max_tokens=100)))
+    >>> setting.budgets(2) is None
+    True
+    >>> setting.set((1.0, 0.1), world_size=2)
+    >>> setting.budgets(2)  # rank 1's budget raised to hold the longest example
+    (100, 50)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.rank_shares import check_rank_shares, rank_budgets
+
+__all__ = ["RankShareSetting"]
+
+
+class RankShareSetting:
+    """The shares in force for the epochs a sampler plans next.
+
+    Args:
+        planner: the sampler's planner; ranks of their own budgets need a one-dataset
+            :class:`~lightning_varbatch.planner.EpochPlanner`.
+
+    Attributes:
+        shares: the shares (``None``: equal, or the memory budgets alone).
+        set_by_run: whether a run set them (they are saved with the sampler's state).
+    """
+
+    def __init__(self, planner: Planner) -> None:
+        self.planner = planner
+        config = planner.config
+        if not isinstance(planner, EpochPlanner) and (
+            config.rank_shares is not None or config.rank_max_tokens is not None
+        ):
+            raise SettingValueError(
+                "rank_shares / rank_max_tokens plan each rank's micro-batches in a lane of its "
+                "own, which is not supported for several mixed datasets yet: unset them, or "
+                "train on one dataset.",
+                setting="rank_shares" if config.rank_shares is not None else "rank_max_tokens",
+                value=config.rank_shares or config.rank_max_tokens,
+            )
+        self.shares: tuple[float, ...] | None = config.rank_shares
+        self.set_by_run = False
+
+    def set(self, shares: Sequence[float] | None, world_size: int) -> None:
+        """Replace the shares (``None``: back to the config's).
+
+        Raises:
+            SettingValueError: for bad shares (naming the rank), shares of another length
+                than ``world_size``, or a planner of several datasets.
+        """
+        if not isinstance(self.planner, EpochPlanner):
+            raise SettingValueError(
+                "set_rank_shares needs a sampler over one dataset: ranks of their own budgets "
+                "are not supported for several mixed datasets yet.",
+                setting="rank_shares",
+                value=shares,
+            )
+        checked = check_rank_shares(shares)
+        if checked is not None and len(checked) != world_size:
+            raise SettingValueError(
+                f"set_rank_shares got {len(checked)} shares but world_size={world_size}: give "
+                "one share per rank (rank 0 first).",
+                setting="rank_shares",
+                value=checked,
+            )
+        self.shares = self.planner.config.rank_shares if checked is None else checked
+        self.set_by_run = checked is not None
+
+    def budgets(self, world_size: int) -> tuple[int, ...] | None:
+        """Every rank's budget for ``world_size`` ranks (``None``: ``max_tokens`` on each)."""
+        planner = self.planner
+        config = planner.config
+        if not isinstance(planner, EpochPlanner) or (
+            self.shares is None and config.rank_max_tokens is None
+        ):
+            return None
+        floor = planner.longest_cost if self.set_by_run else 0
+        return rank_budgets(
+            config.max_tokens, world_size, self.shares, config.rank_max_tokens, floor=floor
+        )

@@ -1,0 +1,290 @@
+"""Rank lanes: a plan whose ranks carry different budgets (shares or memory differ).
+
+With one budget for every rank, the sorted order is cut once and each step's micro-batches are
+dealt to the least-loaded rank (:mod:`lightning_varbatch.planner.dealing`). With a budget per
+rank (:func:`~lightning_varbatch.planner.rank_shares.rank_budgets`), rank ``r``'s micro-batches
+must each fit ``b_r`` and together carry ``b_r / Σ b`` of the work, while every rank still runs
+the same number of micro-batches. This module plans that as *lanes*:
+
+1. Every position of the sorted order (longest first) goes to one lane, ``b_r / Σ b`` of the
+   positions to lane ``r``, interleaved with a golden-ratio sequence (``frac(i·φ)``): every run
+   of consecutive positions, so every length range, is split between the lanes in proportion to
+   their budgets, within a few examples.
+2. Each lane is cut greedily at its own budget (the same cut as the one-budget plan, so each of
+   its micro-batches fits ``b_r``). A lane of a smaller budget has fewer examples, so the lanes'
+   micro-batch counts come out nearly equal.
+3. The tail policy makes them exactly equal, a multiple of ``accumulate_grad_batches``:
+   ``"spread"`` and ``"pad"`` bring every lane up to the largest count (``"spread"`` splits a
+   lane's largest micro-batches, ``"pad"`` repeats random ones), ``"drop"`` takes every lane
+   down to the smallest (random micro-batches, counted).
+4. Step ``s`` gives rank ``r`` the ``s``-th ``accumulate_grad_batches`` micro-batches of lane
+   ``r``: the lanes are in length order, so a step's ranks run micro-batches of similar lengths.
+   The steps are then shuffled (and ordered by the length warm-up) as in the one-budget plan.
+
+Everything else (the epoch's shuffle within buckets, the warm-up, resume by excluding consumed
+examples) is the one planner's; lanes only replace the cut and the dealing.
+
+Example:
+    >>> import numpy as np
+    >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
+    >>> from lightning_varbatch.planner.settings import PlanConfig
+    >>> planner = EpochPlanner(np.full(300, 10), PlanConfig(max_tokens=100))
+    >>> plan = planner.plan(0, world_size=2, rank_budgets=(100, 50))
+    >>> [int(plan.micro_batch_cost[plan.rank_micro_batches(r)].max()) for r in (0, 1)]
+    [100, 50]
+    >>> [int(plan.micro_batch_size[plan.rank_micro_batches(r)].sum()) for r in (0, 1)]
+    [200, 100]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.planner.costs import checked_cost
+from lightning_varbatch.planner.lengths import PreparedLengths
+from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
+from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
+from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
+from lightning_varbatch.planner.tail import split_micro_batches, too_few_message
+
+__all__ = [
+    "LanePlan",
+    "check_budgets_hold",
+    "lane_of_positions",
+    "lane_plan",
+    "single_example_cost",
+    "uniform",
+]
+
+#: The golden ratio's fractional part: ``frac(i·φ)`` is the most evenly spread sequence.
+_PHI = (math.sqrt(5.0) - 1.0) / 2.0
+
+
+def uniform(budgets: Sequence[int] | None, max_tokens: int) -> bool:
+    """Whether ``budgets`` plan as one budget of ``max_tokens`` (no lanes needed).
+
+    Example:
+        >>> uniform(None, 64), uniform((64, 64), 64), uniform((64, 32), 64)
+        (True, True, False)
+    """
+    return budgets is None or all(int(b) == int(max_tokens) for b in budgets)
+
+
+def lane_of_positions(size: int, budgets: Sequence[int]) -> np.ndarray:
+    """The lane of each of ``size`` sorted positions: ``b_r / Σ b`` of them to lane ``r``.
+
+    Example:
+        >>> np.bincount(lane_of_positions(1000, (2, 1))).tolist()
+        [667, 333]
+    """
+    weights = np.asarray(budgets, dtype=np.float64)
+    edges = np.cumsum(weights / weights.sum())[:-1]
+    phase = (np.arange(size, dtype=np.float64) * _PHI) % 1.0
+    return np.searchsorted(edges, phase, side="right").astype(np.int64)
+
+
+def single_example_cost(prepared: PreparedLengths, config: PlanConfig) -> int:
+    """The cost of a micro-batch holding only the longest planned example.
+
+    Example:
+        >>> from lightning_varbatch.planner.lengths import prepare_lengths
+        >>> config = PlanConfig(max_tokens=64, pad_to_multiple_of=8)
+        >>> single_example_cost(prepare_lengths([3, 13, 5], config), config)
+        16
+    """
+    key = prepared.key if prepared.kept is None else prepared.key[prepared.kept]
+    if key.size == 0:
+        return 0
+    longest = np.array([int(key.max())], dtype=np.int64)
+    p = config.pad_to_multiple_of
+    cost = checked_cost(config.cost_fn, np.ones(1, dtype=np.int64), -(-longest // p) * p, longest)
+    return math.ceil(float(cost[0]))
+
+
+def check_budgets_hold(budgets: Sequence[int], longest_cost: int, config: PlanConfig) -> None:
+    """Refuse budgets of which one cannot hold the longest example, naming the rank.
+
+    Raises:
+        SettingValueError: (``.setting``: ``"rank_shares"`` when shares are set, else
+            ``"rank_max_tokens"``) for the first rank whose budget is too small.
+
+    Example:
+        >>> check_budgets_hold((64, 32), 30, PlanConfig(max_tokens=64))  # both hold 30
+    """
+    for rank, budget in enumerate(budgets):
+        if budget >= longest_cost:
+            continue
+        setting = "rank_shares" if config.rank_shares is not None else "rank_max_tokens"
+        fix = f"raise rank {rank}'s entry of {setting}"
+        memory = config.rank_max_tokens
+        if memory is not None and len(memory) == len(budgets):
+            speed = np.asarray(config.rank_shares or [1.0] * len(memory), dtype=np.float64)
+            limit = int(np.argmin(np.asarray(memory) / (speed / speed.max())))
+            if memory[limit] < longest_cost or config.rank_shares is None:
+                # every budget is scaled so that this rank's fit its memory: raising another
+                # rank's entry changes nothing
+                setting = "rank_max_tokens"
+                fix = (
+                    f"raise rank_max_tokens[{limit}]={memory[limit]} (rank {limit}'s memory "
+                    "sets every rank's budget)"
+                )
+                if config.rank_shares is not None:
+                    fix += f" or rank {rank}'s entry of rank_shares"
+        raise SettingValueError(
+            f"Rank {rank}'s micro-batch budget is {budget} tokens (from rank_shares="
+            f"{config.rank_shares}, rank_max_tokens={config.rank_max_tokens}, max_tokens="
+            f"{config.max_tokens}), which cannot hold the longest example (cost "
+            f"{longest_cost}): {fix}, or shorten the longest examples (oversize='truncate' or "
+            "'skip' with a lower max_tokens).",
+            setting=setting,
+            value=getattr(config, setting),
+        )
+
+
+@dataclass(frozen=True)
+class LanePlan:
+    """An epoch's micro-batches cut in lanes, and each lane's run of them.
+
+    Attributes:
+        order: example ids, lane after lane (each lane longest first).
+        cut: the micro-batches of all lanes, as slices of ``order`` (ids are global).
+        runs: ``(world, T)`` micro-batch ids: lane ``r``'s run, in length order, with the
+            tail policy's repeats; ``T`` is a multiple of ``accumulate_grad_batches``.
+        num_dropped: examples left out by ``tail="drop"``.
+        num_duplicated: examples repeated to fill the lanes.
+    """
+
+    order: np.ndarray
+    cut: SortedCut
+    runs: np.ndarray
+    num_dropped: int
+    num_duplicated: int
+
+    def steps(self, acc: int) -> np.ndarray:
+        """``(steps, world, acc)``: step ``s`` gives rank ``r`` its lane's ``s``-th slice."""
+        world, total = self.runs.shape
+        return self.runs.reshape(world, total // acc, acc).transpose(1, 0, 2).copy()
+
+
+def _lane_groups(groups: SortedGroups, positions: np.ndarray) -> SortedGroups:
+    """The lane's part of ``groups``, with positions (not ids) as its ids."""
+    group = groups.group_of(positions)
+    counts = np.bincount(group, minlength=groups.longest.shape[0])
+    nonempty = np.flatnonzero(counts)
+    starts = np.concatenate(([0], np.cumsum(counts[nonempty]))).astype(np.int64)
+    return SortedGroups(ids=positions, starts=starts, longest=groups.longest[nonempty])
+
+
+def _lane_config(config: PlanConfig, budget: int) -> PlanConfig:
+    with warnings.catch_warnings():  # the settings' warnings were given once, for the config
+        warnings.simplefilter("ignore")
+        return dataclasses.replace(
+            config, max_tokens=int(budget), rank_shares=None, rank_max_tokens=None
+        )
+
+
+def _to_count(
+    m: int, target: int, sizes: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, int, int]:
+    """``target`` of ``m`` micro-batch ids, sorted: random repeats or drops (and their sizes)."""
+    seq = np.arange(m, dtype=np.int64)
+    if m == target:
+        return seq, 0, 0
+    if m > target:
+        keep = np.sort(rng.choice(m, size=target, replace=False))
+        gone = np.setdiff1d(seq, keep)
+        return keep, int(sizes[gone].sum()), 0
+    extra = rng.choice(m, size=target - m, replace=target - m > m)
+    return np.sort(np.concatenate((seq, extra))), 0, int(sizes[extra].sum())
+
+
+def _lane_positions(size: int, budgets: Sequence[int]) -> list[np.ndarray]:
+    """Each lane's positions; every lane gets at least one (a repeat when too few examples)."""
+    world = len(budgets)
+    lane = lane_of_positions(size, budgets)
+    if np.bincount(lane, minlength=world).min() == 0:
+        lane = np.arange(size, dtype=np.int64) % world  # too few examples to interleave
+    out = [np.flatnonzero(lane == r) for r in range(world)]
+    return [p if p.size or size == 0 else np.array([r % size]) for r, p in enumerate(out)]
+
+
+def lane_plan(
+    groups: SortedGroups,
+    order: np.ndarray,
+    key: np.ndarray,
+    budgets: Sequence[int],
+    config: PlanConfig,
+    acc: int,
+    tail: TailPolicy,
+    rng: np.random.Generator,
+) -> LanePlan:
+    """Cut the epoch's ``order`` (``groups``' positions, shuffled within buckets) in lanes.
+
+    Args:
+        groups: the sorted order of the planned examples (positions; cuts read only lengths).
+        order: this epoch's example ids at those positions.
+        key: every example's planning length (for packed rows cut on exact lengths).
+        budgets: one budget per rank.
+        config: the planner settings.
+        acc: micro-batches per rank per step.
+        tail: the tail policy in force (:func:`~lightning_varbatch.planner.tail.effective_tail`).
+        rng: the epoch's generator.
+
+    Returns:
+        The lanes' micro-batches and runs.
+
+    Raises:
+        ValueError: ``tail="drop"`` when some lane has fewer micro-batches than one step needs.
+    """
+    world = len(budgets)
+    lanes: list[tuple[np.ndarray, SortedGroups, SortedCut, PlanConfig]] = []
+    repeated = 0
+    for r, positions in enumerate(_lane_positions(groups.size, budgets)):
+        if r >= groups.size:
+            repeated += 1  # a lane of a repeated example (fewer examples than ranks)
+        lane_ids = order[positions]
+        cfg = _lane_config(config, budgets[r])
+        if cuts_each_epoch(config):
+            lane_groups = exact_groups(lane_ids, key)
+            cut = packed_cut(lane_groups, cfg)
+        else:
+            lane_groups = _lane_groups(groups, positions)
+            cut = SortedCut.build(lane_groups, cfg)
+        lanes.append((lane_ids, lane_groups, cut, cfg))
+    counts = [cut.num_micro_batches for _, _, cut, _ in lanes]
+    if tail == "drop":
+        target = min(counts) // acc * acc
+        if target == 0:
+            raise ValueError(too_few_message(min(counts), "micro-batches", world, acc, config))
+    else:
+        target = max(-(-max(counts) // acc) * acc, acc)
+    runs = np.empty((world, target), dtype=np.int64)
+    parts: list[SortedCut] = []
+    dropped, duplicated, offset, pos = 0, repeated, 0, 0
+    for r, (lane_ids, lane_groups, cut, cfg) in enumerate(lanes):
+        if tail == "spread" and cut.num_micro_batches < target:
+            cut = split_micro_batches(cut, lane_groups, target, cfg)
+        ids, gone, extra = _to_count(cut.num_micro_batches, target, cut.sizes, rng)
+        if config.layout == "packed":  # steps of neighbouring compute, as dealing does
+            ids = ids[np.argsort(-cut.work[ids], kind="stable")]
+        runs[r] = ids + offset
+        dropped, duplicated = dropped + gone, duplicated + extra
+        parts.append(dataclasses.replace(cut, starts=cut.starts + pos))
+        offset += cut.num_micro_batches
+        pos += lane_ids.shape[0]
+    merged = SortedCut(
+        starts=np.concatenate([p.starts for p in parts]),
+        sizes=np.concatenate([p.sizes for p in parts]),
+        cost=np.concatenate([p.cost for p in parts]),
+        total=np.concatenate([p.total for p in parts]),
+        work=np.concatenate([p.work for p in parts]),
+    )
+    order_out = np.concatenate([lane_ids for lane_ids, _, _, _ in lanes])
+    return LanePlan(order_out, merged, runs, dropped, duplicated)

@@ -1,0 +1,189 @@
+"""Ranks of different speed or memory: each rank's share of a step and its own budget.
+
+Two settings describe a mixed cluster (``PlanConfig.rank_shares`` and
+``PlanConfig.rank_max_tokens``, one entry per rank):
+
+* a rank's **share** is its relative speed: the planner gives each rank work in proportion to
+  it, so that a step's ranks finish together;
+* a rank's **memory budget** caps the cost of any micro-batch it runs (default: ``max_tokens``).
+
+Both become one number per rank, the budget every micro-batch of that rank is cut to
+(:func:`rank_budgets`): ``b_r = c · s_r`` with ``s_r`` the shares scaled so that the largest
+is 1, and ``c`` the largest value with every ``b_r`` within its rank's memory budget. Micro-batch
+counts stay equal on every rank; a rank's micro-batches are bigger or smaller instead
+(:mod:`lightning_varbatch.planner.rank_lanes`).
+
+Example:
+    >>> rank_budgets(4096, 2, shares=(2, 1))  # rank 1 is half as fast
+    (4096, 2048)
+    >>> rank_budgets(4096, 2, rank_max_tokens=(3000, 4096))  # equal speed: the smaller memory
+    (3000, 3000)
+    >>> rank_budgets(4096, 2, shares=(2, 1), rank_max_tokens=(3000, 4096))
+    (3000, 1500)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+
+from lightning_varbatch.checks import check_count
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
+
+__all__ = ["check_rank_max_tokens", "check_rank_shares", "rank_budgets"]
+
+
+def _as_sequence(name: str, value: object, example: str) -> Sequence[object]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        if isinstance(value, np.ndarray) and value.ndim == 1:
+            return list(value.tolist())
+        # Hydra hands lists as ListConfig, which is a Sequence; a bare number is a mistake.
+        raise SettingTypeError(
+            f"{name} must be a list with one entry per rank, got {value!r:.60} "
+            f"({type(value).__name__}); pass e.g. {name}={example}.",
+            setting=name,
+            value=value,
+        )
+    if len(value) == 0:
+        raise SettingValueError(
+            f"{name} must have one entry per rank, got an empty list; pass e.g. "
+            f"{name}={example}, or leave it unset (None) for ranks of equal speed and memory.",
+            setting=name,
+            value=value,
+        )
+    return value
+
+
+def check_rank_shares(value: object) -> tuple[float, ...] | None:
+    """``rank_shares`` as a tuple of positive finite floats (``None`` stays ``None``).
+
+    Raises:
+        SettingTypeError: for a value that is not a list of numbers.
+        SettingValueError: for an empty list or a share that is zero, negative, NaN or
+            infinite (the message names the rank).
+
+    Example:
+        >>> check_rank_shares([1, 0.5])
+        (1.0, 0.5)
+    """
+    if value is None:
+        return None
+    items = _as_sequence("rank_shares", value, "[1.0, 0.5]")
+    out = []
+    for rank, share in enumerate(items):
+        if isinstance(share, bool) or not isinstance(share, numbers.Real):
+            raise SettingTypeError(
+                f"rank_shares[{rank}] (the share of rank {rank}) must be a number, got "
+                f"{share!r:.40} ({type(share).__name__}); pass e.g. rank_shares=[1.0, 0.5].",
+                setting="rank_shares",
+                value=value,
+            )
+        share = float(share)
+        if not math.isfinite(share) or share <= 0:
+            raise SettingValueError(
+                f"rank_shares[{rank}] (the share of rank {rank}) must be a positive finite "
+                f"number (the rank's relative speed), got {share!r}; every rank needs work: "
+                "give a slow rank a small share (e.g. 0.5), not 0.",
+                setting="rank_shares",
+                value=value,
+            )
+        out.append(share)
+    return tuple(out)
+
+
+def check_rank_max_tokens(value: object) -> tuple[int, ...] | None:
+    """``rank_max_tokens`` as a tuple of positive ints (``None`` stays ``None``).
+
+    Raises:
+        SettingTypeError: for a value that is not a list of integers.
+        SettingValueError: for an empty list or a budget below 1 (the message names the rank).
+
+    Example:
+        >>> check_rank_max_tokens([4096, 3000])
+        (4096, 3000)
+    """
+    if value is None:
+        return None
+    items = _as_sequence("rank_max_tokens", value, "[4096, 3000]")
+    return tuple(
+        check_count(
+            "rank_max_tokens",
+            budget,
+            what=f" (rank_max_tokens[{rank}], the memory budget of rank {rank})",
+        )
+        for rank, budget in enumerate(items)
+    )
+
+
+def _check_length(name: str, values: Sequence[object] | None, world_size: int) -> None:
+    if values is not None and len(values) != world_size:
+        raise SettingValueError(
+            f"{name} has {len(values)} entries but world_size={world_size}: give one entry "
+            f"per rank (rank 0 first), or leave {name} unset.",
+            setting=name,
+            value=tuple(values),
+        )
+
+
+def rank_budgets(
+    max_tokens: int,
+    world_size: int,
+    shares: Sequence[float] | None = None,
+    rank_max_tokens: Sequence[int] | None = None,
+    *,
+    floor: int = 0,
+) -> tuple[int, ...]:
+    """Every rank's micro-batch budget from its share and its memory budget.
+
+    ``b_r = ⌊c · s_r⌋`` with ``s_r = shares[r] / max(shares)`` and ``c`` the largest value that
+    keeps every ``b_r`` within ``rank_max_tokens[r]`` (default ``max_tokens``), so each rank's
+    work is proportional to its share and no micro-batch exceeds its rank's memory. Equal shares
+    give every rank the smallest memory budget (the step waits for the slowest rank anyway).
+
+    Args:
+        max_tokens: the budget of a rank without its own (``PlanConfig.max_tokens``).
+        world_size: the number of ranks.
+        shares: relative speeds, one per rank (``None``: all equal).
+        rank_max_tokens: memory budgets, one per rank (``None``: all ``max_tokens``).
+        floor: the least budget a rank may get (e.g. the cost of the longest example); a
+            share that would give less is raised to it, as long as the rank's memory allows.
+
+    Returns:
+        One budget per rank.
+
+    Raises:
+        SettingValueError: for a list of the wrong length, a bad share or budget, or a
+            ``floor`` above a rank's memory budget (the message names the rank).
+
+    Example:
+        >>> rank_budgets(4096, 2, shares=(1, 0.1), floor=1000)
+        (4096, 1000)
+    """
+    world = check_count("world_size", world_size)
+    shares = check_rank_shares(shares)
+    memory = check_rank_max_tokens(rank_max_tokens)
+    _check_length("rank_shares", shares, world)
+    _check_length("rank_max_tokens", memory, world)
+    limit = np.full(world, check_count("max_tokens", max_tokens), dtype=np.float64)
+    if memory is not None:
+        limit = np.asarray(memory, dtype=np.float64)
+    speed = np.ones(world) if shares is None else np.asarray(shares) / max(shares)
+    scale = float(np.min(limit / speed))
+    budgets = np.minimum(np.floor(scale * speed + 1e-9), limit).astype(np.int64)
+    if floor > 0:
+        low = np.flatnonzero(limit < floor)
+        if low.size:
+            r = int(low[0])
+            setting = "rank_max_tokens" if memory is not None else "max_tokens"
+            raise SettingValueError(
+                f"Rank {r}'s memory budget ({int(limit[r])}, {setting}) cannot hold the "
+                f"longest example (cost {floor}): raise {setting} for rank {r}, or shorten "
+                "the longest examples (oversize='truncate' or 'skip').",
+                setting=setting,
+                value=memory if memory is not None else max_tokens,
+            )
+        budgets = np.maximum(budgets, floor)
+    return tuple(int(b) for b in budgets)
