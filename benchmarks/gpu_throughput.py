@@ -5,7 +5,8 @@ examples trained once with (a) our token-budget batches, (b) random fixed-size b
 same mean size, (c) length-sorted fixed-size batches; real target tokens/sec, padded fraction,
 peak memory (``torch.cuda.max_memory_allocated`` over the loop, above what the model and the
 pre-built batches hold), the speed-up of (a) over (b) against the one the padding predicts.
-Each configuration runs in a fresh process, interleaved over ``--rounds`` rounds.
+Each configuration runs in a fresh process (``--tiny``: all in this process, one round),
+interleaved over ``--rounds`` rounds.
 
 Run from the repository root on a machine with one CUDA GPU (venv active, a CUDA build of
 torch)::
@@ -104,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if s.device.startswith("cuda"):
         print("gpu:", gpu_line())
     describe(s)
-    results = run_all_configs(MODULE, s, args.rounds)
+    results = run_all_configs(MODULE, s, args.rounds, in_process=args.tiny)
     print(
         f"\ntraining throughput (median of {args.rounds} interleaved rounds; tok/s = real target "
         "tokens per second of step time; pad frac = 1 - real / padded source+target slots; "

@@ -3,15 +3,16 @@
 Run from the repository root (venv active; no network needed)::
 
     python -m benchmarks.hf_datasets            # full run: ~15 min on 2 busy shared cores
-    python -m benchmarks.hf_datasets --quick    # smoke test, ~55 s there
+    python -m benchmarks.hf_datasets --quick    # smoke test, ~10 s there
     python -m benchmarks.hf_datasets --only lengths --json out.json
 
-Every measurement runs in a **fresh subprocess** (``python -m benchmarks.hf_datasets --child``)
-and every figure is shown next to a baseline measured in the same run. Temporary data go to a
-fresh folder under ``--tmp`` (default: the system's temp dir), deleted at the end.
+Every measurement runs in a **fresh subprocess** (``python -m benchmarks.hf_datasets --child``;
+``--quick``: all in this process, a smoke test of the code paths) and every figure is shown
+next to a baseline measured in the same run. Temporary data go to a fresh folder under
+``--tmp`` (default: the system's temp dir), deleted at the end.
 
 **1. Lengths** (:func:`lightning_varbatch.sources.column_lengths`) of ``--rows`` rows (default
-100M; ``--quick`` 1M). The data are written with pyarrow as an Arrow IPC *stream* file in
+100M; ``--quick`` 200k). The data are written with pyarrow as an Arrow IPC *stream* file in
 record batches of 1,000 rows (what ``datasets`` writes: ``ArrowWriter``'s default
 ``writer_batch_size``) and opened with ``datasets.Dataset.from_file`` (memory-mapped; the file
 was just written, so the page cache is warm). Columns: ``n`` (int32 lengths, 1 + Poisson(5),
@@ -21,9 +22,9 @@ column ``n``; **(b)** the token-id column ``ids`` (list lengths from the Arrow o
 timed). Baselines on the first rows (for (c) ``ds.shuffle(seed=0).select(range(k))``), their
 time **extrapolated linearly** to ``--rows`` (marked ``extrap.``): a **per-row Python loop**
 (``[len(x) for x in ds["ids"]]``, for (a) ``[x for x in ds["n"]]``) on ``--baseline-rows``
-rows (default 1M; ``--quick`` 20k) and **``ds.map(batched=True)``** computing the lengths
+rows (default 1M; ``--quick`` 5k) and **``ds.map(batched=True)``** computing the lengths
 (``load_from_cache_file=False``, the default on-disk cache file) on ``--map-rows`` rows
-(default 100k, ``--quick`` 5k: at 50-200 us/row it would take minutes on 1M). For (a) also
+(default 100k, ``--quick`` 2k: at 50-200 us/row it would take minutes on 1M). For (a) also
 ``ds.with_format("numpy")["n"][:]`` on all rows (the vectorised way to read an int column).
 **Peak memory**: the rise of the process's resident-set high-water mark (``VmHWM`` of
 ``/proc/self/status``, reset through ``/proc/self/clear_refs`` just before the call, minus
@@ -147,8 +148,15 @@ def versions() -> str:
 # -- subprocesses ---------------------------------------------------------------------------------
 
 
-def measure(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
-    """Run one measurement in a fresh ``python -m benchmarks.hf_datasets --child`` process."""
+def measure(spec: dict[str, Any], in_process: bool = False, timeout: float = 600) -> dict[str, Any]:
+    """Run one measurement in a fresh ``python -m benchmarks.hf_datasets --child`` process.
+
+    ``in_process`` (``--quick``): in this process instead, the result passed through JSON as
+    a child's would be (no start-up and imports per measurement; the figures then less clean).
+    """
+    if in_process:
+        result: dict[str, Any] = json.loads(json.dumps(child_run(spec)))
+        return result
     cmd = child_command("benchmarks.hf_datasets", "--child", json.dumps(spec))
     found: dict[str, Any] = run_child(
         cmd, env=child_env(TOKENIZERS_PARALLELISM="true"), timeout=timeout
@@ -157,6 +165,11 @@ def measure(spec: dict[str, Any], timeout: float = 600) -> dict[str, Any]:
 
 
 def child_main(spec: dict[str, Any]) -> None:
+    emit_result(child_run(spec))
+
+
+def child_run(spec: dict[str, Any]) -> dict[str, Any]:
+    """One measurement, what its child reports."""
     part = spec["part"]
     if part in ("loader", "verify", "profile"):
         import torch
@@ -174,7 +187,7 @@ def child_main(spec: dict[str, Any]) -> None:
         out = child_profile(spec)
     else:
         raise ValueError(f"unknown part {part!r}")
-    emit_result(out)
+    return out
 
 
 # -- 1. lengths -----------------------------------------------------------------------------------
@@ -302,7 +315,8 @@ def measure_lengths(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, A
             if method != "ours" and rnd > 0:
                 continue  # the slow baselines once
             out = measure(
-                {"part": "lengths", "path": path, "case": case, "method": method, "rows": rows}
+                {"part": "lengths", "path": path, "case": case, "method": method, "rows": rows},
+                args.quick,
             )
             name = f"lengths/{case}/{method}"
             entry = results.setdefault(name, {**out, "all_seconds": [], "all_rss": []})
@@ -493,7 +507,7 @@ def measure_tokens(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
                 "cache": os.path.join(tmp, f"cache_{rnd}"),  # a cold cache every round
                 "out": out_npy,
             }
-            out = measure(spec)
+            out = measure(spec, args.quick)
             counts.setdefault(method, []).append(np.load(out_npy))
             found = {f"tokens/{method}": out}
             if method == "ours_cache":
@@ -685,7 +699,8 @@ def measure_loader(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
         flush=True,
     )
     verify = measure(
-        {"part": "verify", "pairs": args.verify_pairs, "tmp": tmp, "max_tokens": args.max_tokens}
+        {"part": "verify", "pairs": args.verify_pairs, "tmp": tmp, "max_tokens": args.max_tokens},
+        args.quick,
     )
     print(
         f"  identical batches (list / hf / disk, {args.verify_pairs:,} pairs, "
@@ -704,7 +719,7 @@ def measure_loader(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
                 "tmp": tmp,
                 "max_tokens": args.max_tokens,
             }
-            out = measure(spec)
+            out = measure(spec, args.quick)
             name = f"loader/{kind}/w{workers}"
             entry = results.setdefault(name, {**out, "all_seconds": []})
             entry["all_seconds"].append(out["seconds"])
@@ -719,7 +734,8 @@ def measure_loader(args: argparse.Namespace, tmp: str) -> dict[str, dict[str, An
         entry["identical_batches"] = verify["identical"]
     if args.profile:
         prof = measure(
-            {"part": "profile", "pairs": args.pairs, "tmp": tmp, "max_tokens": args.max_tokens}
+            {"part": "profile", "pairs": args.pairs, "tmp": tmp, "max_tokens": args.max_tokens},
+            args.quick,
         )
         for kind, text in prof.items():
             print(f"\n  cProfile, {kind}, num_workers=0 (by cumulative time):\n{text}")
@@ -784,9 +800,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     defaults = {
-        "rows": (1_000_000, 100_000_000),
-        "baseline_rows": (20_000, 1_000_000),
-        "map_rows": (5_000, 100_000),
+        "rows": (200_000, 100_000_000),
+        "baseline_rows": (5_000, 1_000_000),
+        "map_rows": (2_000, 100_000),
         "texts": (2_000, 200_000),
         "pairs": (2_000, 200_000),
         "verify_pairs": (2_000, 20_000),

@@ -673,8 +673,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         DEFAULTS, target_tokens=args.target_tokens, length_div=args.length_div, seed=args.seed
     )
     if args.quick:
-        args.docs, args.rounds = 10_000, 1
-        s.target_tokens, s.max_steps = 6000, 8
+        args.docs, args.rounds = 4_000, 1
+        s.target_tokens, s.max_steps = 6000, 4
     print("command:", command_line("benchmarks.packing", argv))
     print("machine:", torch_machine_line())
     lengths = sft_lengths(args.docs, args.seed)

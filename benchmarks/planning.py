@@ -277,7 +277,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--lhotse-size",
         type=int,
         default=None,
-        help="examples for lhotse's DynamicBucketingSampler (default 500000; --quick 20000; "
+        help="examples for lhotse's DynamicBucketingSampler (default 500000; --quick 10000; "
         "0 skips it)",
     )
     p.add_argument(
@@ -296,11 +296,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.sizes is None:
         args.sizes = [200_000] if args.quick else [MAIN_DEFAULT, BIG_DEFAULT]
     if args.lhotse_size is None:
-        args.lhotse_size = 20_000 if args.quick else 500_000
+        args.lhotse_size = 10_000 if args.quick else 500_000
     if args.quick:
         args.lhotse_buckets = args.lhotse_buckets[:1]
     if args.ds_sizes is None:
-        args.ds_sizes = [5000] if args.quick else [5000, 10000, 20000]
+        args.ds_sizes = [2000] if args.quick else [5000, 10000, 20000]
     return args
 
 

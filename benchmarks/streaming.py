@@ -9,7 +9,7 @@ Run from the repository root (venv active; no network needed)::
 Every figure is shown next to a baseline measured in the same run. Temporary shards go to a
 fresh folder under ``--tmp`` (default: the system's temp dir), deleted at the end.
 
-**(a) Planning quality** on ``--pairs`` (default 1M; ``--quick`` 100k) WMT-like (source,
+**(a) Planning quality** on ``--pairs`` (default 1M; ``--quick`` 50k) WMT-like (source,
 target) lengths (:func:`~lightning_varbatch.planner.synthetic.wmt_like_lengths`, seed 0),
 ``--max-tokens`` 16384, world size 8, accumulation 1, seed 0, epoch 0, as ``--shard-rows``
 (10k) shards. Rows: the **offline** whole-epoch plan (``EpochPlanner`` + ``diagnose``);
@@ -22,7 +22,7 @@ plans' tile costs, coverage = distinct examples / examples; and **lhotse**
 ``TokenConstraint(max_tokens=16384)`` (lhotse's own padded budget, ``n × longest``: the
 ``max_duration`` equivalent that counts padding; no quadratic term), ``buffer_size=10_000``,
 default ``num_buckets`` (10), ``shuffle=True``, ``seed=0``, run once per rank with
-``world_size=8, rank=r`` on the first ``--lhotse-pairs`` (default all; ``--quick`` 50k);
+``world_size=8, rank=r`` on the first ``--lhotse-pairs`` (default all; ``--quick`` 10k);
 its figures come from :func:`benchmarks.plan_metrics.quality` (the
 library's ``diagnose`` over the batches; imbalance over the steps where every rank has a
 batch). Over budget: padded cost ``n × longest > max_tokens``. Ratio column: padding
@@ -31,7 +31,8 @@ over budget, imbalance like offline.
 
 **(b) Memory flat in dataset size**: lengths-only parquet shards (one int32 column
 ``num_tokens`` = ``max(src, tgt)``, ``--shard-rows`` rows per file) of ``--sizes`` examples
-(default 1M and 10M; ``--quick`` 100k and 500k), each measured in a **fresh subprocess**:
+(default 1M and 10M; ``--quick`` 50k and 200k), each measured in a **fresh subprocess**
+(``--quick``: the three of a size at once, so their seconds are not clean):
 ``planner``: ``WindowedPlanner`` (window 10k, world size 8) planning every window of the epoch,
 its shard lengths read from the parquet column on demand; ``stream``: ``shards_from_files`` +
 ``StreamingBatches`` (rank 0 of 8) iterating the epoch, reading its rows (a collate that
@@ -78,6 +79,7 @@ from benchmarks.harness import (
     print_table,
     proc_kib,
     run_child,
+    run_children,
     uptime,
     write_json,
 )
@@ -366,8 +368,8 @@ def run_memory(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
             f"{time.perf_counter() - t0:.1f} s",
             flush=True,
         )
-        for mode in args.memory_modes:
-            cmd = child_command(
+        cmds = [
+            child_command(
                 "benchmarks.streaming",
                 "--child",
                 mode,
@@ -375,7 +377,14 @@ def run_memory(args: argparse.Namespace, tmp: str) -> dict[str, Any]:
                 "--max-tokens",
                 str(args.max_tokens),
             )
-            results[f"{mode}/{n}"] = run_child(cmd, env=child_env(OMP_NUM_THREADS="1"))[-1]
+            for mode in args.memory_modes
+        ]
+        env = child_env(OMP_NUM_THREADS="1")
+        if args.quick:  # the children at once: each peak is its own, only the seconds suffer
+            found = [out[-1] for out in run_children(cmds, env=env)]
+        else:
+            found = [run_child(cmd, env=env)[-1] for cmd in cmds]
+        results.update({f"{m}/{n}": r for m, r in zip(args.memory_modes, found, strict=True)})
         shutil.rmtree(folder)
     small, large = min(args.sizes), max(args.sizes)
     print(
@@ -627,10 +636,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_result(child_memory(args.child[0], args.child[1], args.max_tokens, 10_000))
         return 0
     q = args.quick
-    args.pairs = args.pairs or (100_000 if q else 1_000_000)
-    args.lhotse_pairs = min(args.lhotse_pairs or (50_000 if q else args.pairs), args.pairs)
+    args.pairs = args.pairs or (50_000 if q else 1_000_000)
+    args.lhotse_pairs = min(args.lhotse_pairs or (10_000 if q else args.pairs), args.pairs)
     args.windows = args.windows or [1_000, 10_000, 100_000]
-    args.sizes = args.sizes or ([100_000, 500_000] if q else [1_000_000, 10_000_000])
+    args.sizes = args.sizes or ([50_000, 200_000] if q else [1_000_000, 10_000_000])
     args.read_pairs = args.read_pairs or (20_000 if q else 200_000)
     args.rounds = args.rounds or (1 if q else 3)
     parts = args.only or ["plans", "memory", "reads", "resume"]

@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -157,24 +158,27 @@ def test_a_benchmark_child_that_fails_names_the_benchmark_command() -> None:
 def test_training_children_report_what_the_run_in_this_process_reports() -> None:
     """``spawn`` (a fresh process) and the in-process run train the same batches."""
     s = dataclasses.replace(TRANSLATION_TINY, max_steps=3)
-    child = training_throughput.spawn("benchmarks.training_throughput", "a", s)
-    here = training_workload.run_config("a", s)
+    lm = tiny(packing.DEFAULTS, target_tokens=600, length_div=16, max_steps=2)
+    arm = tiny(compile_shapes.DEFAULTS, docs=60, max_tokens=512, vocab=64, max_steps=2)
+    # the three children at once, while this process trains (each is mostly its imports)
+    with ThreadPoolExecutor(3) as pool:
+        child_f = pool.submit(training_throughput.spawn, "benchmarks.training_throughput", "a", s)
+        child_lm_f = pool.submit(packing.spawn, "benchmarks.packing", "packed", lm)
+        child_arm_f = pool.submit(compile_shapes.spawn, "eager_free", arm)
+        here = training_workload.run_config("a", s)
+        here_lm = packing.run_train("packed", lm)
+        child, child_lm, child_arm = child_f.result(), child_lm_f.result(), child_arm_f.result()
     assert (child.steps, child.slots, child.real, child.real_tgt) == (
         here.steps,
         here.slots,
         here.real,
         here.real_tgt,
     )
-    lm = tiny(packing.DEFAULTS, target_tokens=600, length_div=16, max_steps=2)
-    child_lm = packing.spawn("benchmarks.packing", "packed", lm)
-    here_lm = packing.run_train("packed", lm)
     assert (child_lm.steps, child_lm.real, child_lm.slots) == (
         here_lm.steps,
         here_lm.real,
         here_lm.slots,
     )
-    arm = tiny(compile_shapes.DEFAULTS, docs=60, max_tokens=512, vocab=64, max_steps=2)
-    child_arm = compile_shapes.spawn("eager_free", arm)
     assert child_arm.steps == 2 and child_arm.finite and child_arm.graphs == 0
 
 

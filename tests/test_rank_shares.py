@@ -20,8 +20,14 @@ from hypothesis import strategies as st
 
 from lightning_varbatch import PlanConfig, TokenBudgetBatchSampler, TokenBudgetDataModule
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
-from lightning_varbatch.planner import EpochPlanner, diagnose, wmt_like_lengths
-from lightning_varbatch.planner.rank_shares import rank_budgets
+from lightning_varbatch.planner import (
+    DataSource,
+    EpochPlanner,
+    MixturePlanner,
+    diagnose,
+    wmt_like_lengths,
+)
+from lightning_varbatch.planner.rank_shares import rank_budgets, scaled_budgets
 from tests.launch import launch
 from tests.test_planning_properties import planner_or_skip, recomputed_cost, scenarios
 
@@ -266,11 +272,94 @@ def test_shares_of_the_wrong_length_for_the_world_size_are_refused() -> None:
         s.set_rank_shares([1.0, 0.5])
 
 
-def test_mixtures_refuse_rank_budgets_with_the_reason() -> None:
-    with pytest.raises(SettingValueError, match="several mixed datasets"):
+def test_mixtures_that_re_deal_micro_batches_refuse_rank_budgets_with_the_reason() -> None:
+    with pytest.raises(SettingValueError, match="mixing='per_batch' would re-deal") as info:
         TokenBudgetBatchSampler.from_sources(
-            [[3, 4], [5, 6]], 16, rank=0, world_size=2, rank_shares=[1, 0.5]
+            [[3, 4], [5, 6]], 16, rank=0, world_size=2, rank_shares=[1, 0.5], mixing="per_batch"
         )
+    assert info.value.setting == "mixing"
+
+
+@st.composite
+def mixtures(draw: st.DrawFn) -> dict:
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    common = draw(st.sampled_from([64, 200, 600]))
+    datasets, own = [], []
+    for _ in range(draw(st.integers(2, 3))):
+        high = draw(st.sampled_from([4, 30, 60]))
+        lengths = rng.integers(1, high + 1, size=draw(st.integers(4, 150)))
+        datasets.append(lengths)
+        smaller = common * 3 // 4
+        own.append(smaller if draw(st.booleans()) and smaller >= 2 * high else None)
+    world = draw(st.integers(1, 4))
+    return {
+        "sources": [
+            DataSource(lengths, name=f"d{i}", max_tokens=budget)
+            for i, (lengths, budget) in enumerate(zip(datasets, own, strict=True))
+        ],
+        "config": PlanConfig(
+            max_tokens=common,
+            tail=draw(st.sampled_from(["spread", "pad", "drop"])),
+            seed=draw(st.integers(0, 3)),
+        ),
+        "world": world,
+        "acc": draw(st.integers(1, 2)),
+        "shares": draw(st.lists(st.floats(0.2, 3.0), min_size=world, max_size=world)),
+        "steps": draw(st.sampled_from([None, None, 7])),
+    }
+
+
+@SETTINGS
+@given(mixtures(), st.data())
+def test_mixture_steps_keep_each_ranks_budget_in_every_dataset_and_resume_elsewhere(
+    case: dict, data: st.DataObject
+) -> None:
+    config, world, acc = case["config"], case["world"], case["acc"]
+    mixture = MixturePlanner(case["sources"], config, steps_per_epoch=case["steps"])
+    budgets = rank_budgets(config.max_tokens, world, case["shares"], floor=mixture.longest_cost)
+    try:
+        plan = mixture.plan(0, world, acc, rank_budgets=budgets)
+    except ValueError as err:  # a dataset too small for the ranks (named in the message)
+        assert "Dataset" in str(err) or "More ranks than batches" in str(err)
+        return
+    assert plan.assign.shape[1:] == (world, acc)
+    key = mixture.prepared.key
+    for rank in range(world):
+        for mb in plan.rank_micro_batches(rank).tolist():
+            dataset = int(plan.micro_batch_dataset[mb])
+            own = mixture.budget(dataset)
+            limit = scaled_budgets(budgets, own, config.max_tokens)[rank]
+            ids = plan.micro_batch_ids(mb)
+            assert recomputed_cost(ids, key, config) <= limit, (rank, dataset, limit)
+    if case["steps"] is not None or config.tail == "drop":
+        return
+    assert set(plan.example_ids().tolist()) == set(range(mixture.num_examples))
+    consumed = data.draw(st.integers(0, plan.num_micro_batches_per_rank))
+    world2 = data.draw(st.integers(1, 3))
+    shares2 = data.draw(st.lists(st.floats(0.2, 3.0), min_size=world2, max_size=world2))
+    second = rank_budgets(config.max_tokens, world2, shares2, floor=mixture.longest_cost)
+    try:
+        rest = mixture.plan_resumed(
+            0, world2, 1, [(world, acc, consumed, budgets)], rank_budgets=second
+        )
+    except ValueError as err:
+        assert "More ranks than batches" in str(err) or "Dataset" in str(err)
+        return
+    trained = set(plan.consumed_ids(consumed).tolist()) | set(rest.example_ids().tolist())
+    assert trained == set(range(mixture.num_examples))
+
+
+def test_a_mixture_sampler_takes_shares_at_run_time() -> None:
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(3, 40, 400), rng.integers(10, 60, 300)]
+    ranks = [
+        TokenBudgetBatchSampler.from_sources(sources, 240, rank=r, world_size=2) for r in (0, 1)
+    ]
+    for s in ranks:
+        s.set_rank_shares([1.0, 0.5])
+    assert ranks[0].rank_budgets == (240, 120) and ranks[1].rank_shares == (1.0, 0.5)
+    ids = [i for s in ranks for b in s for i in b]
+    assert sorted(ids) == list(range(700))
 
 
 # -- the budget finder per rank ------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from lightning_varbatch import MicroBatch, TokenBudgetBatchSampler
+from lightning_varbatch import EpochPlanner, MicroBatch, PlanConfig, TokenBudgetBatchSampler
 from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 
 LENGTHS = np.random.default_rng(0).integers(1, 50, size=(3000, 2))
@@ -398,3 +398,15 @@ def test_sampler_arguments_are_the_plan_settings() -> None:
             assert getattr(sampler.config, setting.name) == setting.default, setting.name
     with pytest.raises(SettingTypeError, match="did you mean 'max_examples'"):
         TokenBudgetBatchSampler(LENGTHS, 512, rank=0, world_size=1, max_example=4)
+
+
+def test_ranks_in_one_process_share_the_planners_plan_and_other_inputs_plan_again() -> None:
+    planner = EpochPlanner(np.random.default_rng(0).integers(1, 30, 500), PlanConfig(64))
+    ranks = [TokenBudgetBatchSampler.from_planner(planner, rank=r, world_size=4) for r in range(4)]
+    assert all(s.plan is ranks[0].plan for s in ranks)  # planned once, not per rank
+    again = planner.plan_resumed(0, 4, 1)
+    assert again is ranks[0].plan
+    other = planner.plan_resumed(1, 4, 1)
+    assert other is not again and other.epoch == 1
+    fresh = EpochPlanner(planner.prepared.key, PlanConfig(64)).plan_resumed(1, 4, 1)
+    assert np.array_equal(fresh.assign, other.assign)  # the cache returns what a plan gives

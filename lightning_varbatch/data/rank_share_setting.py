@@ -24,18 +24,19 @@ from collections.abc import Sequence
 
 from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.rank_shares import check_rank_shares, rank_budgets
 
-__all__ = ["RankShareSetting"]
+__all__ = ["LANE_PLANNERS", "RankShareSetting"]
 
 
 class RankShareSetting:
     """The shares in force for the epochs a sampler plans next.
 
     Args:
-        planner: the sampler's planner; ranks of their own budgets need a one-dataset
-            :class:`~lightning_varbatch.planner.EpochPlanner`.
+        planner: the sampler's planner (one dataset, or a mixture that keeps whole steps of
+            each dataset: ``mixing="per_step"``).
 
     Attributes:
         shares: the shares (``None``: equal, or the memory budgets alone).
@@ -44,18 +45,7 @@ class RankShareSetting:
 
     def __init__(self, planner: Planner) -> None:
         self.planner = planner
-        config = planner.config
-        if not isinstance(planner, EpochPlanner) and (
-            config.rank_shares is not None or config.rank_max_tokens is not None
-        ):
-            raise SettingValueError(
-                "rank_shares / rank_max_tokens plan each rank's micro-batches in a lane of its "
-                "own, which is not supported for several mixed datasets yet: unset them, or "
-                "train on one dataset.",
-                setting="rank_shares" if config.rank_shares is not None else "rank_max_tokens",
-                value=config.rank_shares or config.rank_max_tokens,
-            )
-        self.shares: tuple[float, ...] | None = config.rank_shares
+        self.shares: tuple[float, ...] | None = planner.config.rank_shares
         self.set_by_run = False
 
     def set(self, shares: Sequence[float] | None, world_size: int) -> None:
@@ -63,14 +53,16 @@ class RankShareSetting:
 
         Raises:
             SettingValueError: for bad shares (naming the rank), shares of another length
-                than ``world_size``, or a planner of several datasets.
+                than ``world_size``, or a mixture that re-deals micro-batches
+                (``mixing="per_batch"``).
         """
-        if not isinstance(self.planner, EpochPlanner):
+        planner = self.planner
+        if isinstance(planner, MixturePlanner) and planner.mixing == "per_batch":
             raise SettingValueError(
-                "set_rank_shares needs a sampler over one dataset: ranks of their own budgets "
-                "are not supported for several mixed datasets yet.",
-                setting="rank_shares",
-                value=shares,
+                "set_rank_shares cuts each rank's micro-batches to its own budget, which "
+                "mixing='per_batch' would re-deal over the ranks: use mixing='per_step'.",
+                setting="mixing",
+                value=planner.mixing,
             )
         checked = check_rank_shares(shares)
         if checked is not None and len(checked) != world_size:
@@ -80,14 +72,14 @@ class RankShareSetting:
                 setting="rank_shares",
                 value=checked,
             )
-        self.shares = self.planner.config.rank_shares if checked is None else checked
+        self.shares = planner.config.rank_shares if checked is None else checked
         self.set_by_run = checked is not None
 
     def budgets(self, world_size: int) -> tuple[int, ...] | None:
         """Every rank's budget for ``world_size`` ranks (``None``: ``max_tokens`` on each)."""
         planner = self.planner
         config = planner.config
-        if not isinstance(planner, EpochPlanner) or (
+        if not isinstance(planner, LANE_PLANNERS) or (
             self.shares is None and config.rank_max_tokens is None
         ):
             return None
@@ -95,3 +87,7 @@ class RankShareSetting:
         return rank_budgets(
             config.max_tokens, world_size, self.shares, config.rank_max_tokens, floor=floor
         )
+
+
+#: The planners that plan ranks of their own budgets (``plan_resumed(..., rank_budgets=)``).
+LANE_PLANNERS = (EpochPlanner, MixturePlanner)

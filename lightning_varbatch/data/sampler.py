@@ -35,7 +35,7 @@ from lightning_varbatch.data.plan_settings import (
     plan_config,
     reject_unknown,
 )
-from lightning_varbatch.data.rank_share_setting import RankShareSetting
+from lightning_varbatch.data.rank_share_setting import LANE_PLANNERS, RankShareSetting
 from lightning_varbatch.data.sampler_state import (
     ON_MISMATCH,
     STATE_VERSION,
@@ -368,7 +368,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if self._cache is not None and self._cache[0] == key:
             return self._cache[1]
         args = (position.epoch, self.world_size, self.accumulate_grad_batches, position.history)
-        if isinstance(self.planner, EpochPlanner):
+        if isinstance(self.planner, LANE_PLANNERS):
             plan = self.planner.plan_resumed(*args, rank_budgets=position.budgets)
         else:
             plan = self.planner.plan_resumed(*args)
@@ -417,7 +417,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
         Raises:
             SettingValueError: for a bad share (the rank is named), the wrong number of
-                shares, or a sampler over several datasets.
+                shares, or a mixture of ``mixing="per_batch"``.
 
         Example:
             >>> s = TokenBudgetBatchSampler([5] * 40, 20, rank=0, world_size=2)

@@ -245,14 +245,17 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
 
 
 def _budgets(planner: Planner, plan: EpochPlan) -> np.ndarray:
-    """Every micro-batch's budget (its dataset's ``max_tokens`` in a mixture)."""
+    """Every micro-batch's budget: its dataset's ``max_tokens``, scaled to its rank's budget."""
     if isinstance(planner, MixturePlanner) and plan.micro_batch_dataset is not None:
-        budgets = np.array([planner.budget(d) for d in range(planner.num_datasets)], float)
-        return budgets[plan.micro_batch_dataset]
-    budgets = np.full(plan.micro_batch_cost.shape, float(planner.config.max_tokens))
+        own = np.array([planner.budget(d) for d in range(planner.num_datasets)], float)
+        budgets = own[plan.micro_batch_dataset]
+    else:
+        budgets = np.full(plan.micro_batch_cost.shape, float(planner.config.max_tokens))
     if plan.rank_budget is not None:  # each rank's micro-batches fit its own budget
+        common = float(planner.config.max_tokens)
         for rank, budget in enumerate(plan.rank_budget):
-            budgets[plan.assign[:, rank, :]] = float(budget)
+            ids = plan.assign[:, rank, :]
+            budgets[ids] = np.floor(budgets[ids] * float(budget) / common)
     return budgets
 
 

@@ -39,12 +39,7 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.length_warmup import LengthWarmupTrace, light_steps, warmup_order
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
-from lightning_varbatch.planner.rank_lanes import (
-    check_budgets_hold,
-    lane_plan,
-    single_example_cost,
-    uniform,
-)
+from lightning_varbatch.planner.rank_lanes import lane_budgets, lane_plan, single_example_cost
 from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 from lightning_varbatch.planner.shape_budget import ShapeBudget
@@ -118,6 +113,7 @@ class EpochPlanner(ShapeBudget):
         self._shape_lengths: np.ndarray | None = None
         self._cuts: dict[int, SortedCut] = {}
         self._longest_cost: int | None = None
+        self._last: tuple[tuple[Any, ...], EpochPlan] | None = None  # plan_resumed's last plan
 
     @property
     def num_examples(self) -> int:
@@ -248,7 +244,7 @@ class EpochPlanner(ShapeBudget):
             starts = groups.starts
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
-        budgets = self._budgets(world, rank_budgets)
+        budgets = lane_budgets(cfg, world, rank_budgets, lambda: self.longest_cost)
         if budgets is not None:
             lanes = lane_plan(groups, order, self.prepared.key, budgets, cfg, acc, tail, rng)
             caps = warmup_caps(cfg, self.prepared, epoch, first_step)
@@ -291,31 +287,6 @@ class EpochPlanner(ShapeBudget):
             duplicated=selected.num_duplicated,
             shapes=self._micro_batch_shapes(groups, cut),
         )
-
-    def _budgets(self, world: int, given: Sequence[int] | None) -> tuple[int, ...] | None:
-        """The ranks' budgets when they differ from ``max_tokens`` on every rank, else ``None``."""
-        cfg = self.config
-        budgets = cfg.rank_budgets(world) if given is None else tuple(int(b) for b in given)
-        if budgets is not None and len(budgets) != world:
-            raise SettingValueError(
-                f"rank_budgets has {len(budgets)} entries but world_size={world}: give one "
-                "budget per rank.",
-                setting="rank_budgets",
-                value=budgets,
-            )
-        if uniform(budgets, cfg.max_tokens):
-            return None
-        assert budgets is not None
-        if max(budgets) > cfg.max_tokens or min(budgets) < 1:
-            raise SettingValueError(
-                f"rank_budgets={budgets} must each be in [1, max_tokens={cfg.max_tokens}].",
-                setting="rank_budgets",
-                value=budgets,
-            )
-        if self._longest_cost is None:
-            self._longest_cost = single_example_cost(self.prepared, cfg)
-        check_budgets_hold(budgets, self._longest_cost, cfg)
-        return budgets
 
     @property
     def longest_cost(self) -> int:
@@ -448,6 +419,25 @@ class EpochPlanner(ShapeBudget):
             when ``history`` is empty).
         """
         history = check_history(history)
+        budgets = None if rank_budgets is None else tuple(int(b) for b in rank_budgets)
+        key = (epoch, world_size, accumulate_grad_batches, tuple(history), budgets)
+        if self._last is not None and self._last[0] == key:
+            # Every rank's sampler plans the same epoch: in one process (tests, simulations,
+            # a DataModule's check) they share the plan instead of planning it again.
+            return self._last[1]
+        plan = self._plan_rest(epoch, world_size, accumulate_grad_batches, history, budgets)
+        self._last = (key, plan)  # the sampler holds the same plan: no extra memory
+        return plan
+
+    def _plan_rest(
+        self,
+        epoch: int,
+        world_size: int,
+        accumulate_grad_batches: int,
+        history: list[tuple[Any, ...]],
+        rank_budgets: tuple[int, ...] | None,
+    ) -> EpochPlan:
+        """:meth:`plan_resumed` without its cache."""
         exclude: np.ndarray | None = None
         first, floor = 0, 0  # where the length warm-up stands
         for depth, (world, acc, consumed, *budgets) in enumerate(history):

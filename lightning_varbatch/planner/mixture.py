@@ -55,6 +55,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -78,6 +79,8 @@ from lightning_varbatch.planner.mixture_datasets import (
     share_shape_lengths,
     source_names,
 )
+from lightning_varbatch.planner.rank_lanes import uniform
+from lightning_varbatch.planner.rank_shares import scaled_budgets
 from lightning_varbatch.planner.resume_inputs import check_history
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.tail import effective_tail
@@ -171,6 +174,50 @@ class MixturePlanner:
         self.temperature = float(temperature)
         #: ``(datasets, length_warmup + 1)`` caps of the length warm-up (``None``: none).
         self.warmup_caps = mixture_warmup_caps(config, self.sources, self.planners, self.names)
+        self._refuse_mixed_lanes()
+
+    def _refuse_mixed_lanes(self, given: bool = False) -> None:
+        """Refuse ranks of their own budgets with ``mixing="per_batch"``.
+
+        Each rank's micro-batches are cut in a lane of its own
+        (:mod:`~lightning_varbatch.planner.rank_lanes`); whole steps of each dataset keep
+        them (``"per_step"``), while ``"per_batch"`` re-deals single micro-batches of several
+        datasets over the ranks, which would give a rank micro-batches cut for another.
+        """
+        config = self.config
+        own = given or config.rank_shares is not None or config.rank_max_tokens is not None
+        if self.mixing != "per_batch" or not own:
+            return
+        raise SettingValueError(
+            "rank_shares / rank_max_tokens cut each rank's micro-batches to its own budget, "
+            "which mixing='per_batch' would re-deal over the ranks: use mixing='per_step' "
+            "with per-rank budgets, or unset them.",
+            setting="mixing",
+            value=self.mixing,
+        )
+
+    @property
+    def longest_cost(self) -> int:
+        """The least common-scale budget a rank may have: every dataset's longest must fit."""
+        common = self.config.max_tokens
+        return max(-(-p.longest_cost * common // p.config.max_tokens) for p in self.planners)
+
+    def _budgets(self, world: int, given: Sequence[int] | None) -> tuple[int, ...] | None:
+        """The ranks' common-scale budgets: ``given``, else the config's (``None``: equal)."""
+        budgets = self.config.rank_budgets(world) if given is None else tuple(map(int, given))
+        if uniform(budgets, self.config.max_tokens):
+            return None
+        self._refuse_mixed_lanes(given=True)
+        return budgets
+
+    def _dataset_budgets(
+        self, dataset: int, budgets: tuple[int, ...] | None
+    ) -> tuple[int, ...] | None:
+        """The ranks' budgets in dataset ``dataset``'s own budget (:func:`scaled_budgets`)."""
+        if budgets is None:
+            return None
+        own = self.planners[dataset].config.max_tokens
+        return scaled_budgets(budgets, own, self.config.max_tokens)
 
     def _which(self, index: int) -> str:
         """How error messages name a dataset."""
@@ -254,13 +301,23 @@ class MixturePlanner:
 
     # -- planning ------------------------------------------------------------------------
 
-    def plan(self, epoch: int, world_size: int = 1, accumulate_grad_batches: int = 1) -> EpochPlan:
+    def plan(
+        self,
+        epoch: int,
+        world_size: int = 1,
+        accumulate_grad_batches: int = 1,
+        *,
+        rank_budgets: Sequence[int] | None = None,
+    ) -> EpochPlan:
         """Plan one epoch of the mixture.
 
         Args:
             epoch: the epoch (the plan depends only on ``config.seed`` and ``epoch``).
             world_size: number of ranks.
             accumulate_grad_batches: micro-batches per rank per optimizer step.
+            rank_budgets: the ranks' budgets against the common ``max_tokens`` (``None``: the
+                config's); each dataset plans them scaled to its own budget
+                (:func:`~lightning_varbatch.planner.rank_shares.scaled_budgets`).
 
         Returns:
             The plan; ``plan.micro_batch_dataset`` says which dataset each micro-batch is from.
@@ -272,22 +329,26 @@ class MixturePlanner:
         epoch = check_count("epoch", epoch, minimum=0)
         world = check_count("world_size", world_size)
         acc = check_count("accumulate_grad_batches", accumulate_grad_batches)
+        budgets = self._budgets(world, rank_budgets)
         if self.steps_per_epoch is None:
             parts = [
-                self._part(i, self._pass(i, epoch, world, acc), int(self.offsets[i]))
+                self._part(
+                    i, self._pass(i, epoch, world, acc, budgets=budgets), int(self.offsets[i])
+                )
                 for i in range(self.num_datasets)
             ]
-            return self._warm(self._compose(parts, epoch, world, acc, salt=0), 0, 0)
+            plan = self._compose(parts, epoch, world, acc, salt=0, budgets=budgets)
+            return self._warm(plan, 0, 0)
         per_unit = 1 if self.mixing == "per_step" else world * acc
         counts = apportion(self.steps_per_epoch * per_unit, self.probabilities)
         parts = []
         dropped = 0
         for i, count in enumerate(counts.tolist()):
             if count:
-                taken, lost = self._stream(i, epoch, int(count), world, acc)
+                taken, lost = self._stream(i, epoch, int(count), world, acc, budgets)
                 parts += taken
                 dropped += lost
-        plan = self._compose(parts, epoch, world, acc, salt=0, dropped=dropped)
+        plan = self._compose(parts, epoch, world, acc, salt=0, dropped=dropped, budgets=budgets)
         run = plan.ids_of_micro_batches(plan.assign.reshape(-1))
         unique = int(np.count_nonzero(np.bincount(run, minlength=self.num_examples)))
         return self._warm(replace(plan, num_duplicated=int(run.size) - unique), 0, 0)
@@ -297,25 +358,30 @@ class MixturePlanner:
         epoch: int,
         world_size: int,
         accumulate_grad_batches: int,
-        history: Sequence[tuple[int, int, int]] = (),
+        history: Sequence[tuple[Any, ...]] = (),
+        *,
+        rank_budgets: Sequence[int] | None = None,
     ) -> EpochPlan:
         """Plan what is left of ``epoch`` after topology changes.
 
         As :meth:`EpochPlanner.plan_resumed`: the micro-batches the earlier topologies did
         not run are re-planned per dataset for the new one (repeats included, so upsampling
-        survives the change); the shares of the rest of the epoch stay what they were.
+        survives the change); the shares of the rest of the epoch stay what they were. A
+        history entry may carry the ranks' budgets its plan was made with (a fourth item);
+        ``rank_budgets`` are the current topology's (see :meth:`plan`).
         """
         history = check_history(history)
         if not history:
-            return self.plan(epoch, world_size, accumulate_grad_batches)
-        world, acc, consumed = history[0]
-        plan = self.plan(epoch, world, acc)
+            return self.plan(epoch, world_size, accumulate_grad_batches, rank_budgets=rank_budgets)
+        world, acc, consumed, *budgets = history[0]
+        plan = self.plan(epoch, world, acc, rank_budgets=budgets[0] if budgets else None)
         first, floor = 0, 0  # where the length warm-up stands (the run's step, its level)
-        later = [*history[1:], (world_size, accumulate_grad_batches, 0)]
-        for depth, (world, acc, next_consumed) in enumerate(later, start=1):
+        later = [*history[1:], (world_size, accumulate_grad_batches, 0, rank_budgets)]
+        for depth, (world, acc, next_consumed, *budgets) in enumerate(later, start=1):
             left = plan.consumed_micro_batches(consumed)[1]
             first, floor = warmup_position(plan, consumed, first, floor)
-            plan = self._plan_remainder(plan, left, epoch, world, acc, salt=depth)
+            given = budgets[0] if budgets else None
+            plan = self._plan_remainder(plan, left, epoch, world, acc, salt=depth, budgets=given)
             plan = self._warm(plan, first, floor)
             consumed = next_consumed
         return plan
@@ -327,9 +393,19 @@ class MixturePlanner:
         budgets = np.array([p.config.max_tokens for p in self.planners], dtype=np.int64)
         return warm_mixture(plan, self.prepared.key, budgets, self.warmup_caps, first, floor)
 
-    def _pass(self, dataset: int, k: int, world: int, acc: int, salt: int = 0) -> EpochPlan:
+    def _pass(
+        self,
+        dataset: int,
+        k: int,
+        world: int,
+        acc: int,
+        salt: int = 0,
+        budgets: tuple[int, ...] | None = None,
+    ) -> EpochPlan:
         try:
-            return self.planners[dataset].plan(k, world, acc, salt=salt)
+            return self.planners[dataset].plan(
+                k, world, acc, salt=salt, rank_budgets=self._dataset_budgets(dataset, budgets)
+            )
         except SettingError as error:
             raise error.renamed(error.setting, f"{self._which(dataset)}: {error}") from error
         except ValueError as error:
@@ -340,14 +416,20 @@ class MixturePlanner:
         return Part(dataset, plan, ids, units)
 
     def _stream(
-        self, dataset: int, epoch: int, count: int, world: int, acc: int
+        self,
+        dataset: int,
+        epoch: int,
+        count: int,
+        world: int,
+        acc: int,
+        budgets: tuple[int, ...] | None = None,
     ) -> tuple[list[Part], int]:
         """Units ``[epoch * count, (epoch + 1) * count)`` of the dataset's stream of passes.
 
         Returns the parts and the examples dropped (``tail="drop"``) by passes that end in
         this window.
         """
-        first = self._pass(dataset, 0, world, acc)
+        first = self._pass(dataset, 0, world, acc, budgets=budgets)
         length = self._part(dataset, first, 0).units.shape[0]
         if length == 0:
             raise ValueError(
@@ -358,7 +440,7 @@ class MixturePlanner:
         start, stop = epoch * count, (epoch + 1) * count
         parts, dropped = [], 0
         for k in range(start // length, (stop - 1) // length + 1):
-            plan = first if k == 0 else self._pass(dataset, k, world, acc)
+            plan = first if k == 0 else self._pass(dataset, k, world, acc, budgets=budgets)
             part = self._part(dataset, plan, int(self.offsets[dataset]))
             units, extra = fit_units(part.units, length)
             lo, hi = max(start - k * length, 0), min(stop - k * length, length)
@@ -375,8 +457,10 @@ class MixturePlanner:
         world: int,
         acc: int,
         salt: int,
+        budgets: Sequence[int] | None = None,
     ) -> EpochPlan:
         """Re-plan the examples of ``micro_batches`` (repeats kept) for a new topology."""
+        common = self._budgets(world, budgets)
         ids = plan.ids_of_micro_batches(micro_batches).astype(np.int64)
         owner = np.searchsorted(self.offsets, ids, side="right") - 1
         parts = []
@@ -394,8 +478,11 @@ class MixturePlanner:
             shape_lengths = self.planners[i].shape_lengths
             if shape_lengths is not None:
                 sub.use_shape_lengths(shape_lengths)  # the epoch's shapes, not the rest's
-            parts.append(self._part(i, sub.plan(epoch, world, acc, salt=salt), occ))
-        return self._compose(parts, epoch, world, acc, salt=salt)
+            sub_plan = sub.plan(
+                epoch, world, acc, salt=salt, rank_budgets=self._dataset_budgets(i, common)
+            )
+            parts.append(self._part(i, sub_plan, occ))
+        return self._compose(parts, epoch, world, acc, salt=salt, budgets=common)
 
     def _compose(
         self,
@@ -406,9 +493,14 @@ class MixturePlanner:
         *,
         salt: int,
         dropped: int | None = None,
+        budgets: tuple[int, ...] | None = None,
     ) -> EpochPlan:
-        """One plan of the parts, interleaved by dataset (see :mod:`.interleave`)."""
-        return compose_parts(
+        """One plan of the parts, interleaved by dataset (see :mod:`.interleave`).
+
+        ``budgets``: the ranks' common-scale budgets the parts were planned with
+        (``EpochPlan.rank_budget``; ``None``: equal).
+        """
+        plan = compose_parts(
             parts,
             epoch=epoch,
             world=world,
@@ -420,3 +512,6 @@ class MixturePlanner:
             num_truncated=self.num_truncated,
             dropped=dropped,
         )
+        if budgets is None:
+            return plan
+        return replace(plan, rank_budget=np.asarray(budgets, dtype=np.int64))

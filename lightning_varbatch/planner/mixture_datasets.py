@@ -264,7 +264,8 @@ def source_config(common: PlanConfig, source: DataSource, index: int) -> PlanCon
 
     Each dataset shuffles with its own random stream, derived from ``common.seed`` and its
     index. A length warm-up is the mixture's (it orders the mixture's steps), so the dataset's
-    own plans are made without it.
+    own plans are made without it; so are the ranks' budgets (``rank_shares``,
+    ``rank_max_tokens``), which the mixture scales to the dataset's budget at each plan.
 
     Raises:
         ValueError: for a source budget :class:`PlanConfig` refuses.
@@ -277,6 +278,9 @@ def source_config(common: PlanConfig, source: DataSource, index: int) -> PlanCon
         seed=seed,
         max_tokens=common.max_tokens if source.max_tokens is None else source.max_tokens,
         max_examples=common.max_examples if source.max_examples is None else source.max_examples,
+        # the ranks' budgets are the mixture's, scaled to the dataset's budget when it plans
+        rank_shares=None,
+        rank_max_tokens=None,
     )
 
 

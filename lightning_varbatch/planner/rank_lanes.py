@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,6 +57,7 @@ from lightning_varbatch.planner.tail import split_micro_batches, too_few_message
 __all__ = [
     "LanePlan",
     "check_budgets_hold",
+    "lane_budgets",
     "lane_of_positions",
     "lane_plan",
     "single_example_cost",
@@ -106,6 +107,51 @@ def single_example_cost(prepared: PreparedLengths, config: PlanConfig) -> int:
     p = config.pad_to_multiple_of
     cost = checked_cost(config.cost_fn, np.ones(1, dtype=np.int64), -(-longest // p) * p, longest)
     return math.ceil(float(cost[0]))
+
+
+def lane_budgets(
+    config: PlanConfig,
+    world: int,
+    given: Sequence[int] | None,
+    longest_cost: Callable[[], int],
+) -> tuple[int, ...] | None:
+    """The ranks' budgets a plan is cut to, ``None`` when they are ``max_tokens`` on every rank.
+
+    Args:
+        config: the planner settings.
+        world: the number of ranks.
+        given: the budgets asked for (``None``: the config's, ``PlanConfig.rank_budgets``).
+        longest_cost: the cost of the longest example alone (called only when needed).
+
+    Raises:
+        SettingValueError: for budgets of another length than ``world``, outside
+            ``[1, max_tokens]``, or below the longest example (naming the rank).
+
+    Example:
+        >>> lane_budgets(PlanConfig(max_tokens=64), 2, (64, 32), lambda: 10)
+        (64, 32)
+        >>> lane_budgets(PlanConfig(max_tokens=64), 2, None, lambda: 10) is None
+        True
+    """
+    budgets = config.rank_budgets(world) if given is None else tuple(int(b) for b in given)
+    if budgets is not None and len(budgets) != world:
+        raise SettingValueError(
+            f"rank_budgets has {len(budgets)} entries but world_size={world}: give one "
+            "budget per rank.",
+            setting="rank_budgets",
+            value=budgets,
+        )
+    if uniform(budgets, config.max_tokens):
+        return None
+    assert budgets is not None
+    if max(budgets) > config.max_tokens or min(budgets) < 1:
+        raise SettingValueError(
+            f"rank_budgets={budgets} must each be in [1, max_tokens={config.max_tokens}].",
+            setting="rank_budgets",
+            value=budgets,
+        )
+    check_budgets_hold(budgets, longest_cost(), config)
+    return budgets
 
 
 def check_budgets_hold(budgets: Sequence[int], longest_cost: int, config: PlanConfig) -> None:

@@ -27,13 +27,23 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lightning_varbatch.checks import check_count
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
-__all__ = ["check_rank_max_tokens", "check_rank_shares", "rank_budgets"]
+if TYPE_CHECKING:
+    from lightning_varbatch.planner.settings import PlanConfig
+
+__all__ = [
+    "check_rank_max_tokens",
+    "check_rank_settings",
+    "check_rank_shares",
+    "rank_budgets",
+    "scaled_budgets",
+]
 
 
 def _as_sequence(name: str, value: object, example: str) -> Sequence[object]:
@@ -187,3 +197,60 @@ def rank_budgets(
             )
         budgets = np.maximum(budgets, floor)
     return tuple(int(b) for b in budgets)
+
+
+def scaled_budgets(budgets: Sequence[int], own: int, common: int) -> tuple[int, ...]:
+    """The ranks' budgets for a dataset of budget ``own`` in a mixture of budget ``common``.
+
+    A mixture's datasets may have budgets of their own (``DataSource.max_tokens``); the ranks'
+    budgets, planned against the common ``max_tokens``, scale with it: ``⌊b_r · own / common⌋``,
+    so every dataset divides its steps between the ranks in the same proportions.
+
+    Example:
+        >>> scaled_budgets((4096, 2048), own=2048, common=4096)
+        (2048, 1024)
+    """
+    return tuple(int(b) * int(own) // int(common) for b in budgets)
+
+
+def check_rank_settings(config: PlanConfig) -> dict[str, Any]:
+    """``PlanConfig``'s ``rank_shares`` / ``rank_max_tokens``, checked, as tuples.
+
+    Raises:
+        SettingTypeError: for a value that is not a list of numbers.
+        SettingValueError: for a bad entry (naming the rank), a memory budget above
+            ``max_tokens``, lists of different lengths, or per-rank budgets with
+            ``max_shapes``.
+
+    Example:
+        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> PlanConfig(64, rank_shares=[1, 0.5]).rank_shares  # checked here
+        (1.0, 0.5)
+    """
+    shares = check_rank_shares(config.rank_shares)
+    memory = check_rank_max_tokens(config.rank_max_tokens)
+    if memory is not None and max(memory) > config.max_tokens:
+        r = memory.index(max(memory))
+        raise SettingValueError(
+            f"rank_max_tokens[{r}]={memory[r]} exceeds max_tokens={config.max_tokens}: "
+            "max_tokens is the largest micro-batch of any rank (collates and checks hold "
+            f"every batch to it); set max_tokens={max(memory)}.",
+            setting="rank_max_tokens",
+            value=memory,
+        )
+    if (shares is not None or memory is not None) and config.max_shapes is not None:
+        raise SettingValueError(
+            f"max_shapes={config.max_shapes} cannot be combined with per-rank budgets "
+            "(rank_shares / rank_max_tokens): the shapes are chosen for one budget. Unset "
+            "max_shapes, or the per-rank settings.",
+            setting="max_shapes",
+            value=config.max_shapes,
+        )
+    if shares is not None and memory is not None and len(shares) != len(memory):
+        raise SettingValueError(
+            f"rank_shares has {len(shares)} entries and rank_max_tokens {len(memory)}: "
+            "give both one entry per rank.",
+            setting="rank_max_tokens",
+            value=memory,
+        )
+    return {"rank_shares": shares, "rank_max_tokens": memory}

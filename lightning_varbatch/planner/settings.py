@@ -22,11 +22,7 @@ from lightning_varbatch.checks import check_choice, check_count, check_flag, che
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
 from lightning_varbatch.planner.length_warmup import ScheduleFn, ScheduleName
-from lightning_varbatch.planner.rank_shares import (
-    check_rank_max_tokens,
-    check_rank_shares,
-    rank_budgets,
-)
+from lightning_varbatch.planner.rank_shares import check_rank_settings, rank_budgets
 from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS, check_warmup_settings
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
@@ -369,38 +365,8 @@ class PlanConfig:
             _probe_cost(self.cost)
         for name, value in check_warmup_settings(self).items():
             object.__setattr__(self, name, value)
-        self._check_rank_settings()
-
-    def _check_rank_settings(self) -> None:
-        """Check ``rank_shares`` / ``rank_max_tokens`` and store them as tuples."""
-        shares = check_rank_shares(self.rank_shares)
-        memory = check_rank_max_tokens(self.rank_max_tokens)
-        object.__setattr__(self, "rank_shares", shares)
-        object.__setattr__(self, "rank_max_tokens", memory)
-        if memory is not None and max(memory) > self.max_tokens:
-            r = memory.index(max(memory))
-            raise SettingValueError(
-                f"rank_max_tokens[{r}]={memory[r]} exceeds max_tokens={self.max_tokens}: "
-                "max_tokens is the largest micro-batch of any rank (collates and checks hold "
-                f"every batch to it); set max_tokens={max(memory)}.",
-                setting="rank_max_tokens",
-                value=memory,
-            )
-        if (shares is not None or memory is not None) and self.max_shapes is not None:
-            raise SettingValueError(
-                f"max_shapes={self.max_shapes} cannot be combined with per-rank budgets "
-                "(rank_shares / rank_max_tokens): the shapes are chosen for one budget. Unset "
-                "max_shapes, or the per-rank settings.",
-                setting="max_shapes",
-                value=self.max_shapes,
-            )
-        if shares is not None and memory is not None and len(shares) != len(memory):
-            raise SettingValueError(
-                f"rank_shares has {len(shares)} entries and rank_max_tokens {len(memory)}: "
-                "give both one entry per rank.",
-                setting="rank_max_tokens",
-                value=memory,
-            )
+        for name, value in check_rank_settings(self).items():
+            object.__setattr__(self, name, value)
 
     def rank_budgets(
         self, world_size: int, shares: Sequence[float] | None = None

@@ -252,4 +252,17 @@ CASES: list[Case] = [
         setting="rank_max_tokens",
         fix_in=SHARES,
     ),
+    error(
+        "sampler-rank_shares-per-batch-mixture",
+        "mixing/DataSource",
+        "TokenBudgetBatchSampler.from_sources(..., mixing='per_batch', rank_shares=[1.0, 0.5])",
+        lambda tmp: TokenBudgetBatchSampler.from_sources(
+            [L, L], 16, rank=0, world_size=2, mixing="per_batch", rank_shares=[1.0, 0.5]
+        ),
+        "mixing='per_batch'",
+        "mixing='per_step'",
+        raises=SettingValueError,
+        setting="mixing",
+        fix_in="lightning_varbatch/planner/mixture.py",
+    ),
 ]

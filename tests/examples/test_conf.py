@@ -120,20 +120,32 @@ def test_budget_below_longest_example(tmp_path: Path) -> None:
 def test_cli_errors_exit_nonzero_and_write_nothing(tmp_path: Path) -> None:
     script = CONF_DIR.parent / "examples" / "translation" / "train.py"
     run = tmp_path / "run"
-    for override, expected in (
+    cases = (
         ("strategy=horovod", "Available options in 'strategy'"),
         ("data.max_tokens=0", "data.max_tokens must be a positive integer"),
-    ):
-        proc = subprocess.run(
+    )
+    # Both at once: each run is mostly its imports, and there are two cores. A child blocked
+    # on a full pipe only waits for its turn to be read; neither depends on the other.
+    procs = [
+        subprocess.Popen(
             [sys.executable, str(script), override, f"output_dir={run}"],
             cwd=tmp_path,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=120,
         )
-        assert proc.returncode != 0, proc.stdout
-        assert expected in proc.stderr, proc.stderr[-2000:]
-        assert not run.exists()
+        for override, _ in cases
+    ]
+    try:
+        for proc, (_, expected) in zip(procs, cases, strict=True):
+            stdout, stderr = proc.communicate(timeout=120)
+            assert proc.returncode != 0, stdout
+            assert expected in stderr, stderr[-2000:]
+    finally:
+        for proc in procs:
+            proc.kill()  # nothing once it has exited
+            proc.communicate()
+    assert not run.exists()
 
 
 def test_no_logger_leaves_out_the_lr_monitor() -> None:

@@ -207,6 +207,19 @@ def test_update_equals_single_process_token_mean(
         assert records[0]["params"][str(STEPS)] == records[1]["params"][str(STEPS)]
 
 
+def assert_every_step_is_the_token_mean(records: list[dict[str, Any]]) -> None:
+    """Every step's update equals the float64 token mean of its micro-batches; ranks agree."""
+    params = [records[0]["init"]] + [records[0]["params"][str(s)] for s in range(1, STEPS + 1)]
+    for step in range(STEPS):
+        expected = reference_update(params[step], step_micro_batches(records, step))
+        before, after = params_of(params[step]), params_of(params[step + 1])
+        for name, value in expected.items():
+            delta = after[name] - before[name]
+            torch.testing.assert_close(delta, value - before[name], **TOLERANCE)
+    for step in records[0]["params"]:
+        assert records[0]["params"][step] == records[1]["params"][step], step
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", SHARES)
 def test_update_equals_single_process_token_mean_during_a_length_warmup(
@@ -220,16 +233,10 @@ def test_update_equals_single_process_token_mean_during_a_length_warmup(
     caps = records[0]["caps"]
     assert all(r["caps"] == caps for r in records)
     assert caps == sorted(caps) and WARMUP_MIN <= caps[0] < max(lengths)
-    params = [records[0]["init"]] + [records[0]["params"][str(s)] for s in range(1, STEPS + 1)]
     for step in range(STEPS):
         micro_batches = step_micro_batches(records, step)
         assert max(lengths[i] for ids in micro_batches for i in ids) <= caps[step]
-        expected = reference_update(params[step], micro_batches)
-        before, after = params_of(params[step]), params_of(params[step + 1])
-        for name, value in expected.items():
-            delta = after[name] - before[name]
-            torch.testing.assert_close(delta, value - before[name], **TOLERANCE)
-    assert records[0]["params"][str(STEPS)] == records[1]["params"][str(STEPS)]
+    assert_every_step_is_the_token_mean(records)
 
 
 def padded_cost(ids: list[int], lengths: list[int]) -> int:
@@ -265,17 +272,9 @@ def test_update_equals_single_process_token_mean_with_unequal_rank_shares(
     # No example twice within the epoch, over all ranks.
     seen = [i for r in records for m in r["micro_batches"] for i in m["ids"]]
     assert len(seen) == len(set(seen)) and set(seen) <= set(range(NUM_EXAMPLES))
-    params = [records[0]["init"]] + [records[0]["params"][str(s)] for s in range(1, STEPS + 1)]
     for step in range(STEPS):
-        micro_batches = step_micro_batches(records, step)
-        assert len(micro_batches) == WORLD_SIZE * ACCUMULATE
-        expected = reference_update(params[step], micro_batches)
-        before, after = params_of(params[step]), params_of(params[step + 1])
-        for name, value in expected.items():
-            delta = after[name] - before[name]
-            torch.testing.assert_close(delta, value - before[name], **TOLERANCE)
-    for step in records[0]["params"]:
-        assert records[0]["params"][step] == records[1]["params"][step], step
+        assert len(step_micro_batches(records, step)) == WORLD_SIZE * ACCUMULATE
+    assert_every_step_is_the_token_mean(records)
 
 
 @pytest.mark.parametrize("strategy", CORE)
