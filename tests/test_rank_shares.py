@@ -449,3 +449,21 @@ def test_evaluation_splits_plan_their_own_budget_on_every_rank() -> None:
     )
     assert dm.planner("train").config.rank_shares == (1.0, 0.5)
     assert dm.planner("val").config.rank_shares is None
+
+
+def test_ranks_given_other_shares_do_not_plan_the_same_epoch() -> None:
+    from lightning_varbatch.data.rank_agreement import plan_digest
+
+    same = plan_digest(samplers(LENGTHS, 2, rank_shares=[1, 0.5])[0])
+    assert same == plan_digest(samplers(LENGTHS, 2, rank_shares=[1, 0.5])[1])
+    assert same != plan_digest(samplers(LENGTHS, 2, rank_shares=[1, 0.25])[1])
+    assert same != plan_digest(samplers(LENGTHS, 2)[1])
+
+
+def test_a_per_batch_mixture_refuses_shares_set_at_run_time() -> None:
+    sampler = TokenBudgetBatchSampler.from_sources(
+        [[3, 4], [5, 6]], 16, rank=0, world_size=2, mixing="per_batch"
+    )
+    with pytest.raises(SettingValueError, match="mixing='per_batch' would re-deal") as info:
+        sampler.set_rank_shares([1.0, 0.5])
+    assert info.value.setting == "mixing"

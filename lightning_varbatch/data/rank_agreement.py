@@ -44,8 +44,9 @@ def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
     h.update(sampler.lengths_digest.encode())  # cached on the sampler: computed once
     h.update(sampler.planner.fingerprint().encode())
     # the ranks' budgets are left out of the fingerprint (a resume may change them), not out
-    # of what every rank must agree on
-    h.update(repr(sampler.rank_budgets).encode())
+    # of what every rank must agree on; read from the settings, so that nothing is planned
+    # here (a resume re-plans after the state is loaded)
+    h.update(repr((sampler.config.rank_shares, sampler.config.rank_max_tokens)).encode())
     return int.from_bytes(h.digest(), "little") >> 1
 
 

@@ -57,13 +57,8 @@ class RankShareSetting:
                 (``mixing="per_batch"``).
         """
         planner = self.planner
-        if isinstance(planner, MixturePlanner) and planner.mixing == "per_batch":
-            raise SettingValueError(
-                "set_rank_shares cuts each rank's micro-batches to its own budget, which "
-                "mixing='per_batch' would re-deal over the ranks: use mixing='per_step'.",
-                setting="mixing",
-                value=planner.mixing,
-            )
+        if isinstance(planner, MixturePlanner):
+            planner.refuse_lanes(given=True)
         checked = check_rank_shares(shares)
         if checked is not None and len(checked) != world_size:
             raise SettingValueError(

@@ -39,7 +39,13 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.length_warmup import LengthWarmupTrace, light_steps, warmup_order
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
-from lightning_varbatch.planner.rank_lanes import lane_budgets, lane_plan, single_example_cost
+from lightning_varbatch.planner.rank_lanes import (
+    Lane,
+    lane_budgets,
+    lane_cuts,
+    lane_plan,
+    single_example_cost,
+)
 from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 from lightning_varbatch.planner.shape_budget import ShapeBudget
@@ -113,6 +119,7 @@ class EpochPlanner(ShapeBudget):
         self._shape_lengths: np.ndarray | None = None
         self._cuts: dict[int, SortedCut] = {}
         self._longest_cost: int | None = None
+        self._lane_cache: tuple[tuple[int, ...], list[Lane]] | None = None  # last budgets'
         self._last: tuple[tuple[Any, ...], EpochPlan] | None = None  # plan_resumed's last plan
 
     @property
@@ -246,7 +253,9 @@ class EpochPlanner(ShapeBudget):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
         budgets = lane_budgets(cfg, world, rank_budgets, lambda: self.longest_cost)
         if budgets is not None:
-            lanes = lane_plan(groups, order, self.prepared.key, budgets, cfg, acc, tail, rng)
+            lanes = lane_plan(
+                self._lanes(groups, order, budgets, replanned), order, cfg, acc, tail, rng
+            )
             caps = warmup_caps(cfg, self.prepared, epoch, first_step)
             floor = check_count("cap_floor", cap_floor, minimum=0)
             warm = None if caps is None else (caps, floor, lanes.order, first_step)
@@ -287,6 +296,17 @@ class EpochPlanner(ShapeBudget):
             duplicated=selected.num_duplicated,
             shapes=self._micro_batch_shapes(groups, cut),
         )
+
+    def _lanes(
+        self, groups: SortedGroups, order: np.ndarray, budgets: tuple[int, ...], replanned: bool
+    ) -> list[Lane]:
+        """The lanes of ``budgets`` (cut once and reused, as the one-budget cut is)."""
+        if replanned or cuts_each_epoch(self.config):
+            return lane_cuts(groups, order, self.prepared.key, budgets, self.config)
+        if self._lane_cache is None or self._lane_cache[0] != budgets:
+            lanes = lane_cuts(groups, order, self.prepared.key, budgets, self.config)
+            self._lane_cache = (budgets, lanes)
+        return self._lane_cache[1]
 
     @property
     def longest_cost(self) -> int:

@@ -174,10 +174,12 @@ class MixturePlanner:
         self.temperature = float(temperature)
         #: ``(datasets, length_warmup + 1)`` caps of the length warm-up (``None``: none).
         self.warmup_caps = mixture_warmup_caps(config, self.sources, self.planners, self.names)
-        self._refuse_mixed_lanes()
+        self.refuse_lanes()
 
-    def _refuse_mixed_lanes(self, given: bool = False) -> None:
+    def refuse_lanes(self, given: bool = False) -> None:
         """Refuse ranks of their own budgets with ``mixing="per_batch"``.
+
+        ``given``: budgets are asked for other than by the config (a run's shares).
 
         Each rank's micro-batches are cut in a lane of its own
         (:mod:`~lightning_varbatch.planner.rank_lanes`); whole steps of each dataset keep
@@ -207,7 +209,7 @@ class MixturePlanner:
         budgets = self.config.rank_budgets(world) if given is None else tuple(map(int, given))
         if uniform(budgets, self.config.max_tokens):
             return None
-        self._refuse_mixed_lanes(given=True)
+        self.refuse_lanes(given=True)
         return budgets
 
     def _dataset_budgets(

@@ -43,6 +43,7 @@ import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -55,9 +56,11 @@ from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import split_micro_batches, too_few_message
 
 __all__ = [
+    "Lane",
     "LanePlan",
     "check_budgets_hold",
     "lane_budgets",
+    "lane_cuts",
     "lane_of_positions",
     "lane_plan",
     "single_example_cost",
@@ -261,23 +264,62 @@ def _lane_positions(size: int, budgets: Sequence[int]) -> list[np.ndarray]:
     return [p if p.size or size == 0 else np.array([r % size]) for r, p in enumerate(out)]
 
 
-def lane_plan(
+class Lane(NamedTuple):
+    """One rank's lane, cut: its sorted positions, their groups, the cut and its settings.
+
+    For packed rows cut on exact lengths (``cuts_each_epoch``) the groups and the cut are the
+    epoch's; otherwise they depend only on the lengths and the budgets, and are reused.
+    """
+
+    positions: np.ndarray
+    groups: SortedGroups
+    cut: SortedCut
+    config: PlanConfig
+
+
+def lane_cuts(
     groups: SortedGroups,
     order: np.ndarray,
     key: np.ndarray,
     budgets: Sequence[int],
     config: PlanConfig,
+) -> list[Lane]:
+    """Deal the sorted positions to the ranks' lanes and cut each lane at its budget.
+
+    Args:
+        groups: the sorted order of the planned examples (positions; cuts read only lengths).
+        order: this epoch's example ids at those positions (read only for packed rows cut on
+            exact lengths).
+        key: every example's planning length (for those packed rows).
+        budgets: one budget per rank.
+        config: the planner settings.
+    """
+    lanes = []
+    for r, positions in enumerate(_lane_positions(groups.size, budgets)):
+        cfg = _lane_config(config, budgets[r])
+        if cuts_each_epoch(config):
+            lane_groups = exact_groups(order[positions], key)
+            cut = packed_cut(lane_groups, cfg)
+        else:
+            lane_groups = _lane_groups(groups, positions)
+            cut = SortedCut.build(lane_groups, cfg)
+        lanes.append(Lane(positions, lane_groups, cut, cfg))
+    return lanes
+
+
+def lane_plan(
+    lanes: Sequence[Lane],
+    order: np.ndarray,
+    config: PlanConfig,
     acc: int,
     tail: TailPolicy,
     rng: np.random.Generator,
 ) -> LanePlan:
-    """Cut the epoch's ``order`` (``groups``' positions, shuffled within buckets) in lanes.
+    """The epoch's runs of the lanes (:func:`lane_cuts`): equal counts, ids from ``order``.
 
     Args:
-        groups: the sorted order of the planned examples (positions; cuts read only lengths).
-        order: this epoch's example ids at those positions.
-        key: every example's planning length (for packed rows cut on exact lengths).
-        budgets: one budget per rank.
+        lanes: the lanes, one per rank.
+        order: this epoch's example ids at the sorted positions (shuffled within buckets).
         config: the planner settings.
         acc: micro-batches per rank per step.
         tail: the tail policy in force (:func:`~lightning_varbatch.planner.tail.effective_tail`).
@@ -289,22 +331,10 @@ def lane_plan(
     Raises:
         ValueError: ``tail="drop"`` when some lane has fewer micro-batches than one step needs.
     """
-    world = len(budgets)
-    lanes: list[tuple[np.ndarray, SortedGroups, SortedCut, PlanConfig]] = []
-    repeated = 0
-    for r, positions in enumerate(_lane_positions(groups.size, budgets)):
-        if r >= groups.size:
-            repeated += 1  # a lane of a repeated example (fewer examples than ranks)
-        lane_ids = order[positions]
-        cfg = _lane_config(config, budgets[r])
-        if cuts_each_epoch(config):
-            lane_groups = exact_groups(lane_ids, key)
-            cut = packed_cut(lane_groups, cfg)
-        else:
-            lane_groups = _lane_groups(groups, positions)
-            cut = SortedCut.build(lane_groups, cfg)
-        lanes.append((lane_ids, lane_groups, cut, cfg))
-    counts = [cut.num_micro_batches for _, _, cut, _ in lanes]
+    world = len(lanes)
+    # a lane beyond the examples holds a repeated one (fewer examples than ranks)
+    repeated = max(world - order.shape[0], 0)
+    counts = [lane.cut.num_micro_batches for lane in lanes]
     if tail == "drop":
         target = min(counts) // acc * acc
         if target == 0:
@@ -314,9 +344,11 @@ def lane_plan(
     runs = np.empty((world, target), dtype=np.int64)
     parts: list[SortedCut] = []
     dropped, duplicated, offset, pos = 0, repeated, 0, 0
-    for r, (lane_ids, lane_groups, cut, cfg) in enumerate(lanes):
+    orders = [order[lane.positions] for lane in lanes]
+    for r, (lane, lane_ids) in enumerate(zip(lanes, orders, strict=True)):
+        cut = lane.cut
         if tail == "spread" and cut.num_micro_batches < target:
-            cut = split_micro_batches(cut, lane_groups, target, cfg)
+            cut = split_micro_batches(cut, lane.groups, target, lane.config)
         ids, gone, extra = _to_count(cut.num_micro_batches, target, cut.sizes, rng)
         if config.layout == "packed":  # steps of neighbouring compute, as dealing does
             ids = ids[np.argsort(-cut.work[ids], kind="stable")]
@@ -332,5 +364,5 @@ def lane_plan(
         total=np.concatenate([p.total for p in parts]),
         work=np.concatenate([p.work for p in parts]),
     )
-    order_out = np.concatenate([lane_ids for lane_ids, _, _, _ in lanes])
+    order_out = np.concatenate(orders)
     return LanePlan(order_out, merged, runs, dropped, duplicated)
