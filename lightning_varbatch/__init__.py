@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from lightning_varbatch.data.micro_batch import MicroBatch
     from lightning_varbatch.data.packed_collate import PackingCollate
     from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
-    from lightning_varbatch.data.sampler_state import ON_MISMATCH
+    from lightning_varbatch.data.sampler_resume import ON_MISMATCH
     from lightning_varbatch.data.streaming import StreamingBatches
     from lightning_varbatch.data.streaming_datamodule import StreamingDataModule
     from lightning_varbatch.data.streaming_loader import StreamingDataLoader
@@ -81,7 +81,7 @@ _WHERE = {
     "document_attention": "lightning_varbatch.attention",
     "transformer_flops": "lightning_varbatch.planner.flops",
     "TokenBudgetBatchSampler": "lightning_varbatch.data.sampler",
-    "ON_MISMATCH": "lightning_varbatch.data.sampler_state",
+    "ON_MISMATCH": "lightning_varbatch.data.sampler_resume",
     "StreamingBatches": "lightning_varbatch.data.streaming",
     "StreamingDataLoader": "lightning_varbatch.data.streaming_loader",
     "StreamingDataModule": "lightning_varbatch.data.streaming_datamodule",

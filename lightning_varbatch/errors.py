@@ -15,6 +15,8 @@ exception                  also an instance of                 raised for
                                                                (``"4"`` for an integer)
 :class:`ResumeMismatchError` ``ValueError``                     a checkpoint whose data or
                                                                settings differ from the run's
+:class:`RemainderError`     ``RuntimeError``                    the rest of an epoch that would
+                                                               lose, repeat or overspend
 =========================  ==================================  ===============================
 
 ``SettingTypeError`` is also a ``ValueError`` (as numpy's ``AxisError`` is both a
@@ -36,6 +38,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "RemainderError",
     "ResumeMismatchError",
     "SettingError",
     "SettingTypeError",
@@ -142,3 +145,26 @@ class ResumeMismatchError(ValueError):
 
     def __reduce__(self) -> Any:
         return type(self), (str(self),), {"changed": self.changed}
+
+
+class RemainderError(RuntimeError):
+    """The rest of an epoch would lose, repeat or overspend: refused, never run.
+
+    Raised by :func:`~lightning_varbatch.planner.remainder_guard.guard_remainder`, the check
+    every resumed or re-planned epoch passes before anything is yielded. It means a bug, not
+    bad input: report it with the settings.
+
+    Attributes:
+        cause: ``"repeated"``, ``"lost"``, ``"over budget"`` or ``"unplanned"``.
+
+    Example:
+        >>> RemainderError("the rest of epoch 0 ...", cause="lost").cause
+        'lost'
+    """
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+    def __reduce__(self) -> Any:
+        return type(self), (str(self), self.cause)

@@ -424,10 +424,11 @@ def main(argv: list[str] | None = None) -> int:
     _check_columns(parser, args)
     try:
         return _run(args)
-    except SettingError as err:
-        names = {f.name for f in dataclasses.fields(PlanConfig)}
-        flag = f" (flag --{err.setting.replace('_', '-')})" if err.setting in names else ""
-        print(f"error: {err}{flag}", file=sys.stderr)
+    except SettingError as err:  # named by its flag as typed (--rank-shares), and if defaulted
+        flag, value = "--" + err.setting.replace("_", "-"), getattr(args, err.setting, None)
+        default = value is not None and value == parser.get_default(err.setting)
+        note = f" (flag {flag}{f', at its default {value}' if default else ''})"
+        print(f"error: {err}{note if err.setting in vars(args) else ''}", file=sys.stderr)
         return 2
     except (ValueError, TypeError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

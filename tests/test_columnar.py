@@ -206,7 +206,12 @@ def test_datamodule_with_column_names_and_workers(workers: int) -> None:
 def test_a_bad_column_names_the_field_and_the_item() -> None:
     ds = datasets.Dataset.from_dict({"tokens": [[1, 2], None, [3]]})
     items = attach_plan(fetch_rows(ds, [0, 1], columnar=True), [0, 1])
-    with pytest.raises(ValueError, match=r"Field 'tokens' of dataset item 1 has a null row"):
+    with pytest.raises(ValueError, match=r"Field 'tokens' of dataset item 1 is null"):
+        PaddingCollate()(items)
+    # a null inside a row names that row's item, not the micro-batch's first
+    holes = datasets.Dataset.from_dict({"tokens": [[1, 2], [3], [4, None]]})
+    items = attach_plan(fetch_rows(holes, [0, 2], columnar=True), [0, 2])
+    with pytest.raises(TypeError, match=r"'tokens' of dataset item 2 holds a null token id"):
         PaddingCollate()(items)
     text = datasets.Dataset.from_dict({"tokens": ["a b", "c"]})
     items = attach_plan(fetch_rows(text, [1], columnar=True), [1])

@@ -47,17 +47,18 @@ from lightning_varbatch.data.plan_settings import (
     reject_unknown,
 )
 from lightning_varbatch.data.ragged import Ragged, arrow_list_problem
+from lightning_varbatch.data.sampler_resume import resume_position
 from lightning_varbatch.data.sampler_state import (
     EpochPosition,
     lengths_digest,
     read_state,
-    restore_position,
     save_state,
     state_differences,
 )
 from lightning_varbatch.data.token_fields import as_tokens, check_key, other_entries, ragged_field
 from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.remainder_guard import consumed_ledger
 from lightning_varbatch.planner.settings import PlanConfig
 
 
@@ -111,21 +112,23 @@ def test_ragged_of_no_rows_and_rows_without_tokens() -> None:
 
 
 @pytest.mark.parametrize(
-    ("column", "problem"),
+    ("column", "row", "problem", "error"),
     [
-        (pa.chunked_array([["a b"]]), "is text"),
-        (pa.chunked_array([pa.array(["a"], pa.large_string())]), "is text"),
-        (pa.chunked_array([[1, 2]]), "not a list of integer token ids"),
-        (pa.chunked_array([[[1.5], [2.0]]]), "holds double values"),
-        (pa.chunked_array([[[True]]]), "holds bool values"),
-        (pa.chunked_array([[[1], None]]), "has a null row"),
-        (pa.chunked_array([[[1, None]]]), "null token ids inside a row"),
+        (pa.chunked_array([["a b"]]), 0, "is text", TypeError),
+        (pa.chunked_array([pa.array(["a"], pa.large_string())]), 0, "is text", TypeError),
+        (pa.chunked_array([[1, 2]]), 0, "not a list of integer token ids", TypeError),
+        (pa.chunked_array([[[1.5], [2.0]]]), 0, "holds double values", TypeError),
+        (pa.chunked_array([[[True]]]), 0, "holds bool values", TypeError),
+        (pa.chunked_array([[[1], None]]), 1, "is null", ValueError),
+        # the row that holds the null, not the micro-batch's first (issue 31)
+        (pa.chunked_array([[[1], [2]], [[3, None]]]), 2, "holds a null token id", TypeError),
     ],
 )
 def test_arrow_list_problem_names_every_column_that_is_not_token_ids(
-    column: pa.ChunkedArray, problem: str
+    column: pa.ChunkedArray, row: int, problem: str, error: type[Exception]
 ) -> None:
-    assert problem in (arrow_list_problem(column) or "")
+    found = arrow_list_problem(column)
+    assert found is not None and found[0] == row and problem in found[1] and found[2] is error
 
 
 def test_arrow_list_problem_accepts_every_integer_list_type() -> None:
@@ -227,8 +230,11 @@ def test_ragged_field_errors_name_the_field_and_the_dataset_item() -> None:
         ragged_field(items, "tokens")
     table = pa.table({"tokens": pa.array([[1], None], pa.list_(pa.int64()))})
     arrow_items = attach_plan(table, _micro_batch([20, 21]))
-    with pytest.raises(ValueError, match=r"'tokens' of dataset item 21.*null row"):
+    with pytest.raises(ValueError, match=r"'tokens' of dataset item 21 \(.*\) is null"):
         ragged_field(arrow_items, "tokens")
+    holes = attach_plan(pa.table({"tokens": [[1], [2, None]]}), _micro_batch([20, 21]))
+    with pytest.raises(TypeError, match=r"'tokens' of dataset item 21.*null token id"):
+        ragged_field(holes, "tokens")
     with pytest.raises(TypeError, match=r"'text' of dataset item 20.*is text"):
         ragged_field(attach_plan(pa.table({"text": ["a"] * 2}), _micro_batch([20, 21])), "text")
 
@@ -471,7 +477,7 @@ def test_check_topology_and_accumulate_accept_good_values() -> None:
         assert info.value.setting == "accumulate_grad_batches"
 
 
-# -- sampler_state ------------------------------------------------------------------------------
+# -- sampler_state, sampler_resume ---------------------------------------------------------------
 
 
 def _planner(n: int = 57, seed: int = 0, **settings: object) -> EpochPlanner:
@@ -479,35 +485,46 @@ def _planner(n: int = 57, seed: int = 0, **settings: object) -> EpochPlanner:
     return EpochPlanner(lengths, PlanConfig(max_tokens=60, seed=4, **settings))  # type: ignore[arg-type]
 
 
+def _equal(world: int) -> tuple[int, ...]:
+    return (60,) * world
+
+
+def _save(planner: EpochPlanner, position: EpochPosition, world: int, acc: int) -> dict:
+    """The state a sampler of this topology saves at ``position`` (its plan's ledger)."""
+    position.budgets = _equal(world)
+    plan = planner.plan_resumed(position.epoch, world, acc, position.history, rank_budgets=None)
+    total = plan.num_micro_batches_per_rank
+    ledger = consumed_ledger(plan, position.consumed) if position.consumed <= total else (0, 0)
+    return save_state(position, planner, world, acc, lengths_digest(planner), ledger)
+
+
 def _resume(
     planner: EpochPlanner, state: dict, topology: tuple[int, int], **kw: object
 ) -> EpochPosition:
-    saved = read_state(json.loads(json.dumps(state)))  # plain values: survives any checkpoint
+    saved = read_state(json.loads(json.dumps(state)), _equal)  # plain values: any checkpoint
     position = EpochPosition()
-    restore_position(
+    resume_position(
         position,
+        planner,
         saved,
         state_differences(saved, planner, lengths_digest(planner)),
         restart=bool(kw.get("restart", False)),
         topology=topology,
-        total=lambda: (
-            planner.plan_resumed(
-                position.epoch, *topology, position.history
-            ).num_micro_batches_per_rank
-        ),
+        memory=_equal(topology[0]),
     )
     return position
 
 
 def test_the_state_round_trips() -> None:
     planner = _planner()
-    position = EpochPosition(epoch=3, consumed=2, history=[(4, 1, 3)], offset=1)
-    state = save_state(position, planner, 2, 2, lengths_digest(planner))
-    saved = read_state(state)
+    position = EpochPosition(epoch=3, consumed=2, history=[(4, 1, 3, None)], offset=1)
+    state = save_state(position, planner, 2, 2, lengths_digest(planner), (7, 11))
+    saved = read_state(state, _equal)
     assert (saved.epoch, saved.consumed, saved.topology, saved.offset) == (3, 2, (2, 2), 1)
-    assert saved.history == [(4, 1, 3)] and saved.counted == 1 + 3 + 2
+    assert saved.history == [(4, 1, 3, _equal(4))]  # equal budgets, as a version-2 state said
+    assert saved.counted == 1 + 3 + 2 and saved.ledger == (7, 11)
     assert state_differences(saved, planner, lengths_digest(planner)) == {}
-    assert position.counted_before == 4
+    assert position.counted_before == 4 and position.steps_before == 3
     position.start(4)
     assert (position.epoch, position.consumed, position.history, position.offset) == (4, 0, [], 0)
 
@@ -525,9 +542,7 @@ def test_an_elastic_resume_plans_exactly_the_unconsumed_examples(
     for consumed in sorted(
         {0, 1, plan.num_micro_batches_per_rank // 2, plan.num_micro_batches_per_rank}
     ):
-        state = save_state(
-            EpochPosition(epoch, consumed), planner, *before, lengths_digest(planner)
-        )
+        state = _save(planner, EpochPosition(epoch, consumed), *before)
         position = _resume(planner, state, after)
         assert position.epoch == epoch and position.restored
         rest = planner.plan_resumed(epoch, *after, position.history)
@@ -539,29 +554,29 @@ def test_an_elastic_resume_plans_exactly_the_unconsumed_examples(
             left_ids = plan.ids_of_micro_batches(left).tolist()
         else:
             assert position.consumed == 0
-            assert position.history == ([(*before, consumed)] if consumed else [])
+            assert position.history == (
+                [(*before, consumed, _equal(before[0]))] if consumed else []
+            )
             left_ids = rest.example_ids().tolist()
         assert not set(done) & set(left_ids)  # nothing consumed is planned again
-        everything = list(range(planner.num_examples))
-        if tail == "spread":  # every example exactly once over the two topologies
-            assert sorted(done + left_ids) == everything
-        elif tail == "drop" and not position.history:  # not re-planned: its drops stay out
-            assert len(set(done + left_ids)) == len(done + left_ids)
-            assert len(done + left_ids) == planner.num_examples - rest.num_dropped
-        else:  # a re-planned remainder is padded, never dropped (tail.effective_tail)
-            assert sorted(set(done + left_ids)) == everything
+        trained = np.bincount(done + left_ids, minlength=planner.num_examples)
+        # every example once over the two topologies, but what the tail policy counts
+        assert int((trained == 0).sum()) == rest.num_dropped
+        assert int(np.maximum(trained - 1, 0).sum()) == rest.num_duplicated
+        if tail == "spread":
+            assert rest.num_dropped == rest.num_duplicated == 0
+        if tail == "drop":
+            assert trained.max() <= 1  # a drop never repeats, also after a re-plan
 
 
 def test_two_topology_changes_in_one_epoch_still_cover_the_epoch_once() -> None:
     planner = _planner()
     first = planner.plan(0, 2, 1)
-    state = save_state(EpochPosition(0, 3), planner, 2, 1, lengths_digest(planner))
-    position = _resume(planner, state, (3, 1))
+    position = _resume(planner, _save(planner, EpochPosition(0, 3), 2, 1), (3, 1))
     second = planner.plan_resumed(0, 3, 1, position.history)
     position.consumed = 2
-    state = save_state(position, planner, 3, 1, lengths_digest(planner))
-    position = _resume(planner, state, (1, 2))
-    assert position.history == [(2, 1, 3), (3, 1, 2)]
+    position = _resume(planner, _save(planner, position, 3, 1), (1, 2))
+    assert position.history == [(2, 1, 3, _equal(2)), (3, 1, 2, _equal(3))]
     third = planner.plan_resumed(0, 1, 2, position.history)
     ids = (
         first.consumed_ids(3).tolist()
@@ -585,12 +600,12 @@ def test_a_state_for_other_data_or_settings_is_refused_or_restarts(
     now: dict, changed: list
 ) -> None:
     old = _planner()
-    state = save_state(EpochPosition(1, 2), old, 1, 1, lengths_digest(old))
+    state = _save(old, EpochPosition(1, 2), 1, 1)
     seed = now.pop("lengths_seed", 0)
     n = now.pop("n", 57)
     lengths = np.random.default_rng(seed).integers(1, 30, size=n)
     planner = EpochPlanner(lengths, PlanConfig(**({"max_tokens": 60, "seed": 4} | now)))
-    saved = read_state(state)
+    saved = read_state(state, _equal)
     differences = state_differences(saved, planner, lengths_digest(planner))
     assert sorted(differences) == sorted(changed)
     with pytest.raises(ResumeMismatchError) as info:
@@ -601,21 +616,32 @@ def test_a_state_for_other_data_or_settings_is_refused_or_restarts(
     assert (position.epoch, position.consumed, position.history, position.offset) == (1, 0, [], 2)
 
 
+def test_a_consumed_part_planned_otherwise_is_refused_by_its_ledger() -> None:
+    """A change no setting names (here: a forged ledger) is caught by the epoch's ledger."""
+    planner = _planner()
+    state = _save(planner, EpochPosition(0, 2), 1, 1)
+    state["ledger"]["digest"] = f"{int(state['ledger']['digest'], 16) ^ 1:016x}"
+    with pytest.raises(ResumeMismatchError, match="plan other examples") as info:
+        _resume(planner, state, (1, 1))
+    assert info.value.changed == ["consumed"]
+
+
 def test_more_consumed_than_the_epoch_has_is_refused_or_restarts() -> None:
     planner = _planner()
     total = planner.plan(0).num_micro_batches_per_rank
-    state = save_state(EpochPosition(0, total + 1), planner, 1, 1, lengths_digest(planner))
+    state = _save(planner, EpochPosition(0, total + 1), 1, 1)
     with pytest.raises(ResumeMismatchError) as info:
         _resume(planner, state, (1, 1))
     assert info.value.changed == ["consumed"]
-    position = _resume(planner, state, (1, 1), restart=True)
+    with pytest.warns(UserWarning, match="afresh"):
+        position = _resume(planner, state, (1, 1), restart=True)
     assert position.consumed == 0 and position.offset == total + 1
 
 
 def test_a_version_one_state_resumes_with_a_warning_or_restarts() -> None:
     planner = _planner()
-    state = save_state(EpochPosition(0, 2), planner, 1, 1, lengths_digest(planner))
-    for key in ("lengths_digest", "restart_offset", "settings"):
+    state = _save(planner, EpochPosition(0, 2), 1, 1)
+    for key in ("lengths_digest", "restart_offset", "settings", "rank_budgets", "ledger"):
         del state[key]
     state["version"] = 1
     with pytest.warns(UserWarning, match="cannot prove that the lengths are unchanged"):
@@ -636,20 +662,24 @@ def test_a_version_one_state_resumes_with_a_warning_or_restarts() -> None:
             r"missing keys \['epoch'\]",
         ),
         (lambda s: s | {"extra": 1}, ValueError, r"unknown keys \['extra'\]"),
-        (lambda s: s | {"version": 3}, ValueError, "has version 3"),
-        (lambda s: s | {"epoch": -1}, ValueError, "epoch=-1"),
-        (lambda s: s | {"consumed": True}, ValueError, "consumed=True"),
-        (lambda s: s | {"world_size": 0}, ValueError, "world_size=0 must be an integer >= 1"),
-        (lambda s: s | {"consumed": 1.0}, ValueError, "consumed=1.0"),
-        (lambda s: s | {"history": "abc"}, ValueError, "history must be a list"),
-        (lambda s: s | {"history": [[1, 2]]}, ValueError, "history must be a list"),
+        (lambda s: s | {"version": 4}, ValueError, "has version 4"),
+        (lambda s: s | {"epoch": -1}, ValueError, "damaged: epoch is -1"),
+        (lambda s: s | {"consumed": True}, ValueError, "damaged: consumed is True"),
+        (lambda s: s | {"world_size": 0}, ValueError, "damaged: world_size is 0"),
+        (lambda s: s | {"consumed": 1.0}, ValueError, "damaged: consumed is 1.0"),
+        (lambda s: s | {"history": "abc"}, ValueError, "damaged: history is 'abc'"),
+        (lambda s: s | {"history": [[1, 2]]}, ValueError, r"damaged: history\[0\] has 2 items"),
+        (lambda s: s | {"rank_budgets": [60, 0]}, ValueError, "damaged: rank_budgets entry"),
+        (lambda s: s | {"rank_budgets": [60, 60]}, ValueError, "2 entries for 1 ranks"),
+        (lambda s: s | {"ledger": {"examples": 3}}, ValueError, "damaged: ledger is"),
+        (lambda s: s | {"ledger": {"examples": 3, "digest": "zz"}}, ValueError, "hexadecimal"),
     ],
 )
 def test_a_damaged_state_is_refused(change, kind: type, message: str) -> None:  # type: ignore[no-untyped-def]
     planner = _planner()
-    state = save_state(EpochPosition(0, 1), planner, 1, 1, lengths_digest(planner))
+    state = _save(planner, EpochPosition(0, 1), 1, 1)
     with pytest.raises(kind, match=message):
-        read_state(change(state))
+        read_state(change(state), _equal)
 
 
 def test_the_lengths_digest_sees_every_length_but_not_the_dtype() -> None:

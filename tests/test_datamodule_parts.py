@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -47,8 +49,20 @@ def test_settings_are_checked_once_for_both() -> None:
         datamodule_settings.check_sampler_kwargs({"max_token": 3})
     assert "loss_offset" not in datamodule_settings.SAMPLER_KWARGS
     with pytest.raises(SettingValueError) as refused:
-        datamodule_settings.check_stream_arguments(_source(), {"weights": "size"})
+        datamodule_settings.check_stream_arguments(_source(), {"weights": [1.0, 2.0]})
     assert refused.value.setting == "weights"
+    # at their defaults (a shared config's train_loss_lengths: null) they change nothing
+    datamodule_settings.check_stream_arguments(_source(), dict(datamodule_settings.DEFAULTS))
+
+
+def test_the_refused_settings_defaults_are_the_map_style_datamodules() -> None:
+    """A setting one DataModule refuses is accepted at the default the other one has."""
+    from lightning_varbatch import TokenBudgetDataModule
+
+    defaults = inspect.signature(TokenBudgetDataModule).parameters
+    assert set(datamodule_settings.DEFAULTS) == set(datamodule_settings.REFUSED)
+    for name, value in datamodule_settings.DEFAULTS.items():
+        assert defaults[name].default == value, name
 
 
 def test_state_helpers() -> None:

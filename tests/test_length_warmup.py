@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.length_warmup import scheduled_caps, warmup_order
 
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -132,8 +133,9 @@ def test_resume_on_another_world_size_mid_warmup(
     done = first.consumed_ids(consumed)
     left = rest.example_ids()
     assert not set(done.tolist()) & set(left.tolist()), "nothing consumed is planned again"
-    # A re-plan is never dropped: what the first topology dropped runs in the remainder.
-    assert set(done.tolist()) | set(left.tolist()) == set(range(len(lengths)))
+    # What the first topology dropped is re-planned; the re-plan drops only what it counts.
+    missing = set(range(len(lengths))) - set(done.tolist()) - set(left.tolist())
+    assert len(missing) == rest.num_dropped
     steps = math.ceil(consumed / acc)
     trace = rest.length_warmup
     if steps >= config.length_warmup or rest.num_steps == 0:
@@ -276,7 +278,7 @@ def test_shape_budget_and_packed_buckets_keep_their_shapes_under_the_cap(setting
 
 def test_planner_side_helpers_and_the_benchmark_case() -> None:
     from benchmarks.length_warmup import lm_lengths, run_case
-    from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS, check_warmup_settings
+    from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS, check_warmup_settings
 
     assert check_warmup_settings(PlanConfig(64)) == {
         "length_warmup_min": 8,
@@ -285,3 +287,26 @@ def test_planner_side_helpers_and_the_benchmark_case() -> None:
     assert set(WARMUP_DEFAULTS) <= {f.name for f in dataclasses.fields(PlanConfig)}
     row = run_case("lm", lm_lengths(20_000), "packed", repeats=1)
     assert row["truncating"]["discarded"] > 0 and abs(row["tokens_ratio"] - 1) < 0.05
+
+
+def test_a_warmup_whose_minimum_holds_every_example_is_refused() -> None:
+    from lightning_varbatch.planner.warmup_plan import check_warmup_acts
+
+    lengths = np.array([3, 5, 8, 8])
+    with pytest.raises(SettingValueError, match="holds every example already") as error:
+        EpochPlanner(lengths, PlanConfig(64, length_warmup=4, length_warmup_min=8))
+    assert error.value.setting == "length_warmup_min"
+    EpochPlanner(lengths, PlanConfig(64, length_warmup=4, length_warmup_min=7))  # caps one: fine
+    # a mixture is refused only when no dataset is warmed up
+    check_warmup_acts(PlanConfig(64, length_warmup=4), [8, 12], [8, 8], ["a", "b"])
+    with pytest.raises(SettingValueError, match=r"a: 8 \(minimum 8\), b: 6 \(minimum 8\)"):
+        check_warmup_acts(PlanConfig(64, length_warmup=4), [8, 6], [8, 8], ["a", "b"])
+
+
+def test_a_maximum_below_the_default_minimum_names_the_maximum() -> None:
+    with pytest.raises(SettingValueError, match="Raise length_warmup_max to 8") as error:
+        PlanConfig(64, length_warmup=4, length_warmup_max=4)
+    assert error.value.setting == "length_warmup_max"
+    with pytest.raises(SettingValueError, match="Lower length_warmup_min") as error:
+        PlanConfig(64, length_warmup=4, length_warmup_min=10, length_warmup_max=9)
+    assert error.value.setting == "length_warmup_min"

@@ -28,7 +28,7 @@ from lightning_varbatch import (
 from lightning_varbatch.errors import SettingValueError
 
 RNG = np.random.default_rng(7)
-SINGLE = RNG.integers(1, 40, 60)
+SINGLE = RNG.integers(2, 40, 60)  # a step of one-token examples has no loss token
 SINGLE[::9] = 120  # over the budget below: truncated under oversize="truncate"
 PAIRS = np.stack([SINGLE, np.clip(SINGLE + RNG.integers(-5, 6, SINGLE.size), 1, None)], 1)
 BUDGET = 64

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
 from lightning_varbatch.sources.file_shards import ArrowShard, JsonlShard, ParquetShard
 from lightning_varbatch.sources.shard_index import check_rows
 from lightning_varbatch.sources.shards import ReadStats, Shard, ShardedSource, shards_from_files
@@ -436,9 +437,12 @@ def _bad_rows(kind: str, path: Path, value: object) -> Path:
 @pytest.mark.parametrize(
     ("kind", "value", "error", "named", "row"),
     [
-        *[(kind, None, ValueError, r"null", True) for kind in ("jsonl", "parquet", "arrow")],
-        ("jsonl", "a b c", TypeError, r"is text .*tokenize", True),
-        ("jsonl", [1.5, 2.0], TypeError, r"holding 1\.5, not token ids", True),
+        *[(k, None, SettingValueError, r"null", True) for k in ("jsonl", "parquet", "arrow")],
+        # a null token id inside a row: never read as float64 values (issue 31)
+        *[(k, [1, None], SettingTypeError, r"null token id", True) for k in ("parquet", "arrow")],
+        ("jsonl", [1, None], SettingTypeError, r"holding a null token id", True),
+        ("jsonl", "a b c", SettingTypeError, r"is text .*token-id column", True),
+        ("jsonl", [1.5, 2.0], SettingTypeError, r"holding 1\.5, not token ids", True),
         # an Arrow column has one type for all rows: the column is named, not a row
         ("parquet", [1.5, 2.0], TypeError, r"list of double, not of integer token ids", False),
         ("arrow", [1.5, 2.0], TypeError, r"list of double, not of integer token ids", False),
@@ -454,12 +458,15 @@ def test_nulls_text_and_floats_where_token_ids_belong_name_the_file_and_row(
     assert type(caught.value) is error
     assert str(path) in text and ("row 2" in text or not row), text
     assert re.search(named, text), text
+    if issubclass(error, SettingError):
+        assert caught.value.setting == "columns"
 
 
 def test_a_text_column_in_a_parquet_shard_says_to_tokenize(tmp_path: Path) -> None:
     pq.write_table(pa.table({"src": ["a b", "c"]}), tmp_path / "t.parquet")
-    with pytest.raises(TypeError, match=r"t\.parquet.*holds text.*tokenize"):
+    with pytest.raises(TypeError, match=r"t\.parquet.*holds text.*tokenize") as caught:
         shards_from_files(tmp_path / "t.parquet", "src", cache_dir=None)
+    assert "a token-id column" in str(caught.value)  # counting tokens cannot stream text
 
 
 def test_token_ids_with_a_null_inside_name_the_row(tmp_path: Path) -> None:

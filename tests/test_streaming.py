@@ -146,7 +146,9 @@ def test_window_plans_keep_every_plan_guarantee(case: dict) -> None:
         # Equal micro-batches on every rank, whole optimizer steps, none empty, none over budget.
         per_rank = [plan.rank_micro_batches(r).size for r in range(world)]
         assert len(set(per_rank)) == 1 and per_rank[0] == plan.num_micro_batches_per_rank
-        assert per_rank[0] % acc == 0 and per_rank[0] > 0
+        # a window too small for one step under "drop", after the run's first, is dropped whole
+        whole = config.tail == "drop" and plan.num_dropped == expected.size and (epoch, w) != (0, 0)
+        assert per_rank[0] % acc == 0 and (per_rank[0] > 0 or whole)
         for r in range(world):
             for t in plan.rank_micro_batches(r).tolist():
                 ids = wplan.micro_batch_ids(t)

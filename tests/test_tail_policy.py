@@ -29,8 +29,9 @@ def _greedy(lengths: np.ndarray, config: PlanConfig) -> tuple[SortedCut, SortedG
         ("pad", 1, False, "pad"),
         ("drop", 1, False, "drop"),  # too few micro-batches is select_micro_batches' error
         ("spread", 10, True, "spread"),
-        ("drop", 10, True, "pad"),  # a re-planned remainder is never dropped
-        ("spread", 3, True, "pad"),  # ... and padded when smaller than one step
+        ("drop", 10, True, "drop"),  # a re-planned remainder drops as its name says
+        ("drop", 3, True, "drop"),  # ... all of it when smaller than one step (counted)
+        ("spread", 3, True, "pad"),  # spread pads a remainder smaller than one step
         ("pad", 3, True, "pad"),
     ],
 )
@@ -109,12 +110,18 @@ def test_drop_with_fewer_micro_batches_than_a_step_is_an_error() -> None:
 
 
 @pytest.mark.parametrize("tail", ["spread", "drop"])
-def test_both_planners_pad_a_replanned_remainder(tail: str) -> None:
-    """The re-plan rule holds for EpochPlanner and MixturePlanner alike (one definition)."""
+def test_both_planners_replan_a_remainder_by_the_same_rule(tail: str) -> None:
+    """The re-plan rule holds for EpochPlanner and MixturePlanner alike (one definition):
+    "spread" re-plans every example left, "drop" drops (counted) but never repeats."""
     config = PlanConfig(max_tokens=40, tail=tail)  # type: ignore[arg-type]
     lengths = np.full(27, 10)
-    single = EpochPlanner(lengths, config).plan_resumed(0, 3, 1, [(2, 1, 1)])
-    mixed = MixturePlanner([lengths], config).plan_resumed(0, 3, 1, [(2, 1, 1)])
-    for plan in (single, mixed):
-        assert plan.num_dropped == 0
+    for planner in (EpochPlanner(lengths, config), MixturePlanner([lengths], config)):
+        first = planner.plan(0, 2, 1)
+        plan = planner.plan_resumed(0, 3, 1, [(2, 1, 1)])
+        trained = np.bincount(
+            np.concatenate([first.consumed_ids(1), plan.example_ids()]), minlength=27
+        )
         assert plan.assign.size % 3 == 0
+        assert trained.max() == 1  # nothing repeated
+        assert int((trained == 0).sum()) == plan.num_dropped  # a drop is counted
+        assert (plan.num_dropped > 0) == (tail == "drop")

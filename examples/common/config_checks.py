@@ -41,6 +41,7 @@ __all__ = [
     "check_trainer",
     "is_int",
     "is_number",
+    "passed_setting",
 ]
 
 #: The config groups both entry configs must hold.
@@ -181,6 +182,29 @@ def check_path(key: str, value: Any, *, nullable: bool = True) -> None:
     raise ConfigError(
         f"{key} must be a path (a non-empty string){' or null' if nullable else ''}, got {value!r}."
     )
+
+
+def passed_setting(data: DictConfig, error: BaseException) -> str | None:
+    """A library error about a ``data`` key the example passes on under the same name, by
+    its Hydra key: ``data.rank_shares=[1.0, 0.0]: <the library's message>``.
+
+    ``None`` for the budgets (``data.max_tokens``/``data.val_max_tokens``: the caller names
+    what they hold) and for settings that are no ``data`` key.
+
+    Example:
+        >>> from omegaconf import OmegaConf
+        >>> from lightning_varbatch import SettingValueError
+        >>> error = SettingValueError("rank_shares[1] ...", setting="rank_shares", value=0)
+        >>> passed_setting(OmegaConf.create({"rank_shares": [1.0, 0.0]}), error)
+        'data.rank_shares=[1.0, 0.0]: rank_shares[1] ...'
+    """
+    setting = getattr(error, "setting", None)
+    if not isinstance(setting, str) or setting in ("max_tokens", "val_max_tokens"):
+        return None
+    if setting not in data:
+        return None
+    value = data.get(setting)
+    return f"data.{setting}={'null' if value is None else value}: {error}"
 
 
 def check_batching(data: DictConfig) -> None:

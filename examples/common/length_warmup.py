@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from examples.common.config_checks import ConfigError, check_choice, check_int
+from lightning_varbatch import PlanConfig
 from lightning_varbatch.planner import LENGTH_WARMUP_SCHEDULES
 
 __all__ = ["KEYS", "check_length_warmup", "length_warmup_settings"]
@@ -41,7 +42,7 @@ def check_length_warmup(data: DictConfig, *, refused_with: dict[str, str] | None
     Args:
         data: the ``data`` group.
         refused_with: settings that rule the warm-up out, ``{reason: what to change}`` for
-            those that are on (e.g. several corpora, a streamed corpus).
+            those that are on (e.g. a streamed corpus).
 
     Raises:
         ConfigError: naming the ``data.length_warmup*`` setting and what is allowed.
@@ -59,12 +60,6 @@ def check_length_warmup(data: DictConfig, *, refused_with: dict[str, str] | None
     schedule = data.get("length_warmup_schedule")
     if schedule is not None:
         check_choice("data.length_warmup_schedule", schedule, LENGTH_WARMUP_SCHEDULES)
-    low, high = data.get("length_warmup_min"), data.get("length_warmup_max")
-    if low is not None and high is not None and low > high:
-        raise ConfigError(
-            f"data.length_warmup_min={low} is above data.length_warmup_max={high}: the cap "
-            "grows from the minimum to the maximum; lower the one or raise the other."
-        )
     if warmup is None:
         given = [f"data.{k}={data.get(k)!r}" for k in KEYS[1:] if data.get(k) is not None]
         if given:
@@ -73,6 +68,14 @@ def check_length_warmup(data: DictConfig, *, refused_with: dict[str, str] | None
                 "data.length_warmup=N (the optimizer steps of the warm-up) or leave them null."
             )
         return
+    low, high = data.get("length_warmup_min"), data.get("length_warmup_max")
+    least = PlanConfig(max_tokens=1).length_warmup_min if low is None else low
+    if high is not None and least > high:  # null: the planner's default minimum
+        shown = f"={low}" if low is not None else f" (null: the default, {least})"
+        raise ConfigError(
+            f"data.length_warmup_min{shown} is above data.length_warmup_max={high}: the cap "
+            "grows from the minimum to the maximum; lower the one or raise the other."
+        )
     for reason, fix in (refused_with or {}).items():
         raise ConfigError(
             f"data.length_warmup={warmup} cannot be used with {reason}: {fix}, or set "

@@ -28,7 +28,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from examples.common.config_checks import ConfigError, is_int
+from examples.common.config_checks import ConfigError, is_int, passed_setting
 from lightning_varbatch import PlanConfig, SettingError
 
 __all__ = ["KEYS", "check_rank_settings", "planned_ranks", "rank_settings"]
@@ -45,17 +45,13 @@ def _ranks(trainer: DictConfig) -> int | None:
     return None
 
 
-def check_rank_settings(
-    data: DictConfig, trainer: DictConfig, *, refused_with: dict[str, str] | None = None
-) -> None:
+def check_rank_settings(data: DictConfig, trainer: DictConfig) -> None:
     """Refuse ``data.rank_shares`` / ``data.rank_max_tokens`` values that cannot work.
 
     Args:
         data: the ``data`` group.
         trainer: the ``trainer`` group (its ``devices`` x ``num_nodes`` is the number of ranks
             each list must have an entry for; ``devices=auto`` is checked by the planner).
-        refused_with: settings that rule per-rank settings out, ``{reason: what to change}``
-            for those that are on.
 
     Raises:
         ConfigError: naming the ``data.rank_*`` setting, the rank and what is allowed.
@@ -67,7 +63,7 @@ def check_rank_settings(
     try:  # the library's own checks of the values (each entry, and against max_tokens)
         PlanConfig(max_tokens=budget if is_int(budget) and budget > 0 else 2**62, **settings)
     except SettingError as error:
-        raise ConfigError(f"data.{error.setting}: {error}") from error
+        raise ConfigError(passed_setting(data, error) or f"data: {error}") from error
     ranks = _ranks(trainer)
     for key, values in settings.items():
         if ranks is not None and len(values) != ranks:
@@ -77,12 +73,6 @@ def check_rank_settings(
                 f"trainer.num_nodes={trainer.get('num_nodes', 1)}): give one entry per rank, "
                 f"rank 0 first, or set data.{key}=null."
             )
-    given = next(iter(settings))
-    for reason, fix in (refused_with or {}).items():
-        raise ConfigError(
-            f"data.{given} cannot be used with {reason}: {fix}, or set "
-            f"data.{given}=null (docs/mixed-clusters.md)."
-        )
 
 
 def planned_ranks(data: DictConfig) -> int:

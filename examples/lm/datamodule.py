@@ -26,7 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from examples.common.config_checks import ConfigError
+from examples.common.config_checks import ConfigError, passed_setting
 from examples.common.length_warmup import length_warmup_settings
 from examples.common.rank_shares import planned_ranks, rank_settings
 from examples.common.summary import world_size
@@ -121,6 +121,9 @@ def _datamodule(
         )
         dm.check(planned_ranks(data), stages=("train", "val"))
     except ValueError as error:
+        named = passed_setting(data, error)  # data.rank_shares, data.length_warmup_max, ...
+        if named is not None:
+            raise ConfigError(named) from error
         setting = f"data.max_tokens={data.max_tokens}"
         if data.val_max_tokens is not None:
             setting += f" / data.val_max_tokens={data.val_max_tokens}"

@@ -61,16 +61,6 @@ def _warmup_refusals(data: DictConfig) -> dict[str, str]:
     return out
 
 
-def _rank_refusals(data: DictConfig) -> dict[str, str]:
-    """The settings on in ``data`` that rule out ``data.rank_shares``/``data.rank_max_tokens``."""
-    out = {}
-    if data.get("stream"):
-        out["data.stream=true (the streamed windows do not take per-rank shares)"] = (
-            "set data.stream=false"
-        )
-    return out
-
-
 def _check_data(data: DictConfig) -> None:
     check_int("data.valid", data.get("valid"), 1)
     check_int("data.test", data.get("test"), 0)
@@ -149,7 +139,7 @@ def check_config(cfg: DictConfig) -> None:
     _check_data(cfg.data)
     _check_model(cfg.model, cfg.data)
     check_trainer(cfg.trainer)
-    check_rank_settings(cfg.data, cfg.trainer, refused_with=_rank_refusals(cfg.data))
+    check_rank_settings(cfg.data, cfg.trainer)
     check_stream(cfg)
     corpora = read_corpora(cfg.data)
     mixture_settings(cfg.data, corpora)

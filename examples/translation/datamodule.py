@@ -30,7 +30,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from examples.common.checkpoints import check_sampler_resume
-from examples.common.config_checks import ConfigError
+from examples.common.config_checks import ConfigError, passed_setting
 from examples.common.length_warmup import length_warmup_settings
 from examples.common.oversize import describe_oversize, fitting_length, oversize_counts
 from examples.common.rank_shares import planned_ranks, rank_settings
@@ -106,7 +106,11 @@ def _split_arguments(
 
 
 def _plan_error(cfg: DictConfig, split: str, corpora: list[Corpus], error: Exception) -> str:
-    """Why ``split`` cannot be planned, naming the budget settings it was planned with."""
+    """Why ``split`` cannot be planned, naming the ``data`` setting at fault (its Hydra key),
+    else the budget settings it was planned with."""
+    named = passed_setting(cfg.data, error)  # data.rank_shares, data.length_warmup_max, ...
+    if named is not None:
+        return named
     setting, _ = _budgets(cfg, split, corpora)
     value = cfg.data.get(setting.split(".")[1])
     default = " (null: data.max_tokens)" if split != "train" and value is None else ""
@@ -336,11 +340,15 @@ def _streaming_datamodule(
     test = encode_split(split["test"], c, tokenizer, data) if cfg.get("test") else None
     try:
         dm = streaming.build(data, source, shards, val, test)
-        plan = dm.check(stages=("val",))["val"]  # planned as the Trainer will, as 1 rank
+        # planned as the Trainer will (the first training window; one rank per data.rank_*)
+        plan = dm.check(planned_ranks(data), stages=("train", "val"))["val"]
     except ConfigError:
         raise
     except ValueError as error:
-        raise ConfigError(_plan_error(cfg, "valid", corpora, error)) from error
+        train = isinstance(error, SettingError) and error.stage == "train"
+        raise ConfigError(
+            _plan_error(cfg, "train" if train else "valid", corpora, error)
+        ) from error
     rows = source.num_rows
     dm.oversize = _stream_oversize(data, dm, plan, shards, rows)  # type: ignore[attr-defined]
     dm.shards = shards  # type: ignore[attr-defined]

@@ -38,6 +38,7 @@ from omegaconf import DictConfig
 
 from examples.common.config_checks import ConfigError
 from examples.common.oversize import fitting_length
+from examples.common.rank_shares import rank_settings
 from examples.common.summary import rank
 from examples.translation import tokenizer as tok
 from lightning_varbatch import (
@@ -73,7 +74,8 @@ def check_stream(cfg: DictConfig) -> None:
 
     Raises:
         ConfigError: naming the setting (``data.stream``, ``data.corpora``,
-            ``data.max_shapes``, ``on_resume_mismatch``, ``data.shard_rows``, ...).
+            ``data.max_shapes``, ``callbacks.rank_balance``, ``on_resume_mismatch``,
+            ``data.shard_rows``, ...).
     """
     data = cfg.data
     stream = data.get("stream", False)
@@ -113,6 +115,12 @@ def check_stream(cfg: DictConfig) -> None:
             f"data.stream=true cannot keep a shape budget: data.max_shapes="
             f"{data.max_shapes}{how} needs the whole epoch's plan. Set data.max_shapes=null "
             "and compile=false, or data.stream=false."
+        )
+    if cfg.get("callbacks", {}).get("rank_balance", {}).get("enabled"):
+        raise ConfigError(
+            "callbacks.rank_balance.enabled=true cannot balance data.stream=true: a stream plans "
+            "window by window, so its shares are fixed for the run. Set them with "
+            "data.rank_shares=[...] and callbacks.rank_balance.enabled=false, or data.stream=false."
         )
     if cfg.get("on_resume_mismatch", "error") != "error":
         raise ConfigError(
@@ -431,6 +439,7 @@ def build(
         oversize=data.oversize,
         pad_to_multiple_of=data.pad_to_multiple_of,
         seed=data.seed,
+        **rank_settings(data),  # fixed shares / budgets per rank, as the map-style path
         **kwargs,
     )
 

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from lightning_varbatch.callbacks.lr_scaling import BatchSizeLRScaler
-    from lightning_varbatch.callbacks.rank_balancer import RankShareBalancer, follow_epoch_length
+    from lightning_varbatch.callbacks.rank_balancer import RankShareBalancer
     from lightning_varbatch.callbacks.throughput import TokenThroughputMonitor
     from lightning_varbatch.callbacks.worst_batch import WorstBatchCheck
     from lightning_varbatch.callbacks.worst_micro_batches import check_names
+    from lightning_varbatch.data.lightning_loop import follow_epoch_length
 
 _WHERE = {
     "BatchSizeLRScaler": "lightning_varbatch.callbacks.lr_scaling",
@@ -30,7 +31,7 @@ _WHERE = {
     "TokenThroughputMonitor": "lightning_varbatch.callbacks.throughput",
     "WorstBatchCheck": "lightning_varbatch.callbacks.worst_batch",
     "check_names": "lightning_varbatch.callbacks.worst_micro_batches",
-    "follow_epoch_length": "lightning_varbatch.callbacks.rank_balancer",
+    "follow_epoch_length": "lightning_varbatch.data.lightning_loop",
 }
 
 __all__ = [

@@ -2,7 +2,8 @@
 
 The callbacks count tokens and examples per micro-batch (from the entries of
 :mod:`lightning_varbatch.keys`, or from a user function), find the micro-batch that ends a real
-optimizer step under any strategy, and log from global rank 0 only.
+optimizer step under any strategy, read the training sampler's plan (the length warm-up's cap,
+the ranks' shares in force) and log from global rank 0 only.
 
 Example:
     >>> import torch
@@ -30,7 +31,9 @@ __all__ = [
     "as_number",
     "check_positive",
     "is_step_boundary",
+    "length_cap",
     "log_rank_zero",
+    "rank_shares_in_force",
     "read_count",
 ]
 
@@ -146,6 +149,47 @@ def is_step_boundary(trainer: Trainer) -> bool:
     # The rule Lightning itself uses to count optimizer steps and step schedulers; under
     # DeepSpeed it is also DeepSpeed's boundary (VarBatchDeepSpeedStrategy checks alignment).
     return not trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def length_cap(trainer: Trainer, step: int) -> int | None:
+    """The realised length-warm-up cap of the run's optimizer ``step``, from the sampler's plan.
+
+    ``None`` without a token-budget training sampler, without a warm-up or outside it. The plan
+    is the sampler's current epoch's, the one its loader iterates (cached, not planned again);
+    only epoch 0 has a warm-up, and a plan resumed mid-warm-up counts from the run's step.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> length_cap(SimpleNamespace(train_dataloader=None), 0) is None
+        True
+    """
+    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+    config = getattr(sampler, "config", None)
+    warmup = getattr(config, "length_warmup", None)
+    if warmup is None or step >= warmup or getattr(sampler, "epoch", None) != 0:
+        return None
+    trace = getattr(sampler.plan, "length_warmup", None)  # type: ignore[union-attr]
+    return None if trace is None else trace.cap_at(step)
+
+
+def rank_shares_in_force(trainer: Trainer) -> tuple[float, ...] | None:
+    """The shares the training sampler planned its current epoch with (largest 1), or ``None``.
+
+    ``None`` without ``rank_shares`` on the sampler (equal ranks, or another sampler). A share
+    set for the next epochs (``set_rank_shares``) shows here from the epoch it is planned with.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> loader = SimpleNamespace(batch_sampler=SimpleNamespace(rank_shares=(2.0, 1.0)))
+        >>> rank_shares_in_force(SimpleNamespace(train_dataloader=loader))
+        (1.0, 0.5)
+    """
+    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+    shares = getattr(sampler, "rank_shares", None)
+    if shares is None or len(shares) == 0:
+        return None
+    top = max(float(s) for s in shares)
+    return tuple(float(s) / top for s in shares)
 
 
 def log_rank_zero(trainer: Trainer, metrics: dict[str, float], step: int) -> None:

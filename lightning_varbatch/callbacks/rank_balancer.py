@@ -17,24 +17,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from time import perf_counter
 from typing import Any
 
 import numpy as np
 import torch
-from lightning.fabric.utilities.data import sized_len
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.trainer.connectors.data_connector import _parse_num_batches
-from lightning.pytorch.trainer.states import RunningStage
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from typing_extensions import override
 
 from lightning_varbatch import keys
-from lightning_varbatch.callbacks.batch_counts import log_rank_zero, read_count
+from lightning_varbatch.callbacks.batch_counts import (
+    log_rank_zero,
+    rank_shares_in_force,
+    read_count,
+)
+from lightning_varbatch.callbacks.compute_clock import ComputeClock
 from lightning_varbatch.checks import check_count
 from lightning_varbatch.planner import balanced_shares, smoothed_speeds
 
-__all__ = ["RankShareBalancer", "follow_epoch_length"]
+__all__ = ["RankShareBalancer"]
 
 _OWNER = "RankShareBalancer"
 _STATE_KEYS = ("shares", "history")
@@ -42,137 +43,48 @@ _STATE_KEYS = ("shares", "history")
 
 def _shares_target(trainer: Trainer) -> Any:
     """What takes new shares: the DataModule if it can, else the train loader's batch sampler."""
-    datamodule = getattr(trainer, "datamodule", None)
-    if callable(getattr(datamodule, "set_rank_shares", None)):
-        return datamodule
     sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
-    if callable(getattr(sampler, "set_rank_shares", None)):
-        return sampler
+    for target in (getattr(trainer, "datamodule", None), sampler):
+        if callable(getattr(target, "set_rank_shares", None)):
+            return target
     return None
-
-
-def _training_sampler(trainer: Trainer) -> Any:
-    return getattr(trainer.train_dataloader, "batch_sampler", None)
-
-
-def follow_epoch_length(trainer: Trainer) -> None:
-    """Make Lightning run this epoch's length of the train loader, not the first epoch's.
-
-    Lightning reads the train loader's length once per ``fit`` (``fit_loop.max_batches``, the
-    combined loader's limits, ``val_check_batch``) unless it reloads the loader. New shares
-    change the number of micro-batches per rank of the next epochs (equal on every rank), so
-    an epoch would be cut short or validated at the wrong batch. Called in
-    ``on_train_epoch_start``: the sampler already has the epoch (Lightning relays
-    ``set_epoch`` before the hook) and the epoch's iterator is not created yet.
-    """
-    loop = trainer.fit_loop
-    combined = loop._combined_loader
-    if combined is None or loop.max_batches == float("inf"):
-        return
-    lengths = [sized_len(loader) for loader in combined.flattened]
-    if any(n is None for n in lengths):
-        return
-    limit = trainer.limit_train_batches
-    limits = [
-        _parse_num_batches(RunningStage.TRAINING, n, limit)  # type: ignore[arg-type]
-        for n in lengths
-    ]
-    combined.limits = limits
-    iterator = getattr(combined, "_iterator", None)  # the last epoch's: its length is read
-    if iterator is not None:
-        iterator.limits = list(limits)
-    length = sized_len(combined)
-    if length is None or length == loop.max_batches:
-        return
-    loop.max_batches = length
-    check = trainer.val_check_batch
-    if isinstance(trainer.val_check_interval, float) and check is not None and check != math.inf:
-        trainer.val_check_batch = max(1, int(length * trainer.val_check_interval))
-
-
-class _Clock:
-    """Seconds between two marks: ``perf_counter`` on CPU, CUDA events on a GPU.
-
-    A GPU runs kernels after the host enqueued them, so host time to ``on_before_backward`` is
-    not the forward's time; events recorded on the current stream are, and cost nothing until
-    read (once per period, after a synchronize).
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self.pending: list[tuple[Any, Any]] = []
-
-    def mark(self) -> Any:
-        if not self.cuda:
-            return perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def interval(self, start: Any, end: Any) -> float:
-        """Seconds from ``start`` to ``end`` (CUDA: 0 now, read in :meth:`collect`)."""
-        if not self.cuda:
-            return float(end - start)
-        self.pending.append((start, end))
-        return 0.0
-
-    def collect(self) -> float:
-        """Seconds of the CUDA intervals not read yet (0 on CPU)."""
-        if not self.pending:
-            return 0.0
-        torch.cuda.synchronize(self.device)
-        seconds = sum(start.elapsed_time(end) for start, end in self.pending) / 1000.0
-        self.pending = []
-        return seconds
 
 
 class RankShareBalancer(Callback):
     """Set every rank's share of each step from its measured speed, at epoch boundaries.
 
-    **What is measured.** A rank's compute time is the time from ``on_train_batch_start`` to
-    ``on_before_backward`` of each micro-batch: the forward and the loss, after the batch is on
-    the device and before any gradient synchronisation. Under DDP nothing in a forward waits for
-    another rank, so the time is the rank's own (with ``broadcast_buffers=True`` and a model
-    with buffers, e.g. BatchNorm, DDP broadcasts them at the start of each forward: set
-    ``broadcast_buffers=False`` or expect the fast ranks to look slower). Backward is left out
-    because DDP's gradient all-reduce overlaps it, and there a fast rank waits for a slow one;
-    the backward is assumed to scale with the forward. On CPU times come from
-    ``time.perf_counter``; on CUDA from events recorded on the current stream (read once per
-    period). Under FSDP and DeepSpeed ZeRO-3 the forward all-gathers parameters: a fast rank
-    waits there for the slowest, its measured speed is pulled towards the slowest rank's, and the
-    balancer moves the shares less than it should (down to not at all); measure with DDP or
-    ZeRO-1/2, or set ``rank_shares`` by hand. The first ``warmup_steps`` optimizer steps of each
-    epoch are not timed (first-call costs: allocator, cuDNN autotuning, ``torch.compile``).
+    **What is measured.** A rank's compute time runs from ``on_train_batch_start`` to
+    ``on_before_backward`` of each micro-batch: the forward and the loss, before any gradient
+    synchronisation (:class:`~lightning_varbatch.callbacks.compute_clock.ComputeClock`:
+    ``perf_counter`` on CPU, CUDA events on a GPU). Under DDP nothing in a forward waits for
+    another rank (unless DDP broadcasts a model's buffers, e.g. BatchNorm's, at each forward: set
+    ``broadcast_buffers=False``); the backward, where DDP's all-reduce makes a fast rank wait, is
+    left out and assumed to scale with the forward. Under FSDP and ZeRO-3 the forward gathers
+    parameters and waits for the slowest rank, which pulls the speeds together and the shares
+    move less than they should: measure with DDP or ZeRO-1/2, or set ``rank_shares`` by hand.
+    The first ``warmup_steps`` optimizer steps of each epoch are not timed (allocator, cuDNN
+    autotuning, ``torch.compile``).
 
-    **Planned cost** of a micro-batch is read from the training sampler's plan
-    (``plan.micro_batch_load`` of the micro-batch the rank runs at that position: the units the
-    shares divide). Without a plan (another sampler) the batch's ``keys.NTOKENS`` is used.
-    A rank's speed is its planned cost over its measured seconds in the period.
+    **Planned cost** of a micro-batch is ``plan.micro_batch_load`` of the micro-batch the rank
+    runs at that position (the units the shares divide); without a plan (another sampler), the
+    batch's ``keys.NTOKENS``. A rank's speed is its planned cost per measured second.
 
     **When shares change.** At the end of every ``every_n_epochs``-th epoch every rank
-    all-gathers every rank's (seconds, cost, micro-batches) in ``on_train_epoch_end`` (which runs
-    on every rank), computes :func:`~lightning_varbatch.planner.balanced_shares` from the
-    shares in force (the sampler's ``rank_shares``; equal when unset) with ``smoothing``,
-    ``tolerance`` and ``min_share``, and passes the result to
-    ``trainer.datamodule.set_rank_shares`` (else to the train loader's
-    ``batch_sampler.set_rank_shares``); the speeds are smoothed over periods
-    (:func:`~lightning_varbatch.planner.share_balance.smoothed_speeds`, kept in ``history``);
-    the sampler plans the next epoch with them (it raises a
-    share whose budget could not hold the longest example). Every rank computes from the same
-    gathered numbers, so every rank gets the same shares. Shares never change inside an epoch,
-    so no example is lost or repeated; since the number of micro-batches per rank of an epoch
-    changes with the shares, the callback tells Lightning each epoch's length at its start
-    (:func:`follow_epoch_length`). A period in which some rank timed nothing changes nothing.
-    With one process nothing is gathered or changed (``last_period`` still holds the
-    measurement).
+    all-gathers every rank's (seconds, cost, micro-batches), computes
+    :func:`~lightning_varbatch.planner.balanced_shares` from the shares in force (the sampler's
+    ``rank_shares``, equal when unset) and the speeds smoothed over periods
+    (:func:`~lightning_varbatch.planner.share_balance.smoothed_speeds`), and passes the same
+    result on every rank to ``trainer.datamodule.set_rank_shares`` (else the train loader's
+    ``batch_sampler.set_rank_shares``). The sampler plans the next epoch with them (a share too
+    small for the longest example is raised), so no example is lost or repeated, and the loader
+    tells Lightning the epoch's new length itself. A period in which some rank timed nothing
+    changes nothing; with one process nothing is gathered or changed (``last_period`` still
+    holds the measurement).
 
     The shares set at each period's end and the measurement behind them are kept in
-    ``history`` and in the checkpoint (``state_dict``); at the start of a resumed run the
-    checkpoint's shares are set again (a no-op when the sampler's own state holds them; skipped
-    when the world size changed; a period cut by the resume starts its measurement again).
-    The sampler plans with budgets in whole tokens, so the shares it reports (``rank_shares``,
-    the budgets' ratios) are the set ones rounded to its budget.
+    ``history`` and in the checkpoint; a resumed run sets the checkpoint's shares again (a
+    no-op when the sampler's own state holds them; skipped when the world size changed). The
+    sampler's ``rank_shares`` are the set ones rounded to its whole-token budgets.
 
     Args:
         every_n_epochs: epochs per measurement period (shares change at its end).
@@ -194,12 +106,12 @@ class RankShareBalancer(Callback):
 
     Logged metrics (rank 0, through the Trainer's loggers, at the period's last step):
 
-    ============================  ===================================================
-    Key                           Meaning
-    ============================  ===================================================
-    ``train/rank/<r>/share``      rank ``r``'s share for the next period (largest 1)
-    ``train/rank/<r>/speed``      rank ``r``'s measured planned cost per compute second
-    ============================  ===================================================
+    ==============================  ===================================================
+    Key                             Meaning
+    ==============================  ===================================================
+    ``train/rank/<r>/next_share``   rank ``r``'s share set for the next period (largest 1)
+    ``train/rank/<r>/speed``        rank ``r``'s measured planned cost per compute second
+    ==============================  ===================================================
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -231,24 +143,17 @@ class RankShareBalancer(Callback):
         self.shares: tuple[float, ...] | None = None
         self.history: list[dict[str, Any]] = []
         self.last_period: dict[str, float] | None = None
-        self._seconds = 0.0
-        self._work = 0.0
-        self._count = 0
-        self._epochs = 0
+        self._seconds, self._work, self._count, self._epochs = 0.0, 0.0, 0, 0
         self._start: Any = None
         self._pending_work = 0.0
-        self._clock: _Clock | None = None
+        self._clock: ComputeClock | None = None
         self._costs: tuple[Any, np.ndarray] | None = None
 
     # -- measuring ------------------------------------------------------------------------
 
-    @override
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        follow_epoch_length(trainer)
-
     def _planned_cost(self, trainer: Trainer, batch: Any, batch_idx: int) -> float | None:
         """This rank's planned cost of the micro-batch at ``batch_idx`` of the epoch."""
-        sampler = _training_sampler(trainer)
+        sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
         plan = getattr(sampler, "plan", None)
         convert = getattr(sampler, "consumed_from_epoch_count", None)
         if plan is None or convert is None:
@@ -264,7 +169,7 @@ class RankShareBalancer(Callback):
 
     @override
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._clock = _Clock(trainer.strategy.root_device)
+        self._clock = ComputeClock(trainer.strategy.root_device)
         self._reset_period()
         if trainer.world_size == 1:
             rank_zero_info(f"{_OWNER}: one process, nothing to balance (shares stay as set).")
@@ -344,7 +249,7 @@ class RankShareBalancer(Callback):
             )
             return
         target = _shares_target(trainer)
-        current = _in_force(target, world)
+        current = rank_shares_in_force(trainer) or (1.0,) * world
         previous = self._smoothed(world)
         shares = balanced_shares(
             seconds,
@@ -357,7 +262,7 @@ class RankShareBalancer(Callback):
         )
         smoothed = smoothed_speeds(seconds, work, previous, smoothing=self.smoothing)
         speeds = [w / s for w, s in zip(work, seconds, strict=True)]
-        changed = not np.allclose(shares, np.asarray(current) / max(current), rtol=1e-12)
+        changed = not np.allclose(shares, current, rtol=1e-12)
         if changed:
             target.set_rank_shares(shares)  # from the next epoch's plan on
             rank_zero_info(
@@ -377,7 +282,7 @@ class RankShareBalancer(Callback):
                 "changed": bool(changed),
             }
         )
-        metrics = {f"train/rank/{r}/share": s for r, s in enumerate(self.shares)}
+        metrics = {f"train/rank/{r}/next_share": s for r, s in enumerate(self.shares)}
         metrics.update({f"train/rank/{r}/speed": v for r, v in enumerate(speeds)})
         log_rank_zero(trainer, metrics, max(trainer.global_step - 1, 0))
 
@@ -409,14 +314,6 @@ class RankShareBalancer(Callback):
         shares = state_dict["shares"]
         self.shares = None if shares is None else tuple(float(s) for s in shares)
         self.history = [dict(entry) for entry in state_dict["history"]]
-
-
-def _in_force(target: Any, world_size: int) -> tuple[float, ...]:
-    """The shares the target plans with now (equal shares when unset)."""
-    shares = getattr(target, "rank_shares", None)
-    if shares is None:
-        return (1.0,) * world_size
-    return tuple(float(s) for s in shares)
 
 
 def _show(values: Sequence[float]) -> str:

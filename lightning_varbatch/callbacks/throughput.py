@@ -1,10 +1,7 @@
 """Global token throughput, padding efficiency, effective batch size and rank imbalance.
 
-Lightning's ``ThroughputMonitor`` runs on rank 0 and multiplies rank 0's counts by the world
-size, which is wrong when ranks carry different loads. :class:`TokenThroughputMonitor` gathers
-every rank's counts and times (a collective on every rank, outside any rank-zero-only hook) and
-logs the global figures from rank 0. When training ends it also puts the run's totals in
-``trainer.callback_metrics`` on every rank, for a script's summary.
+Lightning's ``ThroughputMonitor`` multiplies rank 0's counts by the world size, wrong when ranks
+carry different loads; :class:`TokenThroughputMonitor` gathers every rank's counts and times.
 
 Example:
     >>> monitor = TokenThroughputMonitor(log_every_n_steps=10, peak_flops=312e12)
@@ -28,12 +25,16 @@ from lightning_varbatch.callbacks.batch_counts import (
     as_number,
     check_positive,
     is_step_boundary,
+    length_cap,
     log_rank_zero,
+    rank_shares_in_force,
     read_count,
 )
+from lightning_varbatch.callbacks.compute_clock import ComputeClock
 from lightning_varbatch.callbacks.throughput_window import (
     RankWindow,
     dataset_metrics,
+    rank_metrics,
     run_metrics,
     window_metrics,
 )
@@ -45,70 +46,11 @@ __all__ = ["TokenThroughputMonitor", "length_cap", "rank_metrics", "rank_shares_
 PaddingFn = Callable[[Any], "tuple[int | float | torch.Tensor, int | float | torch.Tensor]"]
 
 
-def length_cap(trainer: Trainer, step: int) -> int | None:
-    """The realised length-warm-up cap of the run's optimizer ``step``, from the sampler's plan.
-
-    ``None`` without a token-budget training sampler, without a warm-up or outside it. The plan
-    is the sampler's current epoch's, the one its loader iterates (cached, not planned again);
-    only epoch 0 has a warm-up, and a plan resumed mid-warm-up counts from the run's step.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> length_cap(SimpleNamespace(train_dataloader=None), 0) is None
-        True
-    """
-    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
-    config = getattr(sampler, "config", None)
-    warmup = getattr(config, "length_warmup", None)
-    if warmup is None or step >= warmup or getattr(sampler, "epoch", None) != 0:
-        return None
-    trace = getattr(sampler.plan, "length_warmup", None)  # type: ignore[union-attr]
-    return None if trace is None else trace.cap_at(step)
-
-
-def rank_shares_in_force(trainer: Trainer) -> tuple[float, ...] | None:
-    """The training sampler's ``rank_shares`` (largest 1), or ``None`` without any.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> loader = SimpleNamespace(batch_sampler=SimpleNamespace(rank_shares=(2.0, 1.0)))
-        >>> rank_shares_in_force(SimpleNamespace(train_dataloader=loader))
-        (1.0, 0.5)
-    """
-    sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
-    shares = getattr(sampler, "rank_shares", None)
-    if shares is None or len(shares) == 0:
-        return None
-    top = max(float(s) for s in shares)
-    return tuple(float(s) / top for s in shares)
-
-
-def rank_metrics(
-    windows: list[RankWindow], shares: tuple[float, ...] | None = None
-) -> dict[str, float]:
-    """Each rank's loss tokens per second of the window's wall time, and its share in force.
-
-    The wall time is the window's (the slowest rank's), so the ranks' rates add up to
-    ``train/tokens_per_sec``. Nothing for a single rank (``train/device/...`` says it all);
-    shares only when given with one per rank.
-
-    Example:
-        >>> a, b = RankWindow(tokens=300, elapsed=3.0), RankWindow(tokens=150, elapsed=2.9)
-        >>> rank_metrics([a, b], (1.0, 0.5))
-        ... # doctest: +NORMALIZE_WHITESPACE
-        {'train/rank/0/tokens_per_sec': 100.0, 'train/rank/1/tokens_per_sec': 50.0,
-         'train/rank/0/share': 1.0, 'train/rank/1/share': 0.5}
-    """
-    if len(windows) < 2:
-        return {}
-    elapsed = max(w.elapsed for w in windows)
-    out = {
-        f"train/rank/{r}/tokens_per_sec": (w.tokens / elapsed if elapsed > 0 else float("nan"))
-        for r, w in enumerate(windows)
-    }
-    if shares is not None and len(shares) == len(windows):
-        out.update({f"train/rank/{r}/share": float(s) for r, s in enumerate(shares)})
-    return out
+def _gather(trainer: Trainer, window: RankWindow) -> list[RankWindow]:
+    """Every rank's ``window``, in rank order: one all-gather, which every rank must call."""
+    local = torch.tensor(window.to_vector(), dtype=torch.float64)
+    rows = trainer.strategy.all_gather(local.to(trainer.strategy.root_device))
+    return [RankWindow.from_vector(row) for row in rows.reshape(-1, local.numel()).tolist()]
 
 
 class TokenThroughputMonitor(Callback):
@@ -122,11 +64,12 @@ class TokenThroughputMonitor(Callback):
     through the Trainer's loggers at the step index Lightning's own ``self.log`` uses. Real steps
     are counted once per optimizer step under DDP, FSDP and DeepSpeed alike.
 
-    Times come from ``time.perf_counter``: the window's wall time (the slowest rank's) gives the
-    rates; a rank's *busy* time is the sum of its ``on_train_batch_start`` ->
-    ``on_train_batch_end`` intervals (data loading excluded), whose max/mean is the step-time
-    imbalance. FLOPs per loss token come from ``flops_per_token`` or the LightningModule's
-    attribute ``flops_per_token``; with ``peak_flops`` (per device) the MFU is logged too.
+    The window's wall time (``time.perf_counter``, the slowest rank's) gives the rates. A rank's
+    own compute time sums its micro-batches' ``on_train_batch_start`` -> ``on_before_backward``
+    (forward and loss; CUDA events on a GPU). The backward is left out: under DDP a fast rank
+    waits in it for the slowest, so one of two ranks twice as slow reads 2 / 1.5, not 1.00.
+    FLOPs per loss token come from ``flops_per_token`` or the LightningModule's attribute
+    ``flops_per_token``; with ``peak_flops`` (per device) the MFU is logged too.
 
     Args:
         log_every_n_steps: window / log interval in optimizer steps (default: the Trainer's).
@@ -159,7 +102,8 @@ class TokenThroughputMonitor(Callback):
     ``train/batch/examples``            examples per optimizer step (window mean)
     ``train/batch/tokens``              loss tokens per optimizer step (window mean)
     ``train/imbalance``                 max / mean over ranks of window loss tokens
-    ``train/step_time_imbalance``       max / mean over ranks of busy time
+    ``train/step_time_imbalance``       max / mean over ranks of their own compute time
+                                        (1 = even; FSDP / ZeRO-3 pull it towards 1)
     ``train/step_time``                 wall seconds per optimizer step
     ``train/total_tokens``              loss tokens since the start of training (exact in
                                         checkpoints with the ``step_*`` batch keys; else
@@ -180,8 +124,9 @@ class TokenThroughputMonitor(Callback):
     ``train/rank/<r>/tokens_per_sec``   rank ``r``'s loss tokens / s of the window's wall
                                         time (the ranks' rates add up to
                                         ``train/tokens_per_sec``)
-    ``train/rank/<r>/share``            rank ``r``'s share of each step in force (the
-                                        training sampler's ``rank_shares``, largest 1)
+    ``train/rank/<r>/share``            rank ``r``'s share in force: the one the training
+                                        sampler planned the current epoch with (its
+                                        ``rank_shares``, largest 1)
     ==================================  ================================================
 
     The ``train/dataset/...`` keys appear only when several datasets are mixed, and
@@ -268,7 +213,8 @@ class TokenThroughputMonitor(Callback):
         self._window = RankWindow.empty(0)
         self._steps_in_window = 0
         self._window_start: float | None = None
-        self._batch_start = 0.0
+        self._clock = ComputeClock(torch.device("cpu"))
+        self._compute_start: Any = None  # this micro-batch's clock mark, until its backward
         self._names: list[str] = []
         # this fit call's counts on this rank (the windows logged so far) and its start
         self._run = RankWindow()
@@ -301,6 +247,7 @@ class TokenThroughputMonitor(Callback):
         self._window = RankWindow.empty(len(names))
         self._run = RankWindow()
         self._run_start = None
+        self._clock = ComputeClock(trainer.strategy.root_device)
 
     @override
     def on_train_batch_start(
@@ -311,7 +258,6 @@ class TokenThroughputMonitor(Callback):
             self._window_start = now
         if self._run_start is None:
             self._run_start = now
-        self._batch_start = now
         name = type(self).__name__
         w = self._window
         if (
@@ -343,13 +289,22 @@ class TokenThroughputMonitor(Callback):
                 )
             w.dataset_tokens[d] += tokens
             w.dataset_batches[d] += 1.0
+        self._compute_start = self._clock.mark()
+
+    @override
+    def on_before_backward(
+        self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
+    ) -> None:
+        if self._compute_start is None:  # one interval per micro-batch, however many backwards
+            return
+        self._window.compute += self._clock.interval(self._compute_start, self._clock.mark())
+        self._compute_start = None
 
     @override
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         now = perf_counter()
-        self._window.busy += now - self._batch_start
         if not is_step_boundary(trainer):
             return
         self.steps += 1
@@ -364,12 +319,8 @@ class TokenThroughputMonitor(Callback):
             return
         assert self._window_start is not None
         self._window.elapsed = now - self._window_start
-        # Every rank is here at the same optimizer step: gather on all of them.
-        local = torch.tensor(
-            self._window.to_vector(), dtype=torch.float64, device=trainer.strategy.root_device
-        )
-        gathered = trainer.strategy.all_gather(local).reshape(-1, local.numel()).cpu()
-        windows = [RankWindow.from_vector(row) for row in gathered.tolist()]
+        self._window.compute += self._clock.collect()
+        windows = _gather(trainer, self._window)  # every rank is at the same optimizer step
         flops = self.flops_per_token
         if flops is None:
             flops = getattr(pl_module, "flops_per_token", None)
@@ -409,13 +360,8 @@ class TokenThroughputMonitor(Callback):
         run = RankWindow()
         run.add_counts(self._run)
         run.add_counts(self._window)  # the micro-batches since the last logged window
-        # Every rank ends training together: gather on all of them.
-        local = torch.tensor(
-            run.to_vector(), dtype=torch.float64, device=trainer.strategy.root_device
-        )
-        gathered = trainer.strategy.all_gather(local).reshape(-1, local.numel()).cpu()
         seconds = now - (now if self._run_start is None else self._run_start)
-        totals = run_metrics([RankWindow.from_vector(r) for r in gathered.tolist()], seconds)
+        totals = run_metrics(_gather(trainer, run), seconds)  # every rank ends training together
         totals["train/total_tokens"] = self.total_tokens
         totals["train/total_examples"] = self.total_examples
         trainer.callback_metrics.update(

@@ -6,8 +6,8 @@ turns its window into a vector (:meth:`RankWindow.to_vector`) for one all-gather
 torch.distributed and no Lightning here, so the formulas are tested on their own.
 
 Example:
-    >>> a = RankWindow(tokens=300, examples=6, real=500, padded=1000, busy=2.0, elapsed=4.0)
-    >>> b = RankWindow(tokens=100, examples=2, real=200, padded=400, busy=1.0, elapsed=4.0)
+    >>> a = RankWindow(tokens=300, examples=6, real=500, padded=1000, compute=2.0, elapsed=4.0)
+    >>> b = RankWindow(tokens=100, examples=2, real=200, padded=400, compute=1.0, elapsed=4.0)
     >>> m = window_metrics([a, b], steps=2)
     >>> m["train/tokens_per_sec"], m["train/imbalance"], m["train/padding_efficiency"]
     (100.0, 1.5, 0.5)
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RankWindow", "dataset_metrics", "run_metrics", "window_metrics"]
+__all__ = ["RankWindow", "dataset_metrics", "rank_metrics", "run_metrics", "window_metrics"]
 
-_SCALARS = ("tokens", "examples", "real", "padded", "busy", "elapsed", "no_padding")
+_SCALARS = ("tokens", "examples", "real", "padded", "compute", "elapsed", "no_padding")
 
 
 @dataclass
@@ -31,7 +31,8 @@ class RankWindow:
         examples: examples.
         real: real tokens of every padded field (for the padding efficiency).
         padded: token slots after padding of every padded field.
-        busy: seconds spent between ``on_train_batch_start`` and ``on_train_batch_end``.
+        compute: the rank's own compute seconds: each micro-batch's forward and loss
+            (``on_train_batch_start`` to ``on_before_backward``), before any gradient sync.
         elapsed: wall seconds of the window.
         no_padding: 1.0 when a micro-batch had no padding counts (padding metrics skipped).
         dataset_tokens: loss tokens per mixed dataset.
@@ -42,7 +43,7 @@ class RankWindow:
     examples: float = 0.0
     real: float = 0.0
     padded: float = 0.0
-    busy: float = 0.0
+    compute: float = 0.0
     elapsed: float = 0.0
     no_padding: float = 0.0
     dataset_tokens: list[float] = field(default_factory=list)
@@ -121,7 +122,7 @@ def window_metrics(
         "train/batch/examples": examples / steps,
         "train/batch/tokens": tokens / steps,
         "train/imbalance": _max_over_mean([w.tokens for w in windows]),
-        "train/step_time_imbalance": _max_over_mean([w.busy for w in windows]),
+        "train/step_time_imbalance": _max_over_mean([w.compute for w in windows]),
         "train/step_time": elapsed / steps,
     }
     padded = sum(w.padded for w in windows)
@@ -137,6 +138,34 @@ def window_metrics(
         if peak_flops is not None:
             metrics["train/mfu"] = flops_per_sec / world / peak_flops
     return metrics
+
+
+def rank_metrics(
+    windows: list[RankWindow], shares: tuple[float, ...] | None = None
+) -> dict[str, float]:
+    """Each rank's loss tokens per second of the window's wall time, and its share in force.
+
+    The wall time is the window's (the slowest rank's), so the ranks' rates add up to
+    ``train/tokens_per_sec``. Nothing for a single rank (``train/device/...`` says it all);
+    shares only when given with one per rank.
+
+    Example:
+        >>> a, b = RankWindow(tokens=300, elapsed=3.0), RankWindow(tokens=150, elapsed=2.9)
+        >>> rank_metrics([a, b], (1.0, 0.5))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        {'train/rank/0/tokens_per_sec': 100.0, 'train/rank/1/tokens_per_sec': 50.0,
+         'train/rank/0/share': 1.0, 'train/rank/1/share': 0.5}
+    """
+    if len(windows) < 2:
+        return {}
+    elapsed = max(w.elapsed for w in windows)
+    out = {
+        f"train/rank/{r}/tokens_per_sec": (w.tokens / elapsed if elapsed > 0 else float("nan"))
+        for r, w in enumerate(windows)
+    }
+    if shares is not None and len(shares) == len(windows):
+        out.update({f"train/rank/{r}/share": float(s) for r, s in enumerate(shares)})
+    return out
 
 
 def dataset_metrics(

@@ -9,8 +9,9 @@ micro-batch and puts the plan's counts on it; :mod:`~lightning_varbatch.data.loa
 :mod:`~lightning_varbatch.data.datamodule` (:class:`~lightning_varbatch.TokenBudgetDataModule`)
 assemble them so that Lightning leaves the batches alone. By idea:
 :mod:`~lightning_varbatch.data.plan_settings` (planner settings as keywords or one
-``PlanConfig``), :mod:`~lightning_varbatch.data.sampler_state` (the position in the epoch, saved
-and restored, also elastically), :mod:`~lightning_varbatch.data.plan_items` (what the plan
+``PlanConfig``), :mod:`~lightning_varbatch.data.sampler_state` (the position in the epoch and
+its saved state), :mod:`~lightning_varbatch.data.sampler_resume` (resuming it, also
+elastically, through the remainder guard), :mod:`~lightning_varbatch.data.plan_items` (what the plan
 attaches to a micro-batch's items), :mod:`~lightning_varbatch.data.token_fields` (reading token
 fields), :mod:`~lightning_varbatch.data.split_inputs` (a DataModule's splits, read and checked),
 :mod:`~lightning_varbatch.data.split_loaders` (a split's sampler, loader, collate and

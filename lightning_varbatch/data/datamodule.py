@@ -50,6 +50,7 @@ from lightning_varbatch.data.datamodule_state import (
     trained_this_epoch,
     versioned,
 )
+from lightning_varbatch.data.lightning_loop import fit_epoch
 from lightning_varbatch.data.loader import TokenBudgetDataLoader
 from lightning_varbatch.data.rank_agreement import (
     check_ranks_agree,
@@ -321,7 +322,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         if trainer is not None:
             # Lightning sets the epoch only after its first iter() of the loader (FitLoop.setup_data
             # then on_advance_start): set it now so that a prefetch starts in the right epoch.
-            sampler.set_epoch(int(trainer.fit_loop.epoch_progress.current.processed))
+            sampler.set_epoch(fit_epoch(trainer))
             check_same_plan_everywhere(trainer, sampler)
         if self._run_shares is not None:
             sampler.set_rank_shares(self._run_shares)
@@ -378,8 +379,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         trainer = self._trainer
         if trainer is None:
             return versioned(train_sampler=sampler.state_dict())
-        consumed = sampler.consumed_from_epoch_count(trained_this_epoch(trainer))
-        return versioned(train_sampler=sampler.state_dict(consumed=consumed))
+        return versioned(train_sampler=sampler.state_dict(consumed=trained_this_epoch(trainer)))
 
     def _read_state(self, state_dict: Mapping[str, Any]) -> dict[str, Any] | None:
         unknown = sorted(map(str, set(state_dict) - {"train_sampler", "version"}))

@@ -18,8 +18,11 @@ Example:
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
+
+import numpy as np
 
 from lightning_varbatch.checks import check_choice, check_count, check_flag
 from lightning_varbatch.data.plan_settings import PLAN_SETTINGS
@@ -29,8 +32,10 @@ from lightning_varbatch.planner.mixture_datasets import DataSource
 from lightning_varbatch.sources.shards import ShardedSource
 
 __all__ = [
+    "DEFAULTS",
     "REFUSED",
     "SAMPLER_KWARGS",
+    "changed",
     "check_budgets",
     "check_loader_settings",
     "check_sampler_kwargs",
@@ -60,6 +65,34 @@ REFUSED: dict[str, str] = {
     "steps_per_epoch": "a stream's epoch is one pass over its shards; its length is not known "
     "in advance: stop training with Trainer(max_steps=...) instead",
 }
+
+#: The default of each :data:`REFUSED` setting (TokenBudgetDataModule's): it changes nothing,
+#: so both DataModules accept it there (a shared config's ``train_loss_lengths: null``).
+DEFAULTS: dict[str, Any] = {
+    "train_lengths": None,
+    "train_loss_lengths": None,
+    "mixing": "per_step",
+    "weights": "size",
+    "temperature": 1.0,
+    "steps_per_epoch": None,
+}
+
+
+def changed(settings: Mapping[str, Any]) -> list[str]:
+    """The names of ``settings`` given at another value than their :data:`DEFAULTS`.
+
+    Example:
+        >>> changed({"train_loss_lengths": None, "temperature": 1, "weights": [1, 2]})
+        ['weights']
+    """
+    return [name for name, value in settings.items() if not _is_default(value, DEFAULTS[name])]
+
+
+def _is_default(value: object, default: object) -> bool:
+    if default is None or isinstance(default, str):  # None, or a name: never an array
+        return isinstance(value, type(default)) and value == default
+    number = isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+    return number and bool(value == default)
 
 
 def check_budgets(max_tokens: object, val_max_tokens: object) -> tuple[int, int, bool]:
@@ -109,15 +142,19 @@ def check_loader_settings(
 
 
 def with_loss_offset(settings: Mapping[str, Any], loss_offset: object) -> dict[str, Any]:
-    """``settings`` with ``loss_offset`` added when it is not 0 (checked as PlanConfig does).
+    """The planner's settings: ``loss_offset`` added, arguments at their defaults left out.
+
+    ``loss_offset`` is added when it is not 0 (checked as PlanConfig does); DataModule
+    arguments given at their :data:`DEFAULTS` change nothing and are left out.
 
     Example:
-        >>> with_loss_offset({"seed": 1}, 1), with_loss_offset({"seed": 1}, 0)
+        >>> with_loss_offset({"seed": 1}, 1), with_loss_offset({"seed": 1, "mixing": None}, 0)
         ({'seed': 1, 'loss_offset': 1}, {'seed': 1})
     """
+    out = {k: v for k, v in settings.items() if k not in DEFAULTS}
     if check_count("loss_offset", loss_offset, minimum=0):
-        return {**settings, "loss_offset": loss_offset}
-    return dict(settings)
+        out["loss_offset"] = loss_offset
+    return out
 
 
 def check_sampler_kwargs(sampler_kwargs: Mapping[str, Any]) -> None:
@@ -154,7 +191,8 @@ def check_stream_arguments(train_source: object, plan_settings: Mapping[str, Any
         SettingTypeError: for a ``train_source`` that is not a :class:`ShardedSource` (a list
             of DataSource names the alternative), or ``rank``/``world_size``/
             ``accumulate_grad_batches`` (the Trainer's).
-        SettingValueError: for a :data:`REFUSED` setting, saying why and what instead.
+        SettingValueError: for a :data:`REFUSED` setting other than its default, saying why
+            and what instead.
     """
     if isinstance(train_source, (list, tuple)) and any(
         isinstance(s, DataSource) for s in train_source
@@ -175,13 +213,14 @@ def check_stream_arguments(train_source: object, plan_settings: Mapping[str, Any
             setting="train_source",
             value=train_source,
         )
-    for name, why in REFUSED.items():
-        if name in plan_settings:
-            raise SettingValueError(
-                f"StreamingDataModule does not take {name}=: {why}.",
-                setting=name,
-                value=plan_settings[name],
-            )
+    for name in changed({k: v for k, v in plan_settings.items() if k in REFUSED}):
+        value = plan_settings[name]
+        raise SettingValueError(
+            f"StreamingDataModule does not take {name}={reprlib.repr(value)} (only its default, "
+            f"{DEFAULTS[name]!r}): {REFUSED[name]}.",
+            setting=name,
+            value=value,
+        )
     for name in ("rank", "world_size", "accumulate_grad_batches"):
         if name in plan_settings:
             raise SettingTypeError(

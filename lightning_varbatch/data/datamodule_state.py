@@ -2,10 +2,10 @@
 
 Both states are ``{"version": 1, ...}`` (:data:`~lightning_varbatch.data.splits.
 STATE_VERSION`; a state without one is version 1) and count the micro-batches *trained* this
-epoch with the fit loop's ``batch_progress.current.processed`` (:func:`trained_this_epoch`),
-never the loader's prefetch. :class:`ResumableState` holds what both do with a state:
-read it (a mapping, of a version this release reads), keep it until the training loader is
-built, and refuse a mid-epoch resume that gave the DataModule no position.
+epoch (``trained_this_epoch``, from :mod:`~lightning_varbatch.data.lightning_loop`), never the
+loader's prefetch. :class:`ResumableState` holds what both do with a state: read it (a mapping,
+of a version this release reads), keep it until the training loader is built, and refuse a
+mid-epoch resume that gave the DataModule no position.
 
 Example:
     >>> versioned(), versioned(trained=3)
@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lightning_varbatch.data.lightning_loop import trained_this_epoch
 from lightning_varbatch.data.splits import (
     STATE_VERSION,
     check_position_restored,
@@ -29,21 +30,6 @@ __all__ = ["ResumableState", "read_state_mapping", "trained_this_epoch", "versio
 def versioned(**entries: Any) -> dict[str, Any]:
     """A DataModule state: the version first, then ``entries``."""
     return {"version": STATE_VERSION, **entries}
-
-
-def trained_this_epoch(trainer: Any) -> int:
-    """Micro-batches the fit loop has trained this epoch (0 outside a Trainer).
-
-    Lightning increments the count before ``on_train_batch_end``, so a checkpoint saved there
-    already counts its batch; it is not ahead like the loader's prefetching.
-
-    Example:
-        >>> trained_this_epoch(None)
-        0
-    """
-    if trainer is None:
-        return 0
-    return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
 
 def read_state_mapping(owner: str, state_dict: Any) -> Mapping[str, Any]:

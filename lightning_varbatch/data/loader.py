@@ -5,7 +5,8 @@ Lightning replaces a loader's sampler with a ``DistributedSampler`` only when th
 ``trainer/connectors/data_connector.py``), and it calls ``set_epoch`` only on
 ``dataloader.sampler`` / ``dataloader.batch_sampler.sampler``. Our loader's ``sampler`` is such
 a ``DistributedSampler`` (:class:`_EpochRelay`) that relays ``set_epoch`` to the batch sampler,
-so the trainer's default ``use_distributed_sampler=True`` needs no change.
+so the trainer's default ``use_distributed_sampler=True`` needs no change, and a training
+loader makes Lightning run each epoch's length (:mod:`~lightning_varbatch.data.lightning_loop`).
 
 Two public names, two roles: :func:`token_budget_dataloader` is the constructor the docs
 teach (the sampler as second argument, like ``DataLoader(dataset, sampler)``), and
@@ -33,6 +34,7 @@ from torch.utils.data.dataloader import _BaseDataLoaderIter
 from lightning_varbatch.checks import check_count, check_flag
 from lightning_varbatch.data.collate import PaddingCollate
 from lightning_varbatch.data.columnar import fetch_rows
+from lightning_varbatch.data.lightning_loop import calling_trainer, follow_epoch_length
 from lightning_varbatch.data.packed_collate import PackingCollate
 from lightning_varbatch.data.pairing import PLAN_COLLATES, collate_for_plan
 from lightning_varbatch.data.plan_items import attach_plan, check_map_style
@@ -89,7 +91,8 @@ class _EpochRelay(DistributedSampler[int]):
 
     The batch sampler drives the DataLoader; this object is never iterated by it. Being a
     ``DistributedSampler`` makes Lightning's ``_requires_distributed_sampler`` false, so the
-    loader is not rebuilt; ``set_epoch`` reaches the batch sampler through it.
+    loader is not rebuilt; ``set_epoch`` reaches the batch sampler (and the epoch's length
+    Lightning's fit loop) through it.
     """
 
     def __init__(self, dataset: Any, batch_sampler: TokenBudgetBatchSampler, fixed: bool) -> None:
@@ -106,6 +109,7 @@ class _EpochRelay(DistributedSampler[int]):
         super().set_epoch(epoch)
         if not self.fixed:
             self.batch_sampler.set_epoch(epoch)
+            follow_epoch_length(calling_trainer())
 
 
 def check_dataset_size(
@@ -172,8 +176,8 @@ def check_first_items_of(
 class TokenBudgetDataLoader(DataLoader[Any]):
     """A DataLoader over a :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
 
-    Its ``len`` is the epoch's micro-batch count as Lightning counts it (also after a resume),
-    Lightning neither replaces its sampler nor needs ``use_distributed_sampler=False``, and its
+    Its ``len`` is each epoch's micro-batch count as Lightning counts it (also after a resume),
+    Lightning leaves its sampler alone under ``use_distributed_sampler=True``, and its
     ``set_epoch`` calls reach the batch sampler. Build it with :func:`token_budget_dataloader`.
 
     Args:
@@ -280,6 +284,8 @@ class TokenBudgetDataLoader(DataLoader[Any]):
             sampler = self.token_sampler
             sampler.set_epoch(1)  # a different epoch resets the position: evaluate from the start
             sampler.set_epoch(0)
+        else:  # shares set in on_train_epoch_start apply to this epoch: count them
+            follow_epoch_length(calling_trainer())
         return super().__iter__()
 
 
@@ -324,9 +330,7 @@ def token_budget_dataloader(
         >>> sum(int(b["ntokens"]) for b in loader), len(loader)
         (17, 3)
     """
-    batching = sorted(
-        {"batch_size", "shuffle", "sampler", "drop_last", "batch_sampler"} & set(kwargs)
-    )
+    batching = sorted(_BATCHING & set(kwargs))
     if batching:
         raise SettingTypeError(
             f"token_budget_dataloader does not take {batching}: the token-budget sampler "

@@ -13,10 +13,12 @@ import os
 
 import numpy as np
 
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.settings import PlanConfig
 
-__all__ = ["MicroBatch", "micro_batch_of", "resolve_rank_world"]
+__all__ = ["MicroBatch", "check_loss_tokens", "micro_batch_of", "resolve_rank_world"]
 
 
 class MicroBatch(list[int]):
@@ -24,7 +26,8 @@ class MicroBatch(list[int]):
 
     Attributes:
         epoch: the epoch.
-        step: optimizer step within the current plan of the epoch.
+        step: the optimizer step of the epoch (counted from its start, also after a resume on
+            another topology, where a step begun before it counts as one).
         micro: micro-batch within the step (``0 .. accumulate_grad_batches - 1``).
         rank: the rank that runs it.
         ntokens: its loss tokens (target tokens for pairs).
@@ -116,6 +119,7 @@ def micro_batch_of(
     *,
     epoch: int,
     ids: np.ndarray | None = None,
+    first_step: int = 0,
 ) -> MicroBatch:
     """The :class:`MicroBatch` ``rank`` runs at ``position`` of ``plan`` (its run order).
 
@@ -127,6 +131,9 @@ def micro_batch_of(
         epoch: the epoch it belongs to.
         ids: global ids of the plan's local ids (a window of a stream); ``None``: the plan's
             ids are the dataset's.
+        first_step: the optimizer step of the epoch that ``plan``'s first step is (the
+            re-planned rest of an epoch, a later window of a stream): ``MicroBatch.step``
+            counts the epoch's steps.
 
     Raises:
         IndexError: when ``position`` is not in ``[0, micro-batches per rank)``.
@@ -152,7 +159,7 @@ def micro_batch_of(
     return MicroBatch(
         (local if ids is None else ids[local]).tolist(),
         epoch=epoch,
-        step=step,
+        step=first_step + step,
         micro=micro,
         rank=rank,
         ntokens=int(plan.micro_batch_tokens[index]),
@@ -165,6 +172,43 @@ def micro_batch_of(
         planned_lengths=planner.prepared.key[local].tolist(),
         pad_rows=shape[0],
         pad_length=shape[1],
+    )
+
+
+def check_loss_tokens(plan: EpochPlan, config: PlanConfig) -> None:
+    """Refuse a plan with an optimizer step of no loss tokens (its token mean divides by 0).
+
+    Found when the epoch is planned, before any of it trains.
+
+    Raises:
+        SettingValueError: naming ``loss_offset`` (or the loss lengths) and the step.
+
+    Example:
+        >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
+        >>> config = PlanConfig(max_tokens=4, loss_offset=1, shuffle=False)
+        >>> check_loss_tokens(EpochPlanner([1, 1, 3], config).plan(0), config)
+        Traceback (most recent call last):
+        ...
+        lightning_varbatch.errors.SettingValueError: Optimizer step 1 of epoch 0 has no loss ...
+    """
+    empty = np.flatnonzero(plan.step_tokens == 0)
+    if not empty.size:
+        return
+    step = int(empty[0])
+    setting = "loss_offset" if config.loss_offset else "loss_lengths"
+    why = (
+        f"loss_offset={config.loss_offset} leaves no loss token in examples of "
+        f"{config.loss_offset} token(s) or fewer"
+        if config.loss_offset
+        else "its examples' loss lengths are all 0"
+    )
+    raise SettingValueError(
+        f"Optimizer step {step} of epoch {plan.epoch} has no loss tokens ({empty.size} such "
+        f"step(s) in the epoch): {why}, and the step's token mean (step_token_mean) would "
+        "divide by zero. Leave such examples out of the data (e.g. filter examples shorter "
+        f"than {config.loss_offset + 1} tokens), or fix the {setting}.",
+        setting=setting,
+        value=config.loss_offset if config.loss_offset else None,
     )
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from lightning_varbatch.sources.arrow_lengths import is_list_type, null_rows
+
 __all__ = ["Ragged"]
 
 
@@ -120,32 +122,39 @@ class Ragged:
         return padded, mask
 
 
-def arrow_list_problem(column: Any) -> str | None:
-    """Why an Arrow column cannot be a token field (``None``: it can).
+def arrow_list_problem(column: Any) -> tuple[int, str, type[Exception]] | None:
+    """Why an Arrow column cannot be a token field: ``(row, what is wrong, error type)``.
+
+    ``None`` when it can; ``row`` is the first row at fault (0 for the column's type).
 
     Example:
         >>> import pyarrow as pa
-        >>> arrow_list_problem(pa.chunked_array([["a b"]]))
+        >>> arrow_list_problem(pa.chunked_array([["a b"]]))[1]
         'is text (string), not token ids: tokenize the text in the dataset'
+        >>> arrow_list_problem(pa.chunked_array([[[1], [2, None]]]))[0]
+        1
     """
     import pyarrow as pa
 
     kind = column.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return f"is text ({kind}), not token ids: tokenize the text in the dataset"
-    listed = (
-        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
-    )
-    if not listed:
-        return f"has type {kind}, not a list of integer token ids"
+        return 0, f"is text ({kind}), not token ids: tokenize the text in the dataset", TypeError
+    if not is_list_type(kind):
+        return 0, f"has type {kind}, not a list of integer token ids", TypeError
     if not pa.types.is_integer(kind.value_type):
-        return (
-            f"holds {kind.value_type} values (type {kind}); expected integer token ids (a float "
-            "or bool would be silently cut to an id). Store the ids as ints"
+        what = (
+            f"holds {kind.value_type} values (type {kind}); expected integer token ids (a "
+            "float or bool would be silently cut to an id). Store the ids as ints"
         )
-    if column.null_count:
-        return "has a null row: every item needs its token ids"
-    chunks = column.chunks if hasattr(column, "chunks") else [column]
-    if any(chunk.flatten().null_count for chunk in chunks):  # views, no copy
-        return "has null token ids inside a row"
-    return None
+        return 0, what, TypeError
+    bad = null_rows(column)
+    if bad is None:
+        return None
+    row = int(np.flatnonzero(bad)[0])
+    value = column[row]
+    got = f"holds a null token id ({value.as_py()})" if value.is_valid else "is null"
+    what = (
+        f"{got}: every item needs a list of integer token ids; fill or drop the rows with "
+        "nulls in the dataset (ds.filter) before training"
+    )
+    return row, what, TypeError if value.is_valid else ValueError

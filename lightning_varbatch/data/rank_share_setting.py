@@ -11,8 +11,8 @@ shares that cannot are refused with the rank named.
 Example:
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
     >>> setting = RankShareSetting(EpochPlanner([30, 40, 50], PlanConfig(max_tokens=100)))
-    >>> setting.budgets(2) is None
-    True
+    >>> setting.budgets(2)
+    (100, 100)
     >>> setting.set((1.0, 0.1), world_size=2)
     >>> setting.budgets(2)  # rank 1's budget raised to hold the longest example
     (100, 50)
@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 from lightning_varbatch.errors import SettingValueError
@@ -70,14 +71,37 @@ class RankShareSetting:
         self.shares = planner.config.rank_shares if checked is None else checked
         self.set_by_run = checked is not None
 
+    def restore(self, shares: Sequence[float] | None, world_size: int) -> None:
+        """The shares a run had set, from a saved sampler state (``None``: none were set).
+
+        Shares measured for another number of ranks say nothing of these: they are left out
+        with a warning, and the next epochs plan with the settings' shares.
+        """
+        if shares is None:
+            return
+        if len(shares) != world_size:
+            warnings.warn(
+                f"The sampler state holds shares a run set for {len(shares)} ranks "
+                f"({list(shares)}); this run has {world_size}: the next epochs plan with "
+                "rank_shares as set (a RankShareBalancer measures them again).",
+                UserWarning,
+                stacklevel=4,  # the caller of load_state_dict
+            )
+            return
+        self.set(shares, world_size)
+
     def budgets(self, world_size: int) -> tuple[int, ...] | None:
-        """Every rank's budget for ``world_size`` ranks (``None``: ``max_tokens`` on each)."""
+        """Every rank's budget for ``world_size`` ranks (``None``: a planner without them).
+
+        Equal budgets are ``max_tokens`` on each rank, given as such: a plan's budgets are
+        always explicit, so a saved plan resumes whatever the settings say now.
+        """
         planner = self.planner
         config = planner.config
-        if not isinstance(planner, LANE_PLANNERS) or (
-            self.shares is None and config.rank_max_tokens is None
-        ):
+        if not isinstance(planner, LANE_PLANNERS):
             return None
+        if self.shares is None and config.rank_max_tokens is None:
+            return (config.max_tokens,) * world_size
         floor = planner.longest_cost if self.set_by_run else 0
         return rank_budgets(
             config.max_tokens, world_size, self.shares, config.rank_max_tokens, floor=floor

@@ -25,7 +25,12 @@ import numpy.typing as npt
 from torch.utils.data import Sampler
 
 from lightning_varbatch.checks import check_choice, check_count
-from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
+from lightning_varbatch.data.micro_batch import (
+    MicroBatch,
+    check_loss_tokens,
+    micro_batch_of,
+    resolve_rank_world,
+)
 from lightning_varbatch.data.plan_settings import (
     PLAN_SETTINGS,
     check_accumulate,
@@ -36,14 +41,12 @@ from lightning_varbatch.data.plan_settings import (
     reject_unknown,
 )
 from lightning_varbatch.data.rank_share_setting import LANE_PLANNERS, RankShareSetting
+from lightning_varbatch.data.sampler_resume import ON_MISMATCH, OnMismatch, resume_position
 from lightning_varbatch.data.sampler_state import (
-    ON_MISMATCH,
     STATE_VERSION,
     EpochPosition,
-    OnMismatch,
     lengths_digest,
     read_state,
-    restore_position,
     save_state,
     state_differences,
 )
@@ -53,6 +56,7 @@ from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_datasets import DataSource, MixingPolicy, Weights
 from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.remainder_guard import consumed_ledger
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.sources.arrow_lengths import source_with_column_lengths
 
@@ -154,6 +158,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self._digest: str | None = None
         self.set_distributed(self.rank, self.world_size, plain(accumulate_grad_batches))
         self.set_epoch(plain(epoch))
+        self._shares.budgets(self.world_size)  # rank lists of another length fail now
 
     @classmethod
     def from_sources(
@@ -284,8 +289,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     @property
     def consumed(self) -> int:
-        """Micro-batches of the current plan this rank has taken (yielded or restored)."""
-        return self._position.consumed
+        """Micro-batches of this epoch this rank has taken (yielded or restored).
+
+        Counted from the epoch's start as a training loop counts them (also across a resume
+        on another topology), as :attr:`epoch_length` and ``state_dict(consumed=...)`` are.
+        """
+        return self._position.counted_before + self._position.consumed
 
     @property
     def epoch_length(self) -> int:
@@ -372,6 +381,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             plan = self.planner.plan_resumed(*args, rank_budgets=position.budgets)
         else:
             plan = self.planner.plan_resumed(*args)
+        check_loss_tokens(plan, self.config)
         self._cache = (key, plan)
         return plan
 
@@ -490,7 +500,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             ([0, 1], 1)
         """
         return micro_batch_of(
-            self.plan, self.planner, self.rank, position, epoch=self._position.epoch
+            self.plan,
+            self.planner,
+            self.rank,
+            position,
+            epoch=self._position.epoch,
+            first_step=self._position.steps_before,
         )
 
     # -- checkpointing -------------------------------------------------------------------
@@ -499,32 +514,46 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """Where the epoch stands, to resume exactly there.
 
         Args:
-            consumed: micro-batches of the current plan this rank has *trained* on; defaults to
-                the number yielded, which runs ahead of training when a DataLoader prefetches.
+            consumed: micro-batches of this epoch this rank has *trained* on, counted from the
+                epoch's start as the training loop counts them (:attr:`consumed`,
+                :attr:`epoch_length`); defaults to the number taken, which runs ahead of
+                training when a DataLoader prefetches.
 
         Returns:
             A small dict of plain Python values (the same on every rank), including a digest
-            of the lengths the plan was made from (``lengths_digest``).
+            of the lengths the plan was made from (``lengths_digest``), the budgets of every
+            plan of the epoch and its ledger (how many examples it consumed, and a digest of
+            which).
 
         Raises:
-            ValueError: when ``consumed`` is outside the current plan.
+            ValueError: when ``consumed`` is outside this epoch, or counts fewer micro-batches
+                than the epoch ran before its current plan.
         """
         position = self._position
-        consumed = position.consumed if consumed is None else consumed
-        total = self.plan.num_micro_batches_per_rank
-        consumed = check_count("consumed", consumed, minimum=0)
-        if consumed > total:
+        plan = self.plan
+        before, total = position.counted_before, plan.num_micro_batches_per_rank
+        count = position.consumed
+        if consumed is not None:
+            count = check_count("consumed", consumed, minimum=0) - before
+        if not 0 <= count <= total:
             raise SettingValueError(
-                f"consumed must be in [0, {total}] for this epoch, got {consumed!r}.",
+                f"consumed must be in [{before}, {before + total}] for this epoch (the "
+                f"micro-batches trained since its start; {before} ran before its current "
+                f"plan), got {consumed!r}.",
                 setting="consumed",
                 value=consumed,
             )
         saved = EpochPosition(
-            position.epoch, consumed, history=position.history, offset=position.offset
+            position.epoch, count, history=position.history, offset=position.offset
         )
         saved.budgets = position.budgets
         state = save_state(
-            saved, self.planner, self.world_size, self.accumulate_grad_batches, self.lengths_digest
+            saved,
+            self.planner,
+            self.world_size,
+            self.accumulate_grad_batches,
+            self.lengths_digest,
+            consumed_ledger(plan, count),
         )
         if self._shares.set_by_run and self._shares.shares is not None:
             state["rank_shares"] = list(self._shares.shares)
@@ -588,14 +617,26 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             ON_MISMATCH,
             what=" (what to do with a state saved for other data or settings)",
         )
-        saved = read_state(state)
-        if state.get("rank_shares") is not None:
-            self._shares.set(state["rank_shares"], len(state["rank_shares"]))
-        restore_position(
+        saved = read_state(state, self._equal_budgets)
+        self._shares.restore(state.get("rank_shares"), self.world_size)
+        resume_position(
             self._position,
+            self.planner,
             saved,
             state_differences(saved, self.planner, self.lengths_digest),
             restart=on_mismatch == "restart_epoch",
             topology=(self.world_size, self.accumulate_grad_batches),
-            total=lambda: self.plan.num_micro_batches_per_rank,
+            memory=self._memory() if isinstance(self.planner, LANE_PLANNERS) else None,
         )
+        self.plan  # noqa: B018  (the rest of the epoch, guarded, before anything is yielded)
+
+    def _equal_budgets(self, world_size: int) -> tuple[int, ...] | None:
+        """``max_tokens`` on every rank (``None`` for a planner without per-rank budgets)."""
+        if not isinstance(self.planner, LANE_PLANNERS):
+            return None
+        return (self.max_tokens,) * world_size
+
+    def _memory(self) -> tuple[int, ...]:
+        """Every rank's memory budget now: ``rank_max_tokens``, else ``max_tokens``."""
+        memory = self.config.rank_max_tokens
+        return memory if memory is not None else (self.max_tokens,) * self.world_size

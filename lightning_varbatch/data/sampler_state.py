@@ -1,56 +1,55 @@
-"""Where a sampler stands in its epoch, saved and restored (also onto another topology).
+"""Where a sampler stands in its epoch, and its saved state (also for another topology).
 
 :class:`EpochPosition` is the position one rank's
 :class:`~lightning_varbatch.TokenBudgetBatchSampler` keeps: the epoch, the micro-batches of the
-current plan consumed, and those consumed under earlier topologies of the same epoch (the
-*history*, which the planner re-plans the rest of the epoch from: the elastic resume).
-:func:`save_state` writes it as the sampler's ``state_dict``; :func:`read_state` checks a saved
-one, :func:`state_differences` says what it was saved for that differs now, and
-:func:`restore_position` resumes from it (or starts the epoch afresh under
-``on_mismatch="restart_epoch"``).
+current plan consumed, those consumed under earlier topologies of the same epoch (the *history*,
+which the planner re-plans the rest of the epoch from: the elastic resume) and the ranks'
+budgets of every plan. :func:`save_state` writes it as the sampler's ``state_dict``, with the
+epoch's ledger (how many examples it consumed and a digest of which); :func:`read_state` checks a
+saved one and :func:`state_differences` says what it was saved for that differs now.
+:mod:`~lightning_varbatch.data.sampler_resume` resumes from it.
+
+Every plan's budgets are saved as they were (``None`` only for a planner without per-rank
+budgets), never as "the settings' budgets", so a state resumes the same plan whatever
+``rank_shares`` / ``rank_max_tokens`` are now. States of version 2 left equal budgets out: they
+read as ``max_tokens`` on every rank, which is what they were.
 
 Example:
     >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
     >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> planner = EpochPlanner([3, 4, 5, 6], PlanConfig(max_tokens=8))
-    >>> state = save_state(EpochPosition(consumed=1), planner, 1, 1, lengths_digest(planner))
-    >>> saved = read_state(state)
-    >>> saved.epoch, saved.consumed, state_differences(saved, planner, lengths_digest(planner))
-    (0, 1, {})
+    >>> state = save_state(EpochPosition(consumed=1), planner, 1, 1, lengths_digest(planner),
+    ...                    (2, 17))
+    >>> saved = read_state(state, lambda world: (8,) * world)
+    >>> saved.epoch, saved.consumed, saved.budgets, saved.ledger  # no budgets saved: equal
+    (0, 1, (8,), (2, 17))
 """
 
 from __future__ import annotations
 
 import hashlib
-import warnings
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any
 
 import numpy as np
 
-from lightning_varbatch.errors import ResumeMismatchError
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import LATER_SETTINGS
 
 __all__ = [
-    "ON_MISMATCH",
     "STATE_VERSION",
     "EpochPosition",
-    "OnMismatch",
     "SavedState",
     "lengths_digest",
     "read_state",
-    "restore_position",
     "save_state",
     "state_differences",
 ]
 
-OnMismatch: TypeAlias = Literal["error", "restart_epoch"]
-ON_MISMATCH: tuple[OnMismatch, ...] = ("error", "restart_epoch")
-
-STATE_VERSION = 2
-_STATE_KEYS_V1 = frozenset(
+STATE_VERSION = 3
+_KEYS_V1 = frozenset(
     {
         "version",
         "epoch",
@@ -63,14 +62,16 @@ _STATE_KEYS_V1 = frozenset(
         "history",
     }
 )
-_STATE_KEYS = _STATE_KEYS_V1 | {"lengths_digest", "restart_offset", "settings"}
-#: Keys a version-2 state has only when ranks have budgets of their own: the budgets of the
-#: saved plan, and the shares a run set for the epochs after it.
-_OPTIONAL_KEYS = frozenset({"rank_budgets", "rank_shares"})
+_KEYS_V2 = _KEYS_V1 | {"lengths_digest", "restart_offset", "settings"}
+_KEYS = {1: _KEYS_V1, 2: _KEYS_V2, 3: _KEYS_V2 | {"rank_budgets", "ledger"}}
+#: Keys a state has only sometimes: the budgets of a version-2 state (when ranks had their
+#: own), the shares a run set for the epochs after it.
+_OPTIONAL = {1: frozenset(), 2: frozenset({"rank_budgets", "rank_shares"}), 3: {"rank_shares"}}
 
-#: (world_size, accumulate_grad_batches, micro-batches consumed) of an earlier topology, and
-#: the ranks' budgets of its plan when they had their own.
+#: (world_size, accumulate_grad_batches, micro-batches consumed, the ranks' budgets of its plan
+#: or ``None``) of an earlier topology of the epoch.
 Topology = tuple[Any, ...]
+Budgets = tuple[int, ...] | None
 
 
 def lengths_digest(planner: Planner) -> str:
@@ -108,18 +109,19 @@ class EpochPosition:
         epoch: the current epoch.
         consumed: micro-batches of the current plan taken (yielded or restored).
         restored: a restored position is honoured even at the epoch's end.
-        history: micro-batches consumed under earlier topologies of this epoch.
-        budgets: the ranks' budgets of the current plan (``None``: ``max_tokens`` on every
-            rank), fixed for the rest of the epoch once :attr:`budgets_set`.
-        budgets_set: whether the current plan's budgets are decided (a new epoch takes the
-            sampler's shares in force when it is first planned).
+        history: micro-batches consumed under earlier topologies of this epoch, each with the
+            budgets of its plan.
         offset: micro-batches the training loop counted in this epoch before it was restarted
             afresh (``on_mismatch="restart_epoch"``): counted, but no example is excluded.
+        budgets: the ranks' budgets of the current plan (``None``: a planner without per-rank
+            budgets), fixed for the rest of the epoch once :attr:`budgets_set`.
+        budgets_set: whether the current plan's budgets are decided (a new epoch takes the
+            sampler's shares in force when it is first planned).
 
     Example:
-        >>> p = EpochPosition(epoch=2, consumed=3, history=[(2, 1, 4)])
-        >>> p.counted_before, p.start(3), (p.epoch, p.consumed, p.history)
-        (4, None, (3, 0, []))
+        >>> p = EpochPosition(epoch=2, consumed=3, history=[(2, 2, 3, None)])
+        >>> p.counted_before, p.steps_before, p.start(3), (p.epoch, p.consumed, p.history)
+        (3, 2, None, (3, 0, []))
     """
 
     epoch: int = 0
@@ -127,7 +129,7 @@ class EpochPosition:
     restored: bool = False
     history: list[Topology] = field(default_factory=list)
     offset: int = 0
-    budgets: tuple[int, ...] | None = None
+    budgets: Budgets = None
     budgets_set: bool = False
 
     @property
@@ -135,33 +137,36 @@ class EpochPosition:
         """Micro-batches of this epoch counted before the current plan (not in it)."""
         return self.offset + sum(h[2] for h in self.history)
 
+    @property
+    def steps_before(self) -> int:
+        """Optimizer steps of this epoch begun before the current plan (a started one counts)."""
+        return sum(math.ceil(h[2] / h[1]) for h in self.history)
+
     def start(self, epoch: int) -> None:
         """Move to the start of ``epoch``."""
-        self.epoch, self.consumed, self.restored, self.history, self.offset = (
-            epoch,
-            0,
-            False,
-            [],
-            0,
-        )
+        self.epoch, self.consumed, self.restored, self.history, self.offset = epoch, 0, False, [], 0
         self.budgets_set = False
 
     def leave_topology(self, world_size: int, accumulate: int) -> None:
-        """Record the current plan's consumed micro-batches as history (a topology change)."""
+        """Record the current plan's consumed micro-batches as history (a re-plan follows)."""
         if self.consumed:
-            entry: Topology = (world_size, accumulate, self.consumed)
-            if self.budgets is not None:
-                entry = (*entry, self.budgets)
-            self.history.append(entry)
+            self.history.append((world_size, accumulate, self.consumed, self.budgets))
         self.consumed, self.budgets_set = 0, False
 
 
 def save_state(
-    position: EpochPosition, planner: Planner, world_size: int, accumulate: int, digest: str
+    position: EpochPosition,
+    planner: Planner,
+    world_size: int,
+    accumulate: int,
+    digest: str,
+    ledger: tuple[int, int],
 ) -> dict[str, Any]:
     """The sampler state of ``position``: plain Python values, the same on every rank.
 
-    ``position.consumed`` is the count saved (the caller sets what was *trained*).
+    ``position.consumed`` is the count saved (the caller sets what was *trained*); ``ledger``
+    is ``(examples, digest)`` of what the epoch consumed up to it
+    (:func:`~lightning_varbatch.planner.remainder_guard.consumed_ledger`).
     """
     return {
         "version": STATE_VERSION,
@@ -174,19 +179,21 @@ def save_state(
         "world_size": world_size,
         "accumulate_grad_batches": accumulate,
         "consumed": int(position.consumed),
-        "history": [_plain_topology(h) for h in position.history],
+        "history": [[*h[:3], None if h[3] is None else list(h[3])] for h in position.history],
         "restart_offset": position.offset,
-        **({} if position.budgets is None else {"rank_budgets": list(position.budgets)}),
+        "rank_budgets": None if position.budgets is None else list(position.budgets),
+        "ledger": {"examples": int(ledger[0]), "digest": f"{ledger[1]:016x}"},
     }
-
-
-def _plain_topology(entry: Topology) -> list[Any]:
-    return [*entry[:3], *(list(b) for b in entry[3:])]
 
 
 @dataclass(frozen=True)
 class SavedState:
-    """A checked sampler state (see :func:`read_state`)."""
+    """A checked sampler state (see :func:`read_state`).
+
+    Attributes:
+        ledger: ``(examples, digest)`` of what the epoch consumed (``None``: a state older
+            than version 3, which did not record it).
+    """
 
     version: int
     epoch: int
@@ -195,7 +202,8 @@ class SavedState:
     offset: int
     history: list[Topology]
     entries: Mapping[str, Any]
-    budgets: tuple[int, ...] | None = None
+    budgets: Budgets = None
+    ledger: tuple[int, int] | None = None
 
     @property
     def counted(self) -> int:
@@ -203,17 +211,34 @@ class SavedState:
         return self.offset + sum(h[2] for h in self.history) + self.consumed
 
 
-def _state_int(state: Mapping[str, Any], key: str, minimum: int = 0) -> int:
-    value = state[key]
+class _Damaged(ValueError):
+    """One entry of a state is not what this sampler writes."""
+
+
+def _damaged(problem: str) -> ValueError:
+    return ValueError(
+        f"The sampler state is damaged: {problem}. It is not what "
+        "TokenBudgetBatchSampler.state_dict() writes; pass the saved state unchanged (in a "
+        "Lightning checkpoint: ckpt['datamodule_state_dict']['train_sampler']), or train "
+        "without it (resume from another checkpoint, or start the run afresh)."
+    )
+
+
+def _int(value: Any, what: str, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(
-            f"Not a valid TokenBudgetBatchSampler state: {key}={value!r} must be an integer "
-            f">= {minimum}; the checkpoint is damaged or was not written by this sampler."
-        )
+        raise _Damaged(f"{what} is {value!r}, not an integer >= {minimum}")
     return int(value)
 
 
-def _check_keys(state: Any) -> int:
+def _budgets(value: Any, what: str) -> Budgets:
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise _Damaged(f"{what} is {value!r}, not a list of budgets (one per rank) or null")
+    return tuple(_int(b, f"{what} entry", 1) for b in value)
+
+
+def _keys(state: Any) -> int:
     """The state's version, once it is a mapping with the keys of its version."""
     if not isinstance(state, Mapping):
         raise TypeError(
@@ -223,60 +248,97 @@ def _check_keys(state: Any) -> int:
             "ckpt['datamodule_state_dict'] or your own key)."
         )
     version = state.get("version")
-    keys = set(state) if version == 1 else set(state) - _OPTIONAL_KEYS
-    allowed = _STATE_KEYS_V1 if version == 1 else _STATE_KEYS
-    if keys != allowed:
+    if version is None or not set(state) & _KEYS_V1 - {"version"}:
         raise ValueError(
             "Not a TokenBudgetBatchSampler state: missing keys "
-            f"{sorted(allowed - keys)}, unknown keys {sorted(map(str, keys - allowed))}. "
-            "Pass the dict that TokenBudgetBatchSampler.state_dict() returned, unchanged "
-            "(in a Lightning checkpoint: ckpt['datamodule_state_dict']['train_sampler'])."
+            f"{sorted(_KEYS[STATE_VERSION] - set(state))}. Pass the dict that "
+            "TokenBudgetBatchSampler.state_dict() returned, unchanged (in a Lightning "
+            "checkpoint: ckpt['datamodule_state_dict']['train_sampler'])."
         )
-    if version not in (1, STATE_VERSION):
+    if version not in _KEYS:
         raise ValueError(
-            f"The sampler state has version {version!r}; this version of "
-            f"lightning_varbatch reads versions 1 and {STATE_VERSION}: resume with the "
-            "version of the library that wrote the checkpoint."
+            f"The sampler state has version {version!r}; this version of lightning_varbatch "
+            f"reads versions 1 to {STATE_VERSION}: resume with the version of the library that "
+            "wrote the checkpoint, or pass a TokenBudgetBatchSampler state."
+        )
+    keys = set(state) - _OPTIONAL[version]
+    if keys != _KEYS[version]:
+        raise ValueError(
+            "Not a TokenBudgetBatchSampler state: missing keys "
+            f"{sorted(_KEYS[version] - keys)}, unknown keys "
+            f"{sorted(map(str, keys - _KEYS[version]))}. Pass the dict that "
+            "TokenBudgetBatchSampler.state_dict() returned, unchanged (in a Lightning "
+            "checkpoint: ckpt['datamodule_state_dict']['train_sampler'])."
         )
     return int(version)
 
 
-def read_state(state: Any) -> SavedState:
-    """Check a saved sampler state (its keys, version and numbers).
+def read_state(state: Any, uniform: Callable[[int], Budgets]) -> SavedState:
+    """Check a saved sampler state (its keys, version and every entry).
+
+    Args:
+        state: a :func:`save_state` dict.
+        uniform: the budgets of ``world_size`` ranks without budgets of their own (a state of
+            version 1 or 2 left them out): ``max_tokens`` on each.
 
     Raises:
         TypeError: when ``state`` is not a mapping.
-        ValueError: when it has missing, unknown or invalid entries, or another version.
+        ValueError: for missing or unknown keys, another version, or a damaged entry (the
+            message says which and that the state is damaged).
     """
-    version = _check_keys(state)
-    epoch = _state_int(state, "epoch")
-    consumed = _state_int(state, "consumed")
-    topology = (
-        _state_int(state, "world_size", 1),
-        _state_int(state, "accumulate_grad_batches", 1),
-    )
-    offset = _state_int(state, "restart_offset") if version != 1 else 0
+    version = _keys(state)
     try:
-        history = [_read_topology(h) for h in state["history"]]
-        budgets = state.get("rank_budgets")
-        budgets = None if budgets is None else tuple(int(b) for b in budgets)
-    except (TypeError, ValueError):
-        raise ValueError(
-            "Not a valid TokenBudgetBatchSampler state: history must be a list of "
-            f"[world_size, accumulate_grad_batches, consumed] triples (each optionally with "
-            f"the ranks' budgets) and rank_budgets a list of integers, got history="
-            f"{state['history']!r}, rank_budgets={state.get('rank_budgets')!r}."
-        ) from None
-    return SavedState(version, epoch, consumed, topology, offset, history, state, budgets)
+        topology = (
+            _int(state["world_size"], "world_size", 1),
+            _int(state["accumulate_grad_batches"], "accumulate_grad_batches", 1),
+        )
+        history = [_entry(h, i, uniform) for i, h in enumerate(_list(state["history"]))]
+        budgets = _budgets(state.get("rank_budgets"), "rank_budgets")  # None: equal (v2)
+        budgets = uniform(topology[0]) if budgets is None else budgets
+        ledger = _ledger(state["ledger"]) if version == 3 else None
+        if budgets is not None and len(budgets) != topology[0]:
+            raise _Damaged(f"rank_budgets has {len(budgets)} entries for {topology[0]} ranks")
+        return SavedState(
+            version,
+            _int(state["epoch"], "epoch"),
+            _int(state["consumed"], "consumed"),
+            topology,
+            _int(state["restart_offset"], "restart_offset") if version > 1 else 0,
+            history,
+            state,
+            budgets,
+            ledger,
+        )
+    except _Damaged as error:
+        raise _damaged(str(error)) from None
 
 
-def _read_topology(entry: Any) -> Topology:
+def _list(value: Any) -> list[Any]:
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise _Damaged(f"history is {value!r}, not a list")
+    return list(value)
+
+
+def _entry(entry: Any, i: int, uniform: Callable[[int], Budgets]) -> Topology:
+    what = f"history[{i}]"
+    if isinstance(entry, (str, bytes, Mapping)) or not hasattr(entry, "__len__"):
+        raise _Damaged(f"{what} is {entry!r}, not [world_size, accumulation, consumed, budgets]")
     if len(entry) not in (3, 4):
-        raise ValueError(f"history entry {entry!r}")
-    head: Topology = tuple(int(x) for x in entry[:3])
-    if len(entry) == 4 and entry[3] is not None:
-        return (*head, tuple(int(b) for b in entry[3]))
-    return head
+        raise _Damaged(f"{what} has {len(entry)} items, not 4")
+    world = _int(entry[0], f"{what} world_size", 1)
+    head = (world, _int(entry[1], f"{what} accumulation", 1), _int(entry[2], f"{what} consumed"))
+    budgets = _budgets(entry[3], f"{what} budgets") if len(entry) == 4 else None
+    return (*head, uniform(world) if budgets is None else budgets)  # None: equal (version 2)
+
+
+def _ledger(value: Any) -> tuple[int, int]:
+    if not isinstance(value, Mapping) or set(value) != {"examples", "digest"}:
+        raise _Damaged(f"ledger is {value!r}, not {{'examples': ..., 'digest': ...}}")
+    try:
+        digest = int(str(value["digest"]), 16)
+    except ValueError:
+        raise _Damaged(f"ledger digest is {value['digest']!r}, not a hexadecimal number") from None
+    return _int(value["examples"], "ledger examples"), digest
 
 
 def _changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
@@ -321,105 +383,3 @@ def state_differences(saved: SavedState, planner: Planner, digest: str) -> dict[
             del differences["fingerprint"]
             differences.update(changed)
     return differences
-
-
-def _difference(name: str, saved: Any, now: Any) -> str:
-    """One difference between a saved sampler state and the run, in words."""
-    if name == "lengths":
-        return (
-            "the lengths (or loss lengths) differ from those the saved plan was made from "
-            f"(lengths digest: saved {saved!r}, now {now!r})"
-        )
-    return f"{name}: saved {saved!r}, now {now!r}"
-
-
-def _refuse(saved: SavedState, differences: Mapping[str, Any], wrong: list[str]) -> None:
-    raise ResumeMismatchError(
-        "The sampler state was saved for other data or settings ("
-        + "; ".join(wrong)
-        + f"). Resuming epoch {saved.epoch} from it would train some of its examples twice "
-        "and never others. Resume with the same dataset, lengths, seed and batching "
-        "settings (max_tokens, cost, tail, ...), or start that epoch afresh: "
-        "load_state_dict(state, on_mismatch='restart_epoch') "
-        "(TokenBudgetDataModule(on_resume_mismatch='restart_epoch'); in the "
-        "translation example the data.on_resume_mismatch setting).",
-        changed=list(differences),
-    )
-
-
-def _unproven(saved: SavedState, wrong: list[str], restart: bool) -> list[str]:
-    """A version-1 state (no lengths digest): warn and resume, or restart the epoch."""
-    if saved.version != 1 or wrong:
-        return wrong
-    reason = "cannot prove that the lengths are unchanged (it has no lengths digest)"
-    if restart:
-        return [reason]
-    warnings.warn(
-        f"The sampler state is from an older lightning_varbatch and {reason}: "
-        "resuming as saved. If the data's lengths changed since, resume with "
-        "on_mismatch='restart_epoch' to start the epoch afresh.",
-        UserWarning,
-        stacklevel=4,  # the caller of load_state_dict
-    )
-    return wrong
-
-
-def restore_position(
-    position: EpochPosition,
-    saved: SavedState,
-    differences: Mapping[str, Any],
-    *,
-    restart: bool,
-    topology: tuple[int, int],
-    total: Callable[[], int],
-) -> None:
-    """Resume ``position`` from ``saved`` (see ``TokenBudgetBatchSampler.load_state_dict``).
-
-    Args:
-        position: the sampler's position, changed in place.
-        saved: the checked state.
-        differences: :func:`state_differences` of it.
-        restart: ``on_mismatch="restart_epoch"``: start a mismatching epoch afresh.
-        topology: this sampler's ``(world_size, accumulate_grad_batches)``.
-        total: micro-batches per rank of the plan of ``position`` (called once it is set).
-
-    Raises:
-        ResumeMismatchError: without ``restart``, for a state saved for other data or
-            settings, or with more micro-batches consumed than the epoch has.
-    """
-    wrong = [_difference(k, s, n) for k, (s, n) in differences.items()]
-    if wrong and not restart:
-        _refuse(saved, differences, wrong)
-    wrong = _unproven(saved, wrong, restart)
-    counted = saved.counted
-    position.epoch, position.restored, position.consumed = saved.epoch, True, 0
-    position.budgets, position.budgets_set = saved.budgets, not wrong
-    if wrong:
-        warnings.warn(
-            f"Starting epoch {saved.epoch} afresh (on_mismatch='restart_epoch'): the sampler "
-            "state was saved for other data or settings (" + "; ".join(wrong) + "). Every "
-            f"example of epoch {saved.epoch} is trained once from its start; {counted} "
-            "micro-batch(es) of it trained before the checkpoint are not undone.",
-            UserWarning,
-            stacklevel=3,  # the caller of load_state_dict
-        )
-        position.history, position.offset = [], counted
-        return
-    position.history, position.offset = list(saved.history), saved.offset
-    if saved.topology != topology:
-        position.consumed = saved.consumed
-        position.leave_topology(*saved.topology)
-        return
-    epoch_total = total()
-    if 0 <= saved.consumed <= epoch_total:
-        position.consumed = saved.consumed
-    elif restart:
-        position.history, position.offset = [], counted
-        position.budgets_set = False
-    else:
-        raise ResumeMismatchError(
-            f"The sampler state says {saved.consumed} micro-batches were consumed but epoch "
-            f"{saved.epoch} has {epoch_total}; the checkpoint does not match this data. Start "
-            "the epoch afresh with load_state_dict(state, on_mismatch='restart_epoch').",
-            changed=["consumed"],
-        )

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import ConcatDataset
 
+from lightning_varbatch.data.datamodule_settings import changed
 from lightning_varbatch.data.plan_items import check_map_style
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.mixture_datasets import DataSource
@@ -102,30 +103,18 @@ def check_no_mixing(
     if not isinstance(train_dataset, (list, tuple)) or not any(
         isinstance(d, DataSource) for d in train_dataset
     ):
-        ignored = [
-            (name, value)
-            for name, value, default in (
-                ("mixing", mixing, "per_step"),
-                ("weights", weights, "size"),
-                ("temperature", temperature, 1.0),
-                ("steps_per_epoch", steps_per_epoch, None),
-            )
-            if not (isinstance(value, str) and value == default)
-            and not (value is None and default is None)
-            and not (
-                isinstance(value, (int, float, np.number))
-                and not isinstance(value, bool)
-                and value == default
-            )
-        ]
+        given = dict(
+            mixing=mixing, weights=weights, temperature=temperature, steps_per_epoch=steps_per_epoch
+        )
+        ignored = changed(given)
         if ignored:
             raise SettingValueError(
-                f"{', '.join(f'{n}={v!r}' for n, v in ignored)} set how several training "
+                f"{', '.join(f'{n}={given[n]!r}' for n in ignored)} set how several training "
                 "datasets are mixed, but train_dataset is a single dataset, so they would "
                 "be ignored: pass a list of DataSource (one per dataset) as train_dataset, "
                 "or leave them unset.",
-                setting=ignored[0][0],
-                value=ignored[0][1],
+                setting=ignored[0],
+                value=given[ignored[0]],
             )
 
 

@@ -34,11 +34,11 @@ from lightning_varbatch.data.splits import STAGES, check_evaluation, evaluation_
 from lightning_varbatch.errors import SettingError, SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_datasets import DataSource
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import RANK_SETTINGS, PlanConfig
-from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS
 
 __all__ = ["SplitLoaders", "check_stages", "plan_split", "training_only"]
 

@@ -40,7 +40,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 from lightning_varbatch.data.micro_batch import MicroBatch, micro_batch_of, resolve_rank_world
 from lightning_varbatch.data.pairing import collate_for_plan, source_column_keys
 from lightning_varbatch.data.plan_items import attach_plan
-from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
+from lightning_varbatch.planner.remainder_guard import consumed_ledger, guard_remainder
 from lightning_varbatch.planner.settings import PlanConfig, check_count
 from lightning_varbatch.planner.windows import WindowedPlanner, WindowPlan
 from lightning_varbatch.sources.shards import ShardedSource, identity_changes
@@ -123,7 +124,8 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         self.epoch = 0
         self._window = 0  # where the next iteration starts
         self._consumed = 0  # micro-batches of that window already done
-        self._history: list[tuple[int, int, int]] = []  # earlier topologies of that window
+        self._history: list[tuple[Any, ...]] = []  # earlier topologies of that window
+        self._steps = 0  # optimizer steps of the epoch before that window's plan
         self._seen: list[int] = []  # micro-batches per rank of windows 0, 1, ... this epoch
 
     # -- the epoch -------------------------------------------------------------------------
@@ -133,13 +135,24 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         epoch = check_count("epoch", epoch, minimum=0)
         if epoch != self.epoch:
             self.epoch, self._window, self._consumed, self._history = epoch, 0, 0, []
-            self._seen = []
+            self._seen, self._steps = [], 0
+
+    @property
+    def rank_budgets(self) -> tuple[int, ...]:
+        """Every rank's budget in this topology's plans (``max_tokens`` when equal)."""
+        config = self.planner.config
+        return config.rank_budgets(self.world_size) or (config.max_tokens,) * self.world_size
 
     def window_plan(self, window: int) -> WindowPlan:
         """This topology's plan of ``window`` (its remainder when the position is inside it)."""
         history = self._history if window == self._window else []
         return self.planner.window_plan(
-            self.epoch, window, self.world_size, self.accumulate_grad_batches, history
+            self.epoch,
+            window,
+            self.world_size,
+            self.accumulate_grad_batches,
+            history,
+            rank_budgets=self.rank_budgets,
         )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -147,6 +160,7 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         workers, worker = (1, 0) if info is None else (info.num_workers, info.id)
         count = 0  # micro-batches of this rank from the start position, all workers
+        steps = self._steps  # the epoch's optimizer steps before the window's plan
         for window in range(self._window, self.planner.num_windows):
             wp = self.window_plan(window)
             first = self._consumed if window == self._window else 0
@@ -154,9 +168,18 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
             mine = [j for j in range(first, total) if (count + j - first) % workers == worker]
             count += total - first
             batches = [
-                micro_batch_of(wp.plan, wp.planner, self.rank, j, epoch=self.epoch, ids=wp.ids)
+                micro_batch_of(
+                    wp.plan,
+                    wp.planner,
+                    self.rank,
+                    j,
+                    epoch=self.epoch,
+                    ids=wp.ids,
+                    first_step=steps,
+                )
                 for j in mine
             ]
+            steps += wp.plan.num_steps
             items = self._read(batches)
             for mb in batches:
                 yield self.collate(attach_plan([items[i] for i in mb], mb))
@@ -198,17 +221,23 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
         while len(self._seen) <= window:
             w = len(self._seen)
             plan = self.planner.window_plan(
-                self.epoch, w, self.world_size, self.accumulate_grad_batches
+                self.epoch,
+                w,
+                self.world_size,
+                self.accumulate_grad_batches,
+                rank_budgets=self.rank_budgets,
             ).plan
             self._seen.append(plan.num_micro_batches_per_rank)
         return self._seen[window]
 
-    def position_after(self, trained: int) -> tuple[int, int]:
-        """``(window, micro-batches done in it)`` after ``trained`` micro-batches of this run.
+    def position_after(self, trained: int) -> tuple[int, int, int]:
+        """``(window, micro-batches done in it, steps before its plan)`` after ``trained``.
 
-        ``trained`` counts from the position this iteration started at (the restored one).
+        ``trained`` counts the micro-batches of this run from the position this iteration
+        started at (the restored one); the steps count the epoch's optimizer steps before the
+        window's plan.
         """
-        window, consumed = self._window, self._consumed
+        window, consumed, steps = self._window, self._consumed, self._steps
         left = check_count("trained micro-batches", trained, minimum=0)
         while left:
             if window >= self.planner.num_windows:
@@ -225,34 +254,72 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
             consumed += step
             left -= step
             if consumed == size:
-                window, consumed = window + 1, 0
-        return window, consumed
+                window, consumed, steps = (
+                    window + 1,
+                    0,
+                    steps + size // self.accumulate_grad_batches,
+                )
+        return window, consumed, steps
 
     def state_dict(self, trained: int = 0) -> dict[str, Any]:
         """The position after ``trained`` micro-batches of this iteration, to resume there.
 
         A position at the end of the epoch is saved as window ``num_windows``: a stream
         restored there yields nothing until :meth:`set_epoch` starts the next epoch (as a
-        restored :class:`~lightning_varbatch.TokenBudgetBatchSampler` does).
+        restored :class:`~lightning_varbatch.TokenBudgetBatchSampler` does). Inside a window
+        the state holds the budgets of its plan and the window's ledger (how many examples it
+        consumed and a digest of which), so a resume runs exactly the rest.
 
         Args:
             trained: micro-batches this rank trained on since the iteration started (the
                 training loop's count; 0 saves the start position).
         """
-        window, consumed = self.position_after(trained)
+        window, consumed, steps = self.position_after(trained)
         history = list(self._history) if window == self._window else []
+        ledger = None
+        if window < self.planner.num_windows:
+            plan = (self.window_plan(window) if window == self._window else self._plan(window)).plan
+            examples, digest = consumed_ledger(plan, consumed)
+            ledger = {"examples": examples, "digest": f"{digest:016x}"}
         return {
             "epoch": self.epoch,
             "window": window,
             "consumed": consumed,
-            "history": [list(h) for h in history],
+            "history": [[*h[:3], list(h[3])] for h in history],
             "world_size": self.world_size,
             "accumulate_grad_batches": self.accumulate_grad_batches,
+            "rank_budgets": list(self.rank_budgets),
+            "steps": steps,
+            "ledger": ledger,
             "settings": self.settings(),
             "shards": self.source.fingerprint(),
             "shard_identity": self.source.identity(),
             "num_examples": self.planner.num_examples,
         }
+
+    def _budgets_then(self, saved: Any, world: int) -> tuple[int, ...]:
+        """The budgets a saved plan of ``world`` ranks had.
+
+        A state of an earlier version left them out: the settings' now (they could not change
+        at run time then).
+        """
+        if saved is not None:
+            return tuple(int(b) for b in saved)
+        config = self.planner.config
+        try:
+            return config.rank_budgets(int(world)) or (config.max_tokens,) * int(world)
+        except SettingValueError:  # per-rank lists of another length: equal then
+            return (config.max_tokens,) * int(world)
+
+    def _plan(self, window: int) -> WindowPlan:
+        """This topology's plan of ``window`` from its start."""
+        return self.planner.window_plan(
+            self.epoch,
+            window,
+            self.world_size,
+            self.accumulate_grad_batches,
+            rank_budgets=self.rank_budgets,
+        )
 
     def resume_changes(self, state: Mapping[str, Any]) -> list[tuple[str, str]]:
         """What differs between a saved state (:meth:`state_dict`) and this stream.
@@ -337,17 +404,44 @@ class StreamingBatches(IterableDataset[dict[str, Any]]):
                 + ". Resume with the same shards and settings (or start the epoch afresh).",
                 changed=[name for name, _ in changed],
             )
-        self.epoch = check_count("epoch", state["epoch"], minimum=0)
-        self._window = check_count("window", state["window"], minimum=0)
-        consumed = check_count("consumed", state["consumed"], minimum=0)
-        history = [tuple(int(x) for x in h) for h in state["history"]]
-        old = (int(state["world_size"]), int(state["accumulate_grad_batches"]))
+        try:
+            epoch = check_count("epoch", state["epoch"], minimum=0)
+            window = check_count("window", state["window"], minimum=0)
+            consumed = check_count("consumed", state["consumed"], minimum=0)
+            old = (int(state["world_size"]), int(state["accumulate_grad_batches"]))
+            history = [
+                (*map(int, h[:3]), self._budgets_then(h[3] if len(h) == 4 else None, h[0]))
+                for h in state["history"]
+            ]
+            budgets = self._budgets_then(state.get("rank_budgets"), old[0])
+        except (TypeError, ValueError, IndexError):
+            raise ValueError(
+                "The stream position is damaged: its epoch, window, consumed, history or "
+                f"rank_budgets are not what StreamingBatches.state_dict() writes ({state!r:.200})."
+                " Pass the saved state unchanged, or resume from another checkpoint."
+            ) from None
+        ledger = state.get("ledger")
+        if ledger is not None and window < self.planner.num_windows:
+            wp = self.planner.window_plan(epoch, window, *old, history, rank_budgets=budgets)
+            got = guard_remainder(wp.planner, wp.plan, consumed)
+            if (got.consumed, f"{got.digest:016x}") != (ledger["examples"], ledger["digest"]):
+                raise ResumeMismatchError(
+                    f"The stream position was saved for other data or settings: window {window} "
+                    f"of epoch {epoch} is planned with other examples for the {consumed} "
+                    "micro-batches it consumed before the checkpoint (a setting the position "
+                    "cannot name changed). Resume with the same shards and settings (or start "
+                    "the epoch afresh).",
+                    changed=["consumed"],
+                )
+        self.epoch, self._window, self._steps = epoch, window, int(state.get("steps", 0))
         self._seen = []
-        if old == (self.world_size, self.accumulate_grad_batches) or consumed == 0:
-            self._history, self._consumed = [(*h,) for h in history], consumed  # type: ignore[misc]
-        else:  # another topology: its consumed micro-batches become history of the window
-            self._history = [*history, (old[0], old[1], consumed)]  # type: ignore[list-item]
-            self._consumed = 0
+        if (old, budgets) == ((self.world_size, self.accumulate_grad_batches), self.rank_budgets):
+            self._history, self._consumed = history, consumed
+        elif consumed == 0:
+            self._history, self._consumed = history, 0
+        else:  # another topology or budgets: the consumed part becomes history of the window
+            self._history, self._consumed = [*history, (*old, consumed, budgets)], 0
+            self._steps += -(-consumed // old[1])
         if self._window > self.planner.num_windows:
             raise ValueError(
                 f"window {self._window} is past this epoch's {self.planner.num_windows} windows "

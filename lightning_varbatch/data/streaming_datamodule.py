@@ -36,7 +36,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ from lightning_varbatch.data.datamodule_state import (
     trained_this_epoch,
     versioned,
 )
+from lightning_varbatch.data.lightning_loop import fit_epoch
 from lightning_varbatch.data.pairing import source_column_keys
 from lightning_varbatch.data.rank_agreement import check_same_stream_everywhere
 from lightning_varbatch.data.sampler import OnMismatch, TokenBudgetBatchSampler
@@ -239,10 +240,9 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
 
     def _epoch(self) -> int:
         """The epoch the fit loop is in (0 outside a Trainer: the stream's own epoch)."""
-        trainer = self._trainer
-        if trainer is None:
+        if self._trainer is None:
             return self.stream.epoch if self.stream is not None else 0
-        return int(trainer.fit_loop.epoch_progress.current.processed)
+        return fit_epoch(self._trainer)
 
     def train_dataloader(self) -> StreamingDataLoader:
         """This rank's training loader (the stream is built once per topology, then reused)."""
@@ -273,6 +273,24 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         stream = self._stream_for(0, world_size, accumulate)
         stream.set_epoch(epoch)
         return stream.window_plan(0).plan if stream.planner.num_windows else None
+
+    def set_rank_shares(self, shares: Sequence[float] | None) -> None:
+        """Refused: a stream's shares are fixed when it is built (``rank_shares=`` works).
+
+        A stream plans window by window; :class:`TokenBudgetDataModule` re-plans its epochs.
+
+        Raises:
+            SettingValueError: always; ``.setting`` is ``rank_shares``.
+        """
+        raise SettingValueError(
+            f"StreamingDataModule cannot change rank shares during a run (got set_rank_shares("
+            f"{shares!r})): a stream plans window by window as it reads its shards. Pass fixed "
+            "shares when you build it, StreamingDataModule(..., rank_shares=[...]) (now "
+            f"{self.plan_settings.get('rank_shares')!r}), or use TokenBudgetDataModule, whose "
+            "set_rank_shares (and RankShareBalancer) re-plans the next epochs.",
+            setting="rank_shares",
+            value=shares,
+        )
 
     # -- planning without a Trainer -------------------------------------------------------
 
@@ -350,6 +368,8 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         if stream is None:
             return versioned() if self._pending is None else versioned(**self._pending)
         trained = trained_this_epoch(self._trainer)
+        if trained == 0 and self._trainer is not None and self._epoch() != stream.epoch:
+            stream.set_epoch(self._epoch())  # the fit loop is at an epoch's start, not yet iterated
         base = 0
         if self._base is not None and self._base[0] == stream.epoch:
             base = self._base[1]

@@ -1,9 +1,6 @@
 """The DataLoader of one rank's stream: it sets the stream's epoch before every iteration.
 
-Lightning's ``set_epoch`` relay reaches only ``loader.sampler`` (for an iterable dataset an
-``_InfiniteConstantSampler``), so :class:`StreamingDataLoader` sets the
-:class:`~lightning_varbatch.data.streaming.StreamingBatches` epoch in its own ``__iter__``,
-*before* the DataLoader starts (and pickles the dataset to) its workers.
+It has no length: Lightning runs each epoch to the stream's end (every example once).
 """
 
 from __future__ import annotations

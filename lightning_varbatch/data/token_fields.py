@@ -110,10 +110,8 @@ def _arrow_field(items: ColumnarItems, field: str) -> Ragged:
     problem = arrow_list_problem(column)
     if problem is None:
         return Ragged.from_arrow(column)
-    nulls = [i for i, v in enumerate(column.is_null().to_pylist()) if v]
-    position = nulls[0] if nulls else 0
-    error = ValueError if "null" in problem else TypeError
-    raise error(f"Field {field!r} of {item_label(items, position)} {problem}.")
+    position, what, error = problem
+    raise error(f"Field {field!r} of {item_label(items, position)} {what}.")
 
 
 def ragged_field(items: Sequence[Any], field: str) -> Ragged:

@@ -88,8 +88,11 @@ class EpochPlan:
         micro_batch_cost: every micro-batch's cost under the cost model (at most
             ``max_tokens``).
         assign: ``(num_steps, world_size, accumulate_grad_batches)`` micro-batch ids.
-        num_dropped: examples left out by ``tail="drop"`` this epoch.
-        num_duplicated: examples repeated by ``tail="pad"`` this epoch.
+        num_dropped: examples the epoch leaves out (``tail="drop"``).
+        num_duplicated: extra runs of examples the epoch repeats (``tail="pad"``, or
+            ``"spread"`` with fewer examples than a step has micro-batches). For the
+            re-planned rest of an epoch both count the whole epoch, its consumed part
+            included (:mod:`~lightning_varbatch.planner.remainder_guard`).
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
         micro_batch_dataset: the dataset of every micro-batch when several are mixed
@@ -103,6 +106,9 @@ class EpochPlan:
             ranks have their own (``PlanConfig.rank_shares`` / ``rank_max_tokens``,
             :mod:`lightning_varbatch.planner.rank_lanes`); ``None``: ``max_tokens`` on every
             rank.
+        consumed_counts: for the re-planned rest of an epoch, how many times each example
+            ran under the epoch's earlier topologies (``None``: a whole epoch's plan); not
+            compared between plans.
     """
 
     epoch: int
@@ -121,6 +127,7 @@ class EpochPlan:
     micro_batch_work: np.ndarray | None = None
     micro_batch_shape: np.ndarray | None = None
     rank_budget: np.ndarray | None = None
+    consumed_counts: np.ndarray | None = field(default=None, repr=False, compare=False)
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
     #: What the length warm-up did (``PlanConfig.length_warmup``), ``None`` without one. Not
@@ -227,11 +234,24 @@ class EpochPlan:
             rest = np.concatenate([self.assign[steps, :, micros:].reshape(-1), rest])
         return done, rest
 
+    def positions(self, micro_batches: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Positions in ``order`` of ``micro_batches``' examples, and where each one starts.
+
+        Example:
+            >>> from lightning_varbatch.planner.epoch_planner import plan_epoch
+            >>> plan = plan_epoch(np.array([4, 4, 4]), max_tokens=8, shuffle=False)
+            >>> [p.tolist() for p in plan.positions(np.array([1, 0]))]
+            [[2, 0, 1], [0, 1]]
+        """
+        micro_batches = np.asarray(micro_batches, dtype=np.int64).reshape(-1)
+        sizes = self.micro_batch_size[micro_batches].astype(np.int64)
+        firsts = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        starts = self.micro_batch_start[micro_batches].astype(np.int64)
+        return np.repeat(starts - firsts, sizes) + np.arange(int(sizes.sum())), firsts
+
     def ids_of_micro_batches(self, micro_batches: np.ndarray) -> np.ndarray:
         """Example ids of ``micro-batches``, concatenated in that order."""
-        if micro_batches.size == 0:
-            return np.zeros(0, dtype=self.order.dtype)
-        return np.concatenate([self.micro_batch_ids(int(t)) for t in micro_batches])
+        return self.order[self.positions(micro_batches)[0]]
 
     def consumed_ids(self, micro_batches: int) -> np.ndarray:
         """Ids of all ranks' first ``micro_batches`` micro-batches (what a resume skips).

@@ -42,16 +42,24 @@ from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups
 from lightning_varbatch.planner.rank_lanes import (
     Lane,
     lane_budgets,
+    lane_config,
     lane_cuts,
     lane_plan,
     single_example_cost,
+    uniform,
 )
+from lightning_varbatch.planner.remainder_guard import guard_remainder
 from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 from lightning_varbatch.planner.shape_budget import ShapeBudget
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import effective_tail, select_micro_batches, tail_cut
-from lightning_varbatch.planner.warmup_plan import step_longest, warmup_caps, warmup_position
+from lightning_varbatch.planner.warmup_plan import (
+    check_warmup_acts,
+    step_longest,
+    warmup_caps,
+    warmup_position,
+)
 
 __all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
 
@@ -108,6 +116,10 @@ class EpochPlanner(ShapeBudget):
                 setting="layout",
                 value=config.layout,
             )
+        if config.length_warmup is not None and self.num_planned:
+            kept = self.prepared.kept
+            key = self.prepared.key if kept is None else self.prepared.key[kept]
+            check_warmup_acts(config, [int(key.max())], [config.length_warmup_min], ["data"])
         self._exact_totals = (
             not self.prepared.pairs
             and loss_lengths is None
@@ -117,9 +129,9 @@ class EpochPlanner(ShapeBudget):
         )
         self._groups: SortedGroups | None = None
         self._shape_lengths: np.ndarray | None = None
-        self._cuts: dict[int, SortedCut] = {}
+        self._cuts: dict[tuple[int, int], SortedCut] = {}
         self._longest_cost: int | None = None
-        self._lane_cache: tuple[tuple[int, ...], list[Lane]] | None = None  # last budgets'
+        self._lane_cache: tuple[tuple[Any, ...], list[Lane]] | None = None  # last budgets'
         self._last: tuple[tuple[Any, ...], EpochPlan] | None = None  # plan_resumed's last plan
 
     @property
@@ -186,17 +198,21 @@ class EpochPlanner(ShapeBudget):
             )
         return self._groups
 
-    def _cut(self, tail: TailPolicy = "pad", multiple: int = 1) -> SortedCut:
-        """The cut of all planned examples under ``tail`` (cached per step size)."""
-        if 1 not in self._cuts:
-            if cuts_each_epoch(self.config):  # the rows of the sorted order, unshuffled
+    def _cut(self, tail: TailPolicy = "pad", multiple: int = 1, budget: int = 0) -> SortedCut:
+        """The cut of all planned examples under ``tail`` (cached per step size and budget).
+
+        ``budget``: every rank's budget when it is below ``max_tokens`` (0: ``max_tokens``).
+        """
+        config = self.config if not budget else lane_config(self.config, budget)
+        if (budget, 1) not in self._cuts:
+            if cuts_each_epoch(config):  # the rows of the sorted order, unshuffled
                 exact = exact_groups(self.groups.ids, self.prepared.key)
-                self._cuts[1] = packed_cut(exact, self.config)
+                self._cuts[budget, 1] = packed_cut(exact, config)
             else:
-                self._cuts[1] = SortedCut.build(self.groups, self.config)
-        key = multiple if tail == "spread" else 1
+                self._cuts[budget, 1] = SortedCut.build(self.groups, config)
+        key = (budget, multiple if tail == "spread" else 1)
         if key not in self._cuts:
-            self._cuts[key] = tail_cut(self._cuts[1], self.groups, tail, key, self.config)
+            self._cuts[key] = tail_cut(self._cuts[budget, 1], self.groups, tail, key[1], config)
         return self._cuts[key]
 
     def plan(
@@ -210,6 +226,7 @@ class EpochPlanner(ShapeBudget):
         first_step: int = 0,
         cap_floor: int = 0,
         rank_budgets: Sequence[int] | None = None,
+        remainder: bool = False,
     ) -> EpochPlan:
         """Plan one epoch.
 
@@ -227,6 +244,9 @@ class EpochPlanner(ShapeBudget):
                 :meth:`PlanConfig.rank_budgets`, which is ``max_tokens`` on every rank unless
                 ``rank_shares`` / ``rank_max_tokens`` are set); unequal budgets plan in lanes
                 (:mod:`~lightning_varbatch.planner.rank_lanes`).
+            remainder: these lengths are the rest of an epoch (a mixture's re-plan), as with
+                ``exclude``: the tail policy's rule for re-plans applies
+                (:func:`~lightning_varbatch.planner.tail.effective_tail`).
 
         Returns:
             The plan.
@@ -243,7 +263,7 @@ class EpochPlanner(ShapeBudget):
         groups = self.groups if exclude is None else self._groups_without(exclude)
         if groups.size == 0 and exclude is not None:
             return self._empty_plan(epoch, world, acc)
-        replanned = exclude is not None
+        replanned = exclude is not None or remainder
         tail = effective_tail(cfg, groups.size, world, acc, replanned=replanned)
         rng = np.random.default_rng([cfg.seed, epoch, salt])
         order = groups.ids.copy()
@@ -252,12 +272,18 @@ class EpochPlanner(ShapeBudget):
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
         budgets = lane_budgets(cfg, world, rank_budgets, lambda: self.longest_cost)
-        if budgets is not None:
+        caps = warmup_caps(cfg, self.prepared, epoch, first_step)
+        floor = check_count("cap_floor", cap_floor, minimum=0)
+        if budgets is not None and len(set(budgets)) > 1:
             lanes = lane_plan(
-                self._lanes(groups, order, budgets, replanned), order, cfg, acc, tail, rng
+                self._lanes(groups, order, budgets, replanned, acc),
+                order,
+                cfg,
+                acc,
+                tail,
+                rng,
+                replanned,
             )
-            caps = warmup_caps(cfg, self.prepared, epoch, first_step)
-            floor = check_count("cap_floor", cap_floor, minimum=0)
             warm = None if caps is None else (caps, floor, lanes.order, first_step)
             assign, trace = self._order_steps(lanes.cut, lanes.steps(acc), rng, warm)
             return self._epoch_plan(
@@ -272,16 +298,16 @@ class EpochPlanner(ShapeBudget):
                 duplicated=lanes.num_duplicated,
                 rank_budget=np.asarray(budgets, dtype=np.int64),
             )
+        budget = 0 if budgets is None else budgets[0]  # one budget below max_tokens: no lanes
+        cut_config = cfg if not budget else lane_config(cfg, budget)
         if cuts_each_epoch(cfg):  # packed rows cut on this epoch's exact lengths
             groups = exact_groups(order, self.prepared.key)
-            cut = tail_cut(packed_cut(groups, cfg), groups, tail, wa, cfg)
+            cut = tail_cut(packed_cut(groups, cut_config), groups, tail, wa, cut_config)
         elif replanned:
-            cut = tail_cut(SortedCut.build(groups, cfg), groups, tail, wa, cfg)
+            cut = tail_cut(SortedCut.build(groups, cut_config), groups, tail, wa, cut_config)
         else:
-            cut = self._cut(tail, wa)
-        selected = select_micro_batches(cut, tail, world, acc, rng, cfg)
-        caps = warmup_caps(cfg, self.prepared, epoch, first_step)
-        floor = check_count("cap_floor", cap_floor, minimum=0)
+            cut = self._cut(tail, wa, budget)
+        selected = select_micro_batches(cut, tail, world, acc, rng, cfg, replanned)
         warm = None if caps is None else (caps, floor, order, first_step)
         assign, trace = self._deal(cut, selected.micro_batches, world, acc, rng, warm)
         return self._epoch_plan(
@@ -295,17 +321,23 @@ class EpochPlanner(ShapeBudget):
             dropped=selected.num_dropped,
             duplicated=selected.num_duplicated,
             shapes=self._micro_batch_shapes(groups, cut),
+            rank_budget=None if budgets is None else np.asarray(budgets, dtype=np.int64),
         )
 
     def _lanes(
-        self, groups: SortedGroups, order: np.ndarray, budgets: tuple[int, ...], replanned: bool
+        self,
+        groups: SortedGroups,
+        order: np.ndarray,
+        budgets: tuple[int, ...],
+        replanned: bool,
+        acc: int,
     ) -> list[Lane]:
         """The lanes of ``budgets`` (cut once and reused, as the one-budget cut is)."""
+        cut = (groups, order, self.prepared.key, budgets, self.config, acc)
         if replanned or cuts_each_epoch(self.config):
-            return lane_cuts(groups, order, self.prepared.key, budgets, self.config)
-        if self._lane_cache is None or self._lane_cache[0] != budgets:
-            lanes = lane_cuts(groups, order, self.prepared.key, budgets, self.config)
-            self._lane_cache = (budgets, lanes)
+            return lane_cuts(*cut)
+        if self._lane_cache is None or self._lane_cache[0] != (budgets, acc):
+            self._lane_cache = ((budgets, acc), lane_cuts(*cut))
         return self._lane_cache[1]
 
     @property
@@ -439,7 +471,10 @@ class EpochPlanner(ShapeBudget):
             when ``history`` is empty).
         """
         history = check_history(history)
-        budgets = None if rank_budgets is None else tuple(int(b) for b in rank_budgets)
+        given = self.config.rank_budgets(world_size) if rank_budgets is None else rank_budgets
+        budgets = None if given is None else tuple(int(b) for b in given)
+        if budgets is not None and uniform(budgets, self.config.max_tokens):
+            budgets = None  # one key for equal budgets, given or not
         key = (epoch, world_size, accumulate_grad_batches, tuple(history), budgets)
         if self._last is not None and self._last[0] == key:
             # Every rank's sampler plans the same epoch: in one process (tests, simulations,
@@ -459,6 +494,7 @@ class EpochPlanner(ShapeBudget):
     ) -> EpochPlan:
         """:meth:`plan_resumed` without its cache."""
         exclude: np.ndarray | None = None
+        counts = np.zeros(self.num_examples, dtype=np.int32)  # runs of each example so far
         first, floor = 0, 0  # where the length warm-up stands
         for depth, (world, acc, consumed, *budgets) in enumerate(history):
             done = self.plan(
@@ -471,11 +507,11 @@ class EpochPlanner(ShapeBudget):
                 cap_floor=floor,
                 rank_budgets=budgets[0] if budgets else None,
             )
-            if exclude is None:
-                exclude = np.zeros(self.num_examples, dtype=bool)
-            exclude[done.consumed_ids(consumed)] = True
+            ids = done.consumed_ids(consumed)
+            np.add.at(counts, ids, 1)
+            exclude = counts > 0
             first, floor = warmup_position(done, consumed, first, floor)
-        return self.plan(
+        plan = self.plan(
             epoch,
             world_size,
             accumulate_grad_batches,
@@ -485,6 +521,9 @@ class EpochPlanner(ShapeBudget):
             cap_floor=floor,
             rank_budgets=rank_budgets,
         )
+        if history:
+            guard_remainder(self, plan, consumed=counts)
+        return plan
 
     def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:
         empty = np.zeros(0, dtype=np.int64)

@@ -30,22 +30,27 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 import numpy as np
 
-from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.checks import check_choice, check_count
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
 __all__ = [
     "SCHEDULES",
+    "WARMUP_DEFAULTS",
     "LengthWarmupTrace",
     "ScheduleFn",
     "ScheduleName",
+    "WarmupSettings",
     "check_schedule",
+    "check_warmup_settings",
     "light_steps",
     "scheduled_caps",
     "warmup_order",
@@ -57,6 +62,94 @@ ScheduleName: TypeAlias = Literal["linear", "root", "step"]
 ScheduleFn: TypeAlias = Callable[[float], float]
 SCHEDULES: tuple[str, ...] = ("linear", "root", "step")
 _PROBES = np.linspace(0.0, 1.0, 101)
+
+
+class WarmupSettings(Protocol):
+    """What :func:`check_warmup_settings` reads of a ``PlanConfig``."""
+
+    @property
+    def length_warmup(self) -> int | None: ...  # noqa: D102
+    @property
+    def length_warmup_min(self) -> int: ...  # noqa: D102
+    @property
+    def length_warmup_max(self) -> int | None: ...  # noqa: D102
+    @property
+    def length_warmup_schedule(self) -> ScheduleName | ScheduleFn: ...  # noqa: D102
+
+
+#: The warm-up settings and their defaults (off): at these values a ``PlanConfig``'s
+#: fingerprint and plans are those of versions without the warm-up.
+WARMUP_DEFAULTS: dict[str, Any] = {
+    "length_warmup": None,
+    "length_warmup_min": 8,
+    "length_warmup_max": None,
+    "length_warmup_schedule": "linear",
+}
+
+
+def check_warmup_settings(config: WarmupSettings) -> dict[str, Any]:
+    """Validate the four ``length_warmup*`` settings; their values as plain Python ints.
+
+    Raises:
+        SettingValueError: a non-positive ``length_warmup`` / ``length_warmup_min`` /
+            ``length_warmup_max``, a minimum above the maximum, an unknown or misbehaving
+            schedule, or a warm-up setting without ``length_warmup``; ``.setting`` names it.
+        SettingTypeError: a setting of the wrong type.
+    """
+    low = check_count("length_warmup_min", config.length_warmup_min)
+    high = check_count("length_warmup_max", config.length_warmup_max, allow_none=True)
+    schedule = config.length_warmup_schedule
+    if isinstance(schedule, str):
+        check_choice(
+            "length_warmup_schedule",
+            schedule,
+            SCHEDULES,
+            what=" or a callable progress -> fraction in [0, 1]",
+        )
+    elif callable(schedule):
+        check_schedule(schedule)
+    else:
+        raise SettingTypeError(
+            f"length_warmup_schedule must be one of {', '.join(map(repr, SCHEDULES))} or "
+            f"a callable progress -> fraction, got {schedule!r} "
+            f"({type(schedule).__name__}); pass e.g. length_warmup_schedule='root'.",
+            setting="length_warmup_schedule",
+            value=schedule,
+        )
+    if high is not None and low > high:
+        given = "length_warmup_min" if low != WARMUP_DEFAULTS["length_warmup_min"] else None
+        raise SettingValueError(
+            f"length_warmup_min={low}{'' if given else ' (its default)'} is above "
+            f"length_warmup_max={high}: the cap grows from the minimum to the maximum. "
+            + (
+                "Lower length_warmup_min or raise (or unset) length_warmup_max."
+                if given
+                else f"Raise length_warmup_max to {low} or more, or set a lower length_warmup_min."
+            ),
+            setting=given or "length_warmup_max",
+            value=low if given else high,
+        )
+    if config.length_warmup is not None:
+        steps = check_count(
+            "length_warmup",
+            config.length_warmup,
+            what=" (optimizer steps of the warm-up; None for no warm-up)",
+        )
+        return {"length_warmup": steps, "length_warmup_min": low, "length_warmup_max": high}
+    unused = [
+        name
+        for name in ("length_warmup_min", "length_warmup_max", "length_warmup_schedule")
+        if getattr(config, name) != WARMUP_DEFAULTS[name]
+    ]
+    if unused:
+        raise SettingValueError(
+            f"{unused[0]}={getattr(config, unused[0])!r} has no effect without "
+            "length_warmup: set length_warmup=<optimizer steps> to warm up, or leave "
+            f"{', '.join(unused)} unset.",
+            setting=unused[0],
+            value=getattr(config, unused[0]),
+        )
+    return {"length_warmup_min": low, "length_warmup_max": high}
 
 
 def _schedule_error(fn: object, text: str) -> SettingValueError:
@@ -110,6 +203,26 @@ def check_schedule(fn: ScheduleFn) -> None:
         lightning_varbatch.errors.SettingValueError: length_warmup_schedule=<lambda> decreases ...
     """
     _fractions(fn, _PROBES)
+
+
+def schedule_values(schedule: ScheduleName | ScheduleFn, warmup: int | None) -> str:
+    """What a schedule is, for a settings fingerprint: a name, or a callable by its values.
+
+    A callable is evaluated at the progress of every warm-up step (``s / warmup``), the only
+    points the planner reads it at: two callables of equal values are the same schedule, and
+    one replaced by another of other values (two lambdas, one function edited) is not.
+
+    Example:
+        >>> schedule_values("root", 10)
+        'root'
+        >>> schedule_values(lambda p: p * p, 4) == schedule_values(lambda p: p**2, 4)
+        True
+    """
+    if isinstance(schedule, str) or not callable(schedule):
+        return str(schedule)
+    progress = np.arange(warmup or 0, dtype=np.float64) / max(warmup or 1, 1)
+    values = np.round(_fractions(schedule, progress), 12)
+    return "values " + hashlib.sha1(values.tobytes()).hexdigest()[:12]
 
 
 def scheduled_caps(

@@ -70,22 +70,21 @@ from lightning_varbatch.planner.mixture_datasets import (
     DataSource,
     MixingPolicy,
     Weights,
-    apportion,
     as_sources,
     check_dataset_index,
     dataset_planner,
     fit_units,
     mixture_probabilities,
+    mixture_warmup_caps,
     share_shape_lengths,
     source_names,
 )
-from lightning_varbatch.planner.rank_lanes import uniform
-from lightning_varbatch.planner.rank_shares import scaled_budgets
+from lightning_varbatch.planner.rank_lanes import check_budgets_hold, uniform
+from lightning_varbatch.planner.rank_shares import apportion, scaled_budgets
+from lightning_varbatch.planner.remainder_guard import guard_remainder
 from lightning_varbatch.planner.resume_inputs import check_history
 from lightning_varbatch.planner.settings import PlanConfig
-from lightning_varbatch.planner.tail import effective_tail
 from lightning_varbatch.planner.warmup_plan import (
-    mixture_warmup_caps,
     warm_mixture,
     warmup_position,
 )
@@ -210,6 +209,8 @@ class MixturePlanner:
         if uniform(budgets, self.config.max_tokens):
             return None
         self.refuse_lanes(given=True)
+        assert budgets is not None
+        check_budgets_hold(budgets, self.longest_cost, self.config)  # named in common terms
         return budgets
 
     def _dataset_budgets(
@@ -377,15 +378,20 @@ class MixturePlanner:
             return self.plan(epoch, world_size, accumulate_grad_batches, rank_budgets=rank_budgets)
         world, acc, consumed, *budgets = history[0]
         plan = self.plan(epoch, world, acc, rank_budgets=budgets[0] if budgets else None)
+        counts = np.zeros(self.num_examples, dtype=np.int32)  # runs of each example so far
         first, floor = 0, 0  # where the length warm-up stands (the run's step, its level)
         later = [*history[1:], (world_size, accumulate_grad_batches, 0, rank_budgets)]
         for depth, (world, acc, next_consumed, *budgets) in enumerate(later, start=1):
-            left = plan.consumed_micro_batches(consumed)[1]
+            done, left = plan.consumed_micro_batches(consumed)
+            np.add.at(counts, plan.ids_of_micro_batches(done), 1)
             first, floor = warmup_position(plan, consumed, first, floor)
             given = budgets[0] if budgets else None
-            plan = self._plan_remainder(plan, left, epoch, world, acc, salt=depth, budgets=given)
+            plan = self._plan_remainder(
+                plan, left, epoch, world, acc, salt=depth, budgets=given, consumed=counts
+            )
             plan = self._warm(plan, first, floor)
             consumed = next_consumed
+        guard_remainder(self, plan, consumed=counts)
         return plan
 
     def _warm(self, plan: EpochPlan, first: int, floor: int) -> EpochPlan:
@@ -460,19 +466,27 @@ class MixturePlanner:
         acc: int,
         salt: int,
         budgets: Sequence[int] | None = None,
+        consumed: np.ndarray | None = None,
     ) -> EpochPlan:
-        """Re-plan the examples of ``micro_batches`` (repeats kept) for a new topology."""
+        """Re-plan the rest of the epoch for a new topology.
+
+        An epoch of one pass re-plans every planned example the epoch has not ``consumed``
+        (as :meth:`EpochPlanner.plan_resumed`: the earlier plan's tail drops and repeats
+        are its own); a sampled epoch (``steps_per_epoch``) re-plans the examples of the
+        earlier plan's ``micro_batches`` not run yet, repeats kept.
+        """
         common = self._budgets(world, budgets)
-        ids = plan.ids_of_micro_batches(micro_batches).astype(np.int64)
+        if self.steps_per_epoch is None and consumed is not None:
+            kept = self.prepared.kept
+            ids = np.flatnonzero(consumed == 0) if kept is None else kept[consumed[kept] == 0]
+        else:
+            ids = plan.ids_of_micro_batches(micro_batches).astype(np.int64)
         owner = np.searchsorted(self.offsets, ids, side="right") - 1
         parts = []
         for i in np.unique(owner).tolist():
             occ = ids[owner == i]
             local = occ - int(self.offsets[i])
             prep, cfg = self.planners[i].prepared, self.planners[i].config
-            tail = effective_tail(cfg, occ.size, world, acc, replanned=True)
-            if tail != cfg.tail:
-                cfg = replace(cfg, tail=tail)
             # the loss tokens are counted already: no offset to derive them again
             sub = EpochPlanner(
                 prep.key[local], replace(cfg, loss_offset=0), loss_lengths=prep.loss[local]
@@ -481,7 +495,12 @@ class MixturePlanner:
             if shape_lengths is not None:
                 sub.use_shape_lengths(shape_lengths)  # the epoch's shapes, not the rest's
             sub_plan = sub.plan(
-                epoch, world, acc, salt=salt, rank_budgets=self._dataset_budgets(i, common)
+                epoch,
+                world,
+                acc,
+                salt=salt,
+                rank_budgets=self._dataset_budgets(i, common),
+                remainder=True,
             )
             parts.append(self._part(i, sub_plan, occ))
         return self._compose(parts, epoch, world, acc, salt=salt, budgets=common)

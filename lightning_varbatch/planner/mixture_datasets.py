@@ -24,9 +24,10 @@ import numpy.typing as npt
 from lightning_varbatch.checks import check_count, check_real
 from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.shapes import choose_shape_lengths
-from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS
+from lightning_varbatch.planner.warmup_plan import check_warmup_acts, dataset_warmup_caps
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
 MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
@@ -37,13 +38,13 @@ __all__ = [
     "DataSource",
     "MixingPolicy",
     "Weights",
-    "apportion",
     "as_sources",
     "check_dataset_index",
     "dataset_planner",
     "fit_units",
     "item_count",
     "mixture_probabilities",
+    "mixture_warmup_caps",
     "share_shape_lengths",
     "source_config",
     "source_names",
@@ -185,22 +186,6 @@ def _weights_array(weights: object, n: int) -> np.ndarray:
                 value=weights,
             )
     return np.asarray(listed, dtype=np.float64).reshape(-1)
-
-
-def apportion(total: int, probabilities: np.ndarray) -> np.ndarray:
-    """Split ``total`` into integer counts closest to ``total * probabilities``.
-
-    Largest-remainder rounding: every count is ``floor`` or ``ceil`` of its exact share.
-
-    Example:
-        >>> apportion(10, np.array([0.55, 0.3, 0.15])).tolist()
-        [6, 3, 1]
-    """
-    exact = total * np.asarray(probabilities, dtype=np.float64)
-    counts = np.floor(exact).astype(np.int64)
-    rest = total - int(counts.sum())
-    counts[np.argsort(counts - exact, kind="stable")[:rest]] += 1
-    return counts
 
 
 def item_count(dataset: object) -> int | None:
@@ -384,3 +369,60 @@ def check_dataset_index(dataset: object, names: Sequence[str]) -> int:
             value=dataset,
         )
     return int(dataset)
+
+
+def mixture_warmup_caps(
+    config: PlanConfig,
+    sources: Sequence[DataSource],
+    planners: Sequence[EpochPlanner],
+    names: Sequence[str],
+) -> np.ndarray | None:
+    """Check a mixture's warm-up settings (common and per dataset); its caps, or ``None``.
+
+    Raises:
+        SettingValueError: a ``DataSource`` ``length_warmup_min`` / ``length_warmup_max``
+            without a common ``length_warmup``, or a dataset whose minimum is above its
+            maximum; ``.setting`` names the setting, the message the dataset.
+    """
+    fields = ("length_warmup_min", "length_warmup_max")
+    for source, name in zip(sources, names, strict=True):
+        low, high = (getattr(source, f) for f in fields)
+        if config.length_warmup is None:
+            for field, value in zip(fields, (low, high), strict=True):
+                if value is not None:
+                    raise SettingValueError(
+                        f"DataSource {name!r} has {field}={value}, which has no effect "
+                        "without length_warmup: set length_warmup=<optimizer steps> in the "
+                        f"common settings to warm up, or leave the DataSource's {field} unset.",
+                        setting=field,
+                        value=value,
+                    )
+            continue
+        low = config.length_warmup_min if low is None else low
+        high = config.length_warmup_max if high is None else high
+        if high is not None and low > high:
+            raise SettingValueError(
+                f"Dataset {name!r}: length_warmup_min={low} is above length_warmup_max={high} "
+                "(from its DataSource or the common settings): the cap grows from the "
+                "minimum to the maximum. Lower its length_warmup_min or raise its "
+                "length_warmup_max.",
+                setting="length_warmup_min",
+                value=low,
+            )
+    if config.length_warmup is None:
+        return None
+    longest = []
+    for planner in planners:
+        key, kept = planner.prepared.key, planner.prepared.kept
+        longest.append(int(key.max(initial=0) if kept is None else key[kept].max(initial=0)))
+    lows = [
+        config.length_warmup_min if s.length_warmup_min is None else s.length_warmup_min
+        for s in sources
+    ]
+    check_warmup_acts(config, longest, lows, names)
+    return dataset_warmup_caps(
+        config,
+        longest,
+        [s.length_warmup_min for s in sources],
+        [s.length_warmup_max for s in sources],
+    )

@@ -12,7 +12,10 @@ the same number of micro-batches. This module plans that as *lanes*:
    their budgets, within a few examples.
 2. Each lane is cut greedily at its own budget (the same cut as the one-budget plan, so each of
    its micro-batches fits ``b_r``). A lane of a smaller budget has fewer examples, so the lanes'
-   micro-batch counts come out nearly equal.
+   micro-batch counts come out nearly equal. Where whole examples fill a budget coarsely (one
+   or two examples a micro-batch) a lane may have fewer examples than another has
+   micro-batches; the lanes are then cut again with sizes in proportion to each lane's
+   examples per micro-batch, which makes the counts equal (nothing repeated).
 3. The tail policy makes them exactly equal, a multiple of ``accumulate_grad_batches``:
    ``"spread"`` and ``"pad"`` bring every lane up to the largest count (``"spread"`` splits a
    lane's largest micro-batches, ``"pad"`` repeats random ones), ``"drop"`` takes every lane
@@ -51,6 +54,7 @@ from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.costs import checked_cost
 from lightning_varbatch.planner.lengths import PreparedLengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
+from lightning_varbatch.planner.rank_shares import apportion
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import split_micro_batches, too_few_message
@@ -60,6 +64,7 @@ __all__ = [
     "LanePlan",
     "check_budgets_hold",
     "lane_budgets",
+    "lane_config",
     "lane_cuts",
     "lane_of_positions",
     "lane_plan",
@@ -81,7 +86,7 @@ def uniform(budgets: Sequence[int] | None, max_tokens: int) -> bool:
     return budgets is None or all(int(b) == int(max_tokens) for b in budgets)
 
 
-def lane_of_positions(size: int, budgets: Sequence[int]) -> np.ndarray:
+def lane_of_positions(size: int, budgets: Sequence[float]) -> np.ndarray:
     """The lane of each of ``size`` sorted positions: ``b_r / Σ b`` of them to lane ``r``.
 
     Example:
@@ -231,7 +236,8 @@ def _lane_groups(groups: SortedGroups, positions: np.ndarray) -> SortedGroups:
     return SortedGroups(ids=positions, starts=starts, longest=groups.longest[nonempty])
 
 
-def _lane_config(config: PlanConfig, budget: int) -> PlanConfig:
+def lane_config(config: PlanConfig, budget: int) -> PlanConfig:
+    """``config`` with one budget of ``budget`` and no per-rank settings (a lane's cut)."""
     with warnings.catch_warnings():  # the settings' warnings were given once, for the config
         warnings.simplefilter("ignore")
         return dataclasses.replace(
@@ -254,12 +260,28 @@ def _to_count(
     return np.sort(np.concatenate((seq, extra))), 0, int(sizes[extra].sum())
 
 
-def _lane_positions(size: int, budgets: Sequence[int]) -> list[np.ndarray]:
-    """Each lane's positions; every lane gets at least one (a repeat when too few examples)."""
-    world = len(budgets)
-    lane = lane_of_positions(size, budgets)
-    if np.bincount(lane, minlength=world).min() == 0:
-        lane = np.arange(size, dtype=np.int64) % world  # too few examples to interleave
+def _lane_positions(size: int, weights: Sequence[float]) -> list[np.ndarray]:
+    """Each lane's sorted positions: exactly its largest-remainder share of ``size``.
+
+    The golden-ratio interleave (:func:`lane_of_positions`) spreads the lanes over every length
+    range; a few positions then move from lanes over their share to lanes under it, so the
+    counts are exact. Every lane gets at least one position (a repeat when too few examples).
+    """
+    world = len(weights)
+    lane = lane_of_positions(size, weights)
+    quota = apportion(size, np.asarray(weights, dtype=np.float64) / float(sum(weights)))
+    if quota.min() == 0:  # too few examples for the shares: every lane gets what it can
+        quota = np.full(world, size // world) + (np.arange(world) < size % world)
+    surplus = np.bincount(lane, minlength=world) - quota
+    if surplus.any():  # move evenly spaced positions of the lanes over quota
+        movers = np.concatenate(
+            [
+                np.flatnonzero(lane == r)[:: max(1, -(-int(np.sum(lane == r)) // int(k)))][:k]
+                for r, k in enumerate(surplus.tolist())
+                if k > 0
+            ]
+        )
+        lane[np.sort(movers)] = np.repeat(np.arange(world), np.maximum(-surplus, 0))
     out = [np.flatnonzero(lane == r) for r in range(world)]
     return [p if p.size or size == 0 else np.array([r % size]) for r, p in enumerate(out)]
 
@@ -283,6 +305,7 @@ def lane_cuts(
     key: np.ndarray,
     budgets: Sequence[int],
     config: PlanConfig,
+    acc: int = 1,
 ) -> list[Lane]:
     """Deal the sorted positions to the ranks' lanes and cut each lane at its budget.
 
@@ -293,18 +316,65 @@ def lane_cuts(
         key: every example's planning length (for those packed rows).
         budgets: one budget per rank.
         config: the planner settings.
+        acc: micro-batches per rank per step (each lane's count becomes a multiple of it).
     """
-    lanes = []
-    for r, positions in enumerate(_lane_positions(groups.size, budgets)):
-        cfg = _lane_config(config, budgets[r])
-        if cuts_each_epoch(config):
-            lane_groups = exact_groups(order[positions], key)
-            cut = packed_cut(lane_groups, cfg)
-        else:
-            lane_groups = _lane_groups(groups, positions)
-            cut = SortedCut.build(lane_groups, cfg)
-        lanes.append(Lane(positions, lane_groups, cut, cfg))
+
+    def cut(lanes_positions: Sequence[np.ndarray]) -> list[Lane]:
+        lanes = []
+        for r, positions in enumerate(lanes_positions):
+            cfg = lane_config(config, budgets[r])
+            if cuts_each_epoch(config):
+                lane_groups = exact_groups(order[positions], key)
+                lane_cut = packed_cut(lane_groups, cfg)
+            else:
+                lane_groups = _lane_groups(groups, positions)
+                lane_cut = SortedCut.build(lane_groups, cfg)
+            lanes.append(Lane(positions, lane_groups, lane_cut, cfg))
+        return lanes
+
+    def short(lanes: list[Lane]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Each lane's examples, micro-batches, and the count every lane must reach."""
+        sizes = np.array([lane.positions.size for lane in lanes])
+        counts = np.array([max(lane.cut.num_micro_batches, 1) for lane in lanes])
+        return sizes, counts, -(-int(counts.max()) // acc) * acc
+
+    lanes = cut(_lane_positions(groups.size, budgets))
+    sizes, counts, target = short(lanes)
+    if sizes.min() >= target:
+        return lanes
+    # A lane has fewer examples than the others have micro-batches (whole examples fill the
+    # budgets coarsely): size the lanes by their examples per micro-batch, which evens the
+    # counts, then move the shortest examples of lanes with more than they need to lanes
+    # with fewer, so that no lane repeats an example while the data has enough.
+    lanes = cut(_lane_positions(groups.size, sizes / counts))
+    for _ in range(len(lanes)):
+        sizes, counts, target = short(lanes)
+        need, spare = np.maximum(target - sizes, 0), np.maximum(sizes - target, 0)
+        if not need.any() or spare.sum() < need.sum():
+            break
+        positions = [lane.positions for lane in lanes]
+        moved = np.concatenate(
+            [positions[r][positions[r].size - k :] for r, k in enumerate(_take(spare, need))]
+        )
+        for r, k in enumerate(_take(spare, need).tolist()):
+            positions[r] = positions[r][: positions[r].size - k]
+        ends = np.cumsum(need)
+        for r in np.flatnonzero(need).tolist():
+            positions[r] = np.sort(
+                np.concatenate((positions[r], moved[ends[r] - need[r] : ends[r]]))
+            )
+        lanes = cut(positions)
     return lanes
+
+
+def _take(spare: np.ndarray, need: np.ndarray) -> np.ndarray:
+    """How many examples each lane gives: ``need.sum()`` in all, from the most spare first."""
+    give = np.zeros_like(spare)
+    left = int(need.sum())
+    for r in np.argsort(-spare, kind="stable").tolist():
+        give[r] = min(int(spare[r]), left)
+        left -= int(give[r])
+    return give
 
 
 def lane_plan(
@@ -314,6 +384,7 @@ def lane_plan(
     acc: int,
     tail: TailPolicy,
     rng: np.random.Generator,
+    replanned: bool = False,
 ) -> LanePlan:
     """The epoch's runs of the lanes (:func:`lane_cuts`): equal counts, ids from ``order``.
 
@@ -324,20 +395,23 @@ def lane_plan(
         acc: micro-batches per rank per step.
         tail: the tail policy in force (:func:`~lightning_varbatch.planner.tail.effective_tail`).
         rng: the epoch's generator.
+        replanned: the rest of an epoch: ``tail="drop"`` drops every micro-batch when some
+            lane has fewer than one step needs (counted), instead of refusing.
 
     Returns:
         The lanes' micro-batches and runs.
 
     Raises:
-        ValueError: ``tail="drop"`` when some lane has fewer micro-batches than one step needs.
+        ValueError: ``tail="drop"`` when some lane of a whole epoch has fewer micro-batches
+            than one step needs.
     """
     world = len(lanes)
     # a lane beyond the examples holds a repeated one (fewer examples than ranks)
-    repeated = max(world - order.shape[0], 0)
+    repeated = sum(lane.positions.size for lane in lanes) - order.shape[0]
     counts = [lane.cut.num_micro_batches for lane in lanes]
     if tail == "drop":
         target = min(counts) // acc * acc
-        if target == 0:
+        if target == 0 and not replanned:
             raise ValueError(too_few_message(min(counts), "micro-batches", world, acc, config))
     else:
         target = max(-(-max(counts) // acc) * acc, acc)

@@ -27,23 +27,37 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from lightning_varbatch.checks import check_count
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
-if TYPE_CHECKING:
-    from lightning_varbatch.planner.settings import PlanConfig
-
 __all__ = [
+    "apportion",
     "check_rank_max_tokens",
     "check_rank_settings",
     "check_rank_shares",
     "rank_budgets",
     "scaled_budgets",
 ]
+
+
+def apportion(total: int, probabilities: np.ndarray) -> np.ndarray:
+    """Split ``total`` into integer counts closest to ``total * probabilities``.
+
+    Largest-remainder rounding: every count is ``floor`` or ``ceil`` of its exact share.
+
+    Example:
+        >>> apportion(10, np.array([0.55, 0.3, 0.15])).tolist()
+        [6, 3, 1]
+    """
+    exact = total * np.asarray(probabilities, dtype=np.float64)
+    counts = np.floor(exact).astype(np.int64)
+    rest = total - int(counts.sum())
+    counts[np.argsort(counts - exact, kind="stable")[:rest]] += 1
+    return counts
 
 
 def _as_sequence(name: str, value: object, example: str) -> Sequence[object]:
@@ -213,7 +227,20 @@ def scaled_budgets(budgets: Sequence[int], own: int, common: int) -> tuple[int, 
     return tuple(int(b) * int(own) // int(common) for b in budgets)
 
 
-def check_rank_settings(config: PlanConfig) -> dict[str, Any]:
+class RankSettings(Protocol):
+    """What :func:`check_rank_settings` reads of a ``PlanConfig``."""
+
+    @property
+    def rank_shares(self) -> Sequence[float] | None: ...
+    @property
+    def rank_max_tokens(self) -> Sequence[int] | None: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def max_shapes(self) -> int | None: ...
+
+
+def check_rank_settings(config: RankSettings) -> dict[str, Any]:
     """``PlanConfig``'s ``rank_shares`` / ``rank_max_tokens``, checked, as tuples.
 
     Raises:

@@ -21,9 +21,14 @@ import numpy as np
 from lightning_varbatch.checks import check_choice, check_count, check_flag, check_real
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
-from lightning_varbatch.planner.length_warmup import ScheduleFn, ScheduleName
+from lightning_varbatch.planner.length_warmup import (
+    WARMUP_DEFAULTS,
+    ScheduleFn,
+    ScheduleName,
+    check_warmup_settings,
+    schedule_values,
+)
 from lightning_varbatch.planner.rank_shares import check_rank_settings, rank_budgets
-from lightning_varbatch.planner.warmup_plan import WARMUP_DEFAULTS, check_warmup_settings
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
 LayoutName: TypeAlias = Literal["padded", "packed"]
@@ -506,6 +511,10 @@ class PlanConfig:
                 continue  # as before the setting existed: saved states compare equal
             if callable(value):
                 value = getattr(value, "__qualname__", repr(value))
+                if name == "length_warmup_schedule":  # what it is: its values
+                    value += (
+                        f" ({schedule_values(self.length_warmup_schedule, self.length_warmup)})"
+                    )
             keep = isinstance(value, (bool, int, float, str, type(None)))
             out[name] = value if keep else str(value)
         return out
@@ -527,9 +536,12 @@ class PlanConfig:
         for name, default in LATER_SETTINGS.items():
             if values[name] == default or name in RANK_SETTINGS:
                 del values[name]
-        for name in ("cost", "length_warmup_schedule"):
-            if name in values and callable(values[name]):
-                values[name] = getattr(values[name], "__qualname__", repr(values[name]))
+        if "cost" in values and callable(values["cost"]):
+            values["cost"] = getattr(values["cost"], "__qualname__", repr(values["cost"]))
+        if "length_warmup_schedule" in values:  # a callable by its values
+            values["length_warmup_schedule"] = schedule_values(
+                self.length_warmup_schedule, self.length_warmup
+            )
         blob = json.dumps(values, sort_keys=True, default=str).encode()
         return hashlib.sha1(blob).hexdigest()[:16]
 

@@ -39,7 +39,7 @@ class ShapeBudget:
     prepared: PreparedLengths
     _shape_lengths: np.ndarray | None
     _groups: SortedGroups | None
-    _cuts: dict[int, SortedCut]
+    _cuts: dict[tuple[int, int], SortedCut]
 
     @property
     def shape_lengths(self) -> np.ndarray | None:

@@ -70,8 +70,10 @@ def effective_tail(
 ) -> TailPolicy:
     """The tail policy that applies to ``available`` examples planned for ``world x acc``.
 
-    ``config.tail``, except that a re-planned remainder of an epoch (``replanned``) is never
-    dropped and is padded when it has fewer examples than a step has micro-batches.
+    ``config.tail``, except that ``"spread"`` pads a re-planned remainder of an epoch
+    (``replanned``) with fewer examples than a step has micro-batches (it cannot be cut into
+    one step without repeats; the repeats are counted). ``"drop"`` drops there too: a
+    remainder too small for one step is dropped whole (counted).
 
     Raises:
         ValueError: ``tail="spread"`` for a whole epoch with fewer examples than a step has
@@ -79,13 +81,14 @@ def effective_tail(
 
     Example:
         >>> config = PlanConfig(max_tokens=8, tail="drop")
-        >>> effective_tail(config, 10, 2, 1, replanned=False), effective_tail(
-        ...     config, 10, 2, 1, replanned=True)
-        ('drop', 'pad')
+        >>> effective_tail(config, 10, 2, 1, replanned=True)
+        'drop'
+        >>> effective_tail(PlanConfig(max_tokens=8), 1, 2, 1, replanned=True)
+        'pad'
     """
     tail = config.tail
     multiple = world * acc
-    if replanned and tail != "pad" and (available < multiple or tail == "drop"):
+    if replanned and tail == "spread" and available < multiple:
         tail = "pad"
     if tail == "spread" and available < multiple:
         raise ValueError(too_few_message(available, "examples", world, acc, config))
@@ -180,21 +183,26 @@ def select_micro_batches(
     acc: int,
     rng: np.random.Generator,
     config: PlanConfig,
+    replanned: bool = False,
 ) -> MicroBatchSelection:
     """Make the micro-batch count a multiple of ``world * acc``: drop or repeat random ones.
 
-    ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches; anything else (``"pad"``,
-    or a ``"spread"`` that could not split far enough) repeats random ones, each next to its
-    original. Nothing is drawn from ``rng`` when the count is already a multiple.
+    ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches (all of them in the
+    re-planned rest of an epoch, ``replanned``, that has fewer than one step needs); anything
+    else (``"pad"``, or a ``"spread"`` that could not split far enough) repeats random ones,
+    each next to its original. Nothing is drawn from ``rng`` when the count is already a
+    multiple.
 
     Raises:
-        ValueError: ``"drop"`` with fewer micro-batches than one step needs.
+        ValueError: ``"drop"`` with fewer micro-batches than one step needs in a whole epoch.
     """
     multiple = world * acc
     m = cut.num_micro_batches
     seq = np.arange(m, dtype=np.int64)
     r = m % multiple
     if tail == "drop" and r:
+        if m < multiple and replanned:
+            return MicroBatchSelection(seq[:0], int(cut.sizes.sum()), 0)
         if m < multiple:
             raise ValueError(too_few_message(m, "micro-batches", world, acc, config))
         gone = rng.choice(m, size=r, replace=False)

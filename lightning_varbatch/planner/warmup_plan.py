@@ -6,24 +6,23 @@ plan from them, the longest example of every step, and where a resumed remainder
 
 Example:
     >>> from lightning_varbatch.planner.settings import PlanConfig
-    >>> check_warmup_settings(PlanConfig(64, length_warmup=10))["length_warmup"]
-    10
+    >>> config = PlanConfig(64, length_warmup=4, length_warmup_min=2)
+    >>> config.length_warmup, check_warmup_acts(config, [12], [2], ["0"])
+    (4, None)
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lightning_varbatch.checks import check_choice, check_count
-from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.checks import check_count
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.length_warmup import (
-    SCHEDULES,
     LengthWarmupTrace,
-    check_schedule,
     light_steps,
     scheduled_caps,
     warmup_order,
@@ -31,91 +30,53 @@ from lightning_varbatch.planner.length_warmup import (
 
 if TYPE_CHECKING:
     from lightning_varbatch.planner.epoch_plan import EpochPlan
-    from lightning_varbatch.planner.epoch_planner import EpochPlanner
     from lightning_varbatch.planner.lengths import PreparedLengths
-    from lightning_varbatch.planner.mixture_datasets import DataSource
     from lightning_varbatch.planner.settings import PlanConfig
 
 __all__ = [
-    "WARMUP_DEFAULTS",
-    "check_warmup_settings",
+    "check_warmup_acts",
     "dataset_warmup_caps",
     "micro_batch_longest",
-    "mixture_warmup_caps",
     "step_longest",
     "warm_mixture",
     "warmup_caps",
     "warmup_position",
 ]
 
-#: The warm-up settings and their defaults (off): at these values a ``PlanConfig``'s
-#: fingerprint and plans are those of versions without the warm-up.
-WARMUP_DEFAULTS: dict[str, Any] = {
-    "length_warmup": None,
-    "length_warmup_min": 8,
-    "length_warmup_max": None,
-    "length_warmup_schedule": "linear",
-}
 
+def check_warmup_acts(
+    config: PlanConfig, longest: Sequence[int], lows: Sequence[int], names: Sequence[str]
+) -> None:
+    """Refuse a length warm-up that caps nothing: its first cap holds every example already.
 
-def check_warmup_settings(config: PlanConfig) -> dict[str, Any]:
-    """Validate the four ``length_warmup*`` settings; their values as plain Python ints.
+    ``longest``: the longest planned example of each dataset (one for a single dataset);
+    ``lows``: each one's first cap (``length_warmup_min``, a mixture's own per dataset);
+    ``names``: how messages name them.
 
     Raises:
-        SettingValueError: a non-positive ``length_warmup`` / ``length_warmup_min`` /
-            ``length_warmup_max``, a minimum above the maximum, an unknown or misbehaving
-            schedule, or a warm-up setting without ``length_warmup``; ``.setting`` names it.
-        SettingTypeError: a setting of the wrong type.
+        SettingValueError: (``.setting``: ``"length_warmup_min"``) when no dataset has an
+            example longer than its first cap.
+
+    Example:
+        >>> from lightning_varbatch.planner.settings import PlanConfig
+        >>> check_warmup_acts(PlanConfig(64, length_warmup=4), [12], [8], ["0"])
     """
-    low = check_count("length_warmup_min", config.length_warmup_min)
-    high = check_count("length_warmup_max", config.length_warmup_max, allow_none=True)
-    schedule = config.length_warmup_schedule
-    if isinstance(schedule, str):
-        check_choice(
-            "length_warmup_schedule",
-            schedule,
-            SCHEDULES,
-            what=" or a callable progress -> fraction in [0, 1]",
-        )
-    elif callable(schedule):
-        check_schedule(schedule)
-    else:
-        raise SettingTypeError(
-            f"length_warmup_schedule must be one of {', '.join(map(repr, SCHEDULES))} or "
-            f"a callable progress -> fraction, got {schedule!r} "
-            f"({type(schedule).__name__}); pass e.g. length_warmup_schedule='root'.",
-            setting="length_warmup_schedule",
-            value=schedule,
-        )
-    if high is not None and low > high:
-        raise SettingValueError(
-            f"length_warmup_min={low} is above length_warmup_max={high}: the cap grows "
-            "from the minimum to the maximum. Lower length_warmup_min or raise (or unset) "
-            "length_warmup_max.",
-            setting="length_warmup_min",
-            value=low,
-        )
-    if config.length_warmup is not None:
-        steps = check_count(
-            "length_warmup",
-            config.length_warmup,
-            what=" (optimizer steps of the warm-up; None for no warm-up)",
-        )
-        return {"length_warmup": steps, "length_warmup_min": low, "length_warmup_max": high}
-    unused = [
-        name
-        for name in ("length_warmup_min", "length_warmup_max", "length_warmup_schedule")
-        if getattr(config, name) != WARMUP_DEFAULTS[name]
-    ]
-    if unused:
-        raise SettingValueError(
-            f"{unused[0]}={getattr(config, unused[0])!r} has no effect without "
-            "length_warmup: set length_warmup=<optimizer steps> to warm up, or leave "
-            f"{', '.join(unused)} unset.",
-            setting=unused[0],
-            value=getattr(config, unused[0]),
-        )
-    return {"length_warmup_min": low, "length_warmup_max": high}
+    if config.length_warmup is None or any(
+        int(top) > int(low) for top, low in zip(longest, lows, strict=True)
+    ):
+        return
+    shown = ", ".join(
+        f"{n}: {int(t)} (minimum {int(low)})"
+        for n, t, low in zip(names, longest, lows, strict=True)
+    )
+    raise SettingValueError(
+        f"length_warmup_min={config.length_warmup_min} holds every example already (the "
+        f"longest: {shown}), so the length warm-up over {config.length_warmup} steps would "
+        "change nothing: lower length_warmup_min below the longest example (e.g. to a quarter "
+        "of it), or unset length_warmup.",
+        setting="length_warmup_min",
+        value=config.length_warmup_min,
+    )
 
 
 def warmup_caps(
@@ -301,55 +262,3 @@ def warm_mixture(
     warmed = replace(plan, assign=assign)
     object.__setattr__(warmed, "length_warmup", trace)
     return warmed
-
-
-def mixture_warmup_caps(
-    config: PlanConfig,
-    sources: Sequence[DataSource],
-    planners: Sequence[EpochPlanner],
-    names: Sequence[str],
-) -> np.ndarray | None:
-    """Check a mixture's warm-up settings (common and per dataset); its caps, or ``None``.
-
-    Raises:
-        SettingValueError: a ``DataSource`` ``length_warmup_min`` / ``length_warmup_max``
-            without a common ``length_warmup``, or a dataset whose minimum is above its
-            maximum; ``.setting`` names the setting, the message the dataset.
-    """
-    fields = ("length_warmup_min", "length_warmup_max")
-    for source, name in zip(sources, names, strict=True):
-        low, high = (getattr(source, f) for f in fields)
-        if config.length_warmup is None:
-            for field, value in zip(fields, (low, high), strict=True):
-                if value is not None:
-                    raise SettingValueError(
-                        f"DataSource {name!r} has {field}={value}, which has no effect "
-                        "without length_warmup: set length_warmup=<optimizer steps> in the "
-                        f"common settings to warm up, or leave the DataSource's {field} unset.",
-                        setting=field,
-                        value=value,
-                    )
-            continue
-        low = config.length_warmup_min if low is None else low
-        high = config.length_warmup_max if high is None else high
-        if high is not None and low > high:
-            raise SettingValueError(
-                f"Dataset {name!r}: length_warmup_min={low} is above length_warmup_max={high} "
-                "(from its DataSource or the common settings): the cap grows from the "
-                "minimum to the maximum. Lower its length_warmup_min or raise its "
-                "length_warmup_max.",
-                setting="length_warmup_min",
-                value=low,
-            )
-    if config.length_warmup is None:
-        return None
-    longest = []
-    for planner in planners:
-        key, kept = planner.prepared.key, planner.prepared.kept
-        longest.append(int(key.max(initial=0) if kept is None else key[kept].max(initial=0)))
-    return dataset_warmup_caps(
-        config,
-        longest,
-        [s.length_warmup_min for s in sources],
-        [s.length_warmup_max for s in sources],
-    )

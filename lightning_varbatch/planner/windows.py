@@ -38,8 +38,10 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -331,22 +333,41 @@ class WindowedPlanner:
             value=self.config.tail,
         )
 
-    def _too_few_to_drop(self, planner: EpochPlanner, world_size: int, acc: int) -> None:
-        """Refuse ``tail="drop"`` on a window of fewer micro-batches than one step needs."""
+    def _too_few_to_drop(
+        self, planner: EpochPlanner, epoch: int, window: int, world_size: int, acc: int
+    ) -> bool:
+        """Whether ``tail="drop"`` drops all of ``window`` (fewer micro-batches than a step).
+
+        The run's first window refuses it (nothing trained yet: set a larger window); a later
+        one, reached after training began, drops its micro-batches whole, with a warning that
+        counts them (``plan.num_dropped``), rather than stop the run there.
+
+        Raises:
+            SettingValueError: for window 0 of epoch 0, naming ``window``.
+        """
         needed = world_size * acc
         if self.config.tail != "drop" or planner.num_micro_batches >= needed:
-            return
+            return False
         have = planner.num_micro_batches
         larger = -(-self.window * needed // max(have, 1))
-        raise SettingValueError(
-            f"tail='drop' with window={self.window}: a window holds only {have} "
+        problem = (
+            f"tail='drop' with window={self.window}: window {window} holds only {have} "
             f"micro-batch(es) of max_tokens={self.config.max_tokens}, fewer than the {needed} "
             f"one optimizer step needs (world_size={world_size} x accumulate_grad_batches="
-            f"{acc}), so it would drop them all: set window to about {larger} or more, or "
-            "tail='spread' or tail='pad'.",
-            setting="window",
-            value=self.window,
+            f"{acc})"
         )
+        fix = f"set window to about {larger} or more, or tail='spread' or tail='pad'"
+        if (epoch, window) == (0, 0):
+            raise SettingValueError(
+                f"{problem}, so it would drop them all: {fix}.", setting="window", value=self.window
+            )
+        warnings.warn(
+            f"{problem}: its {planner.num_planned} examples are dropped this epoch (counted in "
+            f"the plan's num_dropped); {fix}.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return True
 
     def window_plan(
         self,
@@ -354,9 +375,12 @@ class WindowedPlanner:
         window: int,
         world_size: int = 1,
         accumulate_grad_batches: int = 1,
-        history: Sequence[tuple[int, int, int]] = (),
+        history: Sequence[tuple[Any, ...]] = (),
+        rank_budgets: Sequence[int] | None = None,
     ) -> WindowPlan:
         """Plan ``window`` of ``epoch`` (its remainder after ``history``, see ``plan_resumed``).
+
+        ``rank_budgets``: the ranks' budgets of this topology's plan (``None``: the config's).
 
         Raises:
             SettingValueError: for a window too small for the ranks (fewer examples than
@@ -366,8 +390,11 @@ class WindowedPlanner:
             ValueError: for a window out of range.
         """
         planner, ids = self.window_planner(epoch, window)
+        args = (epoch, world_size, accumulate_grad_batches)
         if not history:
             self._too_few(int(ids.size), world_size, accumulate_grad_batches)
-            self._too_few_to_drop(planner, world_size, accumulate_grad_batches)
-        plan = planner.plan_resumed(epoch, world_size, accumulate_grad_batches, history)
+        if not history and self._too_few_to_drop(planner, epoch, window, *args[1:]):
+            plan = planner.plan(*args, rank_budgets=rank_budgets, remainder=True)  # all dropped
+        else:
+            plan = planner.plan_resumed(*args, history, rank_budgets=rank_budgets)
         return WindowPlan(window=window, plan=plan, ids=ids, planner=planner)

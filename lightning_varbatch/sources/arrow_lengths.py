@@ -34,6 +34,8 @@ __all__ = [
     "column_lengths",
     "is_arrow_table",
     "is_column_spec",
+    "is_list_type",
+    "null_rows",
     "source_with_column_lengths",
 ]
 
@@ -146,12 +148,41 @@ def _column_names(columns: object, name: str) -> list[str]:
     return list(names)
 
 
+def is_list_type(kind: Any) -> bool:
+    """Whether an Arrow type is a list of any kind (list, large, fixed-size, view)."""
+    import pyarrow as pa
+
+    kinds = ("list", "large_list", "fixed_size_list", "list_view", "large_list_view")
+    return any(getattr(pa.types, f"is_{k}", lambda _: False)(kind) for k in kinds)
+
+
+def null_rows(column: Any) -> np.ndarray | None:
+    """Per row of an Arrow column: whether it is null or (a list column) holds a null value.
+
+    ``None`` when no row does, known from the null counts without a pass over the rows.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> null_rows(pa.chunked_array([[[1], [2, None], None]])).tolist()
+        [False, True, True]
+    """
+    import pyarrow.compute as pc
+
+    inner = pc.list_flatten(column) if is_list_type(column.type) else None
+    if not column.null_count and (inner is None or not inner.null_count):
+        return None
+    bad = np.array(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
+    if inner is not None and inner.null_count:
+        parents = np.asarray(pc.list_parent_indices(column).to_numpy(zero_copy_only=False))
+        bad[parents[np.asarray(pc.is_null(inner).to_numpy(zero_copy_only=False))]] = True
+    return bad
+
+
 def _one_column(
-    table: Any, column: str, where: str, rows: np.ndarray | None, setting: str
+    table: Any, column: str, where: str, rows: np.ndarray | None, setting: str, shard: bool
 ) -> np.ndarray:
     """The lengths of ``column`` in the dataset's row order (``rows``: its indices mapping)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     if column not in table.column_names:
         raise SettingValueError(
@@ -161,34 +192,44 @@ def _one_column(
             value=column,
         )
     col = table.column(column)
-    if col.null_count:
-        nulls = pc.is_null(col).to_numpy(zero_copy_only=False)
-        mine = nulls if rows is None else nulls[rows]  # the dataset's own rows
+    bad = null_rows(col)
+    if bad is not None:
+        mine = bad if rows is None else bad[rows]  # the dataset's own rows
         if mine.any():
             first = int(np.flatnonzero(mine)[0])
-            raise ValueError(
-                f"{where}: row {first} of column {column!r} is null ({int(mine.sum())} null "
-                "row(s)): every example needs a length; fill them or filter them out "
-                "(ds.filter(lambda r: r[...] is not None))."
+            whole = not col[first if rows is None else int(rows[first])].is_valid
+            inside = f" and None not in r[{column!r}]" if is_list_type(col.type) else ""
+            raise (SettingValueError if whole else SettingTypeError)(
+                f"{where}: row {first} of column {column!r} "
+                f"{'is null' if whole else 'holds a null token id'} ({int(mine.sum())} row(s) "
+                "null or holding a null): every example needs its length or integer token ids."
+                f" Fill or drop those rows{' and re-write the shard' if shard else ''} (e.g. ds "
+                f"= ds.filter(lambda r: r[{column!r}] is not None{inside})).",
+                setting=setting,
+                value=column,
             )
         # the nulls lie in rows the dataset left out (filtered): read only its own rows
         col, rows = col.take(pa.array(rows)), None
-    values = _column_values(col, column, where)
+    values = _column_values(col, column, where, setting, shard)
     return values if rows is None else values[rows]
 
 
-def _column_values(col: Any, column: str, where: str) -> np.ndarray:
+#: What makes text streamable (counting its tokens is not enough).
+STREAM_TEXT_FIX = (
+    "a stream reads the token ids from its shards, so counting tokens cannot make text "
+    "streamable: tokenize it into a token-id column first and name that column in columns, "
+    "e.g. ds = ds.map(lambda b: {'input_ids': tok(b['text'])['input_ids']}, batched=True) "
+    "for a Hugging Face dataset (ds.to_parquet(...) writes it as a shard), or write the "
+    "token ids when you make the shard files"
+)
+
+
+def _column_values(col: Any, column: str, where: str, setting: str, shard: bool) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
     kind = col.type
-    if (
-        pa.types.is_list(kind)
-        or pa.types.is_large_list(kind)
-        or pa.types.is_fixed_size_list(kind)
-        or (hasattr(pa.types, "is_list_view") and pa.types.is_list_view(kind))
-        or (hasattr(pa.types, "is_large_list_view") and pa.types.is_large_list_view(kind))
-    ):
+    if is_list_type(kind):
         inner = kind.value_type
         if not pa.types.is_integer(inner):
             raise TypeError(
@@ -203,10 +244,13 @@ def _column_values(col: Any, column: str, where: str) -> np.ndarray:
         # narrow ints widen to int32; uint32/uint64 go to int64 (as_int_lengths refuses >= 2**31)
         return values.astype(np.int32 if values.dtype.itemsize < 4 else np.int64)
     if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
-        raise TypeError(
-            f"{where}: column {column!r} holds text ({kind}), not token counts: count the "
-            "tokens first with lightning_varbatch.sources.tokenized_lengths(ds, tokenizer, "
-            f"{column!r}), or pass a token-id or length column instead."
+        count = "count the tokens with lightning_varbatch.sources.tokenized_lengths(ds, "
+        count += f"tokenizer, {column!r}) first"
+        fix = STREAM_TEXT_FIX if shard else f"{count}, or pass a token-id or length column"
+        raise SettingTypeError(
+            f"{where}: column {column!r} holds text ({kind}), not token ids or lengths: {fix}.",
+            setting=setting,
+            value=column,
         )
     if pa.types.is_floating(kind):
         raise TypeError(
@@ -220,7 +264,9 @@ def _column_values(col: Any, column: str, where: str) -> np.ndarray:
     )
 
 
-def column_lengths(data: Any, columns: Columns, name: str = "lengths") -> np.ndarray:
+def column_lengths(
+    data: Any, columns: Columns, name: str = "lengths", *, shard: bool = False
+) -> np.ndarray:
     """One length per row from Arrow columns, vectorised, checked with the planner's rules.
 
     Args:
@@ -228,15 +274,19 @@ def column_lengths(data: Any, columns: Columns, name: str = "lengths") -> np.nda
         columns: a column of integer lengths, a column of token ids (list of ints: their
             list lengths), or a (source, target) pair of such columns for ``(n, 2)`` lengths.
         name: the setting the columns were given as, for error messages.
+        shard: the columns of a stream's shard (``name`` then names the shard): errors
+            name the setting ``columns`` and say what makes text streamable.
 
     Returns:
         ``(n,)`` or ``(n, 2)`` integer lengths in the dataset's row order.
 
     Raises:
         TypeError: for a dataset that is not Arrow-backed, or a column of text, floats,
-            lists of non-integers or another type.
-        ValueError: for an unknown column (the columns are listed), nulls, or lengths that
-            break the planner's rules (zeros, negatives...); the column is named.
+            lists of non-integers or another type (text and a null token id inside a row:
+            ``SettingTypeError``).
+        ValueError: for an unknown column (the columns are listed), a null row
+            (``SettingValueError``), or lengths that break the planner's rules (zeros,
+            negatives...); the column and the row are named.
 
     Example:
         >>> import pyarrow as pa
@@ -249,7 +299,10 @@ def column_lengths(data: Any, columns: Columns, name: str = "lengths") -> np.nda
     """
     names = _column_names(columns, name)
     table, rows = arrow_table_of(data, f"the dataset of {name}")
-    per_column = [_one_column(table, c, f"{name} (column {c!r})", rows, name) for c in names]
+    setting = "columns" if shard else name
+    per_column = [
+        _one_column(table, c, f"{name} (column {c!r})", rows, setting, shard) for c in names
+    ]
     checked = [
         as_int_lengths(values, f"{name} (column {column!r})")
         for column, values in zip(names, per_column, strict=True)

@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from lightning_varbatch.sources.shards import Shard
 
 __all__ = ["identity_changes", "shard_identity"]
 
@@ -34,7 +31,17 @@ def _digest(lengths: np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def shard_identity(shard: Shard, lengths: np.ndarray | None = None) -> dict[str, Any]:
+class _Identified(Protocol):
+    """What :func:`shard_identity` reads of a :class:`~lightning_varbatch.sources.shards.Shard`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def num_rows(self) -> int: ...
+    def lengths(self) -> np.ndarray: ...
+
+
+def shard_identity(shard: _Identified, lengths: np.ndarray | None = None) -> dict[str, Any]:
     """What identifies a shard's content for a resume, wherever the shard lies.
 
     ``file``: its ``content_name`` (the file's name without its folder; a shard without one

@@ -135,7 +135,7 @@ class _BlockShard(_FileShard):
             table = self._table()
         except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
             raise self._corrupt(error, f"reading columns {list(self.columns)}") from None
-        return {"lengths": column_lengths(table, _spec(self.columns), self._where())}
+        return {"lengths": column_lengths(table, _spec(self.columns), self._where(), shard=True)}
 
     def _read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
         """The items of ``rows``, reading only the blocks that hold them."""

@@ -140,7 +140,7 @@ class CachedShard:
 
     def _where(self) -> str:
         """How messages about the lengths name the shard."""
-        return f"columns ({self.name})"
+        return f"columns (shard {self.name})"
 
     def _known_rows(self) -> int | None:
         """The rows the shard's metadata gives (``None``: known from the index only)."""

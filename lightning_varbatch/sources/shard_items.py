@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner.lengths import as_int_lengths
+from lightning_varbatch.sources.arrow_lengths import STREAM_TEXT_FIX, is_list_type
 
 __all__ = ["lengths_array", "numpy_fields", "row_lengths", "table_items"]
 
@@ -32,26 +33,31 @@ def _length_of(value: Any, column: str, where: str, row: int) -> int:
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
         return int(value)
     if value is None:
-        raise ValueError(
+        raise SettingValueError(
             f"{where}: row {row} has a null {column!r}, not a length or token ids; every "
-            "example needs a length: fill or filter that row out of the shard."
+            "example needs a length: fill or filter that row out of the shard.",
+            setting="columns",
+            value=column,
         )
     if isinstance(value, (list, tuple, np.ndarray)):
         first = value[0] if len(value) else 0
         bad = isinstance(first, (bool, np.bool_)) or not isinstance(first, (int, np.integer))
         if bad or (isinstance(value, list) and None in value):
-            shown = "a null" if first is not None and None in list(value) else repr(first)
-            raise TypeError(
+            shown = "a null token id" if None in list(value) else repr(first)
+            raise SettingTypeError(
                 f"{where}: row {row} field {column!r} is a list holding {shown}, not token ids "
                 "(integers): write integer token ids (tokenize text first), or name a length "
-                "or token-id field in columns."
+                "or token-id field in columns.",
+                setting="columns",
+                value=column,
             )
         return len(value)
     if isinstance(value, str):
-        raise TypeError(
+        raise SettingTypeError(
             f"{where}: row {row} field {column!r} is text ({value[:30]!r}), not token ids or a "
-            "length: tokenize it first (write the token ids), or name a length or token-id "
-            "field in columns."
+            f"length: {STREAM_TEXT_FIX}.",
+            setting="columns",
+            value=column,
         )
     raise TypeError(
         f"{where}: row {row} field {column!r} is {type(value).__name__}, not a length (int) or "
@@ -65,10 +71,11 @@ def row_lengths(
     """Per-item lengths of python items (dicts): an int field as it is, a list field's len.
 
     Raises:
-        ValueError: when an item lacks a named field (its fields are listed) or it is null;
-            the row is named.
-        TypeError: when a named field is neither an int nor a list/array of integers (text,
-            floats); the row is named.
+        SettingValueError: when an item lacks a named field (its fields are listed) or it is
+            null; the row is named, ``.setting`` is ``columns``.
+        SettingTypeError: when a named field is text or a list holding anything but integer
+            token ids (a null, floats); the row is named, ``.setting`` is ``columns``.
+        TypeError: for a field of another type (neither an int nor a list).
 
     Example:
         >>> row_lengths([{"ids": [1, 2], "n": 5}], ("ids", "n"), "shard")
@@ -136,9 +143,8 @@ def table_items(table: Any) -> list[dict[str, Any]]:
         col = table.column(name)
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         kind = arr.type
-        listy = pa.types.is_list(kind) or pa.types.is_large_list(kind)
-        listy = listy or pa.types.is_fixed_size_list(kind)
-        if listy and arr.null_count == 0 and pa.types.is_primitive(kind.value_type):
+        plain = is_list_type(kind) and not arr.null_count and pa.types.is_primitive(kind.value_type)
+        if plain and arr.flatten().null_count == 0:  # a null stays None, not NaN
             values = arr.flatten().to_numpy(zero_copy_only=False)
             sizes = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
             columns[name] = np.split(values, np.cumsum(sizes)[:-1]) if len(arr) else []

@@ -37,6 +37,7 @@ AREAS = (
     "DataModule",
     "mixing/DataSource",
     "plan CLI",
+    "examples",
     "callbacks",
     "memory tools",
     "strategies",

@@ -95,6 +95,11 @@ def _null_row(tmp: Path) -> None:
     _drain(ds, np.array([2, 1]))
 
 
+def _null_inside(tmp: Path) -> None:
+    ds = datasets.Dataset.from_dict({"tokens": [[1, 2], [3], [4, None]]})
+    _drain(ds, np.array([2, 1, 2]), check_first_items=False)
+
+
 def _float_ids(tmp: Path) -> None:
     ds = datasets.Dataset.from_dict({"tokens": [[1.5, 2.0], [3.0]]})
     _drain(ds, np.array([2, 1]), check_first_items=False)
@@ -167,7 +172,8 @@ CASES: list[Case] = [
         "text",
         "tokenized_lengths",
         fix_in=LENGTHS,
-        raises=TypeError,
+        raises=SettingTypeError,
+        setting="train_lengths",
     ),
     error(
         "hf-column-float",
@@ -199,7 +205,8 @@ CASES: list[Case] = [
         "null",
         "row 1",
         fix_in=LENGTHS,
-        raises=ValueError,
+        raises=SettingValueError,
+        setting="train_lengths",
     ),
     error(
         "hf-column-null-list",
@@ -207,9 +214,25 @@ CASES: list[Case] = [
         "a token-id column with a null row",
         lambda tmp: _lengths("x", _ds(x=[[1], None, [2], [3]])),
         "'x'",
-        "null",
+        "row 1",
+        "is null",
         fix_in=LENGTHS,
-        raises=ValueError,
+        raises=SettingValueError,
+        setting="train_lengths",
+    ),
+    error(
+        "hf-column-null-inside-list",
+        AREA,
+        "a token-id column with a null token id inside row 2",
+        lambda tmp: _lengths("x", _ds(x=[[1], [2], [3, None], [4]])),
+        "'x'",
+        "row 2",
+        "null token id",
+        "ds.filter",
+        fix_in=LENGTHS,
+        raises=SettingTypeError,
+        setting="train_lengths",
+        not_blame=("row 0",),
     ),
     error(
         "hf-column-zeros",
@@ -394,9 +417,21 @@ CASES: list[Case] = [
         _null_row,
         "tokens",
         "item 1",
-        "null",
+        "is null",
         raises=ValueError,
         fix_in=COLLATE,
+    ),
+    error(
+        "hf-batch-null-inside",
+        AREA,
+        "a null token id inside row 2 of an Arrow token column (lengths given as an array)",
+        _null_inside,
+        "tokens",
+        "dataset item 2",
+        "null token id",
+        raises=TypeError,
+        fix_in="lightning_varbatch/data/ragged.py",
+        not_blame=("item 0",),
     ),
     error(
         "hf-batch-float-ids",

@@ -19,7 +19,7 @@ from tests.bad_inputs.families import int_family
 
 CONFIG = "lightning_varbatch/planner/warmup_plan.py"
 WARMUP = "lightning_varbatch/planner/length_warmup.py"
-L = np.array([3, 5, 2, 7, 4, 6, 1, 8])
+L = np.array([3, 5, 2, 7, 4, 6, 1, 12])  # the longest above the default minimum, 8
 
 
 def _config(name: str) -> Any:

@@ -25,7 +25,7 @@ from lightning_varbatch import (
     token_budget_dataloader,
 )
 from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
-from tests.bad_inputs.case import Case, error
+from tests.bad_inputs.case import Case, accepted, error
 
 PAIRING = "lightning_varbatch/data/pairing.py"
 DM = "lightning_varbatch/data/datamodule.py"
@@ -70,6 +70,32 @@ def _stream_resume_other_shards(tmp: Path) -> None:
     StreamingDataModule(shards_from_files(tmp / "b", "tokens", cache_dir=None), 16).check_state(
         state
     )
+
+
+#: The map-style DataModule's settings a stream refuses, each at its default value.
+DEFAULTS: dict[str, Any] = {
+    "train_lengths": None,
+    "train_loss_lengths": None,
+    "mixing": "per_step",
+    "weights": "size",
+    "temperature": 1.0,
+    "steps_per_epoch": None,
+}
+
+
+def _defaults_everywhere(tmp: Path) -> None:
+    stream = StreamingDataModule(_shards(tmp), 16, **DEFAULTS)
+    assert sum(int(b["nexamples"]) for b in stream.train_dataloader()) == len(LENGTHS)
+    mapped = {**DEFAULTS, "train_lengths": LENGTHS}
+    dm = TokenBudgetDataModule(ITEMS, **mapped, max_tokens=16)
+    assert sum(int(b["nexamples"]) for b in dm.train_dataloader()) == len(LENGTHS)
+
+
+def _stream_fixed_shares(tmp: Path) -> None:
+    dm = StreamingDataModule(_shards(tmp), 32, rank_shares=[1.0, 0.5])
+    plan = dm.check(world_size=2)["train"]  # the first window's plan (here every example)
+    assert plan.rank_budget is not None and plan.rank_budget.tolist() == [32, 16]
+    assert sorted(plan.order.tolist()) == list(range(len(LENGTHS))) and not plan.num_duplicated
 
 
 CASES: list[Case] = [
@@ -225,6 +251,38 @@ CASES: list[Case] = [
         "max_steps",
         raises=SettingValueError,
         setting="steps_per_epoch",
+        fix_in=STREAM_DM,
+    ),
+    accepted(
+        "contract-stream-map-style-settings-at-defaults",
+        "DataModule",
+        "a shared config: StreamingDataModule(source, 16, train_lengths=None, "
+        "train_loss_lengths=None, mixing='per_step', weights='size', temperature=1.0, "
+        "steps_per_epoch=None), and the same to TokenBudgetDataModule",
+        _defaults_everywhere,
+        fix_in="lightning_varbatch/data/datamodule_settings.py",
+    ),
+    error(
+        "contract-stream-set_rank_shares",
+        "DataModule",
+        "StreamingDataModule(source, 16, rank_shares=[1.0, 0.5]).set_rank_shares([1.0, 1.0])",
+        lambda tmp: StreamingDataModule(_shards(tmp), 16, rank_shares=[1.0, 0.5]).set_rank_shares(
+            [1.0, 1.0]
+        ),
+        "cannot change rank shares during a run",
+        "window by window",
+        "rank_shares=[...]",
+        "TokenBudgetDataModule",
+        raises=SettingValueError,
+        setting="rank_shares",
+        fix_in=STREAM_DM,
+    ),
+    accepted(
+        "contract-stream-fixed-rank-shares",
+        "DataModule",
+        "StreamingDataModule(source, 32, rank_shares=[1.0, 0.5]) on 2 ranks",
+        _stream_fixed_shares,
+        note="accepted: budgets 32 and 16, every example once",
         fix_in=STREAM_DM,
     ),
     error(

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lightning_varbatch import StreamingBatches, shards_from_files
-from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
+from lightning_varbatch.errors import ResumeMismatchError, SettingTypeError, SettingValueError
 from lightning_varbatch.sources.tokenized_lengths import LengthCacheWarning
 from tests.bad_inputs.case import Case, accepted, error
 
@@ -33,6 +33,7 @@ INDEX = "lightning_varbatch/sources/shard_index.py"
 SHARDS = "lightning_varbatch/sources/shards.py"
 HF = "lightning_varbatch/sources/hf_iterable.py"
 STREAM = "lightning_varbatch/data/streaming.py"
+LENGTHS = "lightning_varbatch/sources/arrow_lengths.py"
 WINDOWS = "lightning_varbatch/planner/windows.py"
 
 ROWS = [[1 + (i * 7) % 11] * (1 + (i * 5) % 9) for i in range(40)]  # lengths 1..9
@@ -115,6 +116,30 @@ def _hf_damaged(tmp: Path) -> None:
     files = [str(p) for p in paths]
     ds = datasets.load_dataset("parquet", data_files=files, split="train", streaming=True)
     shards_from_hf_iterable(ds, "tokens", cache_dir=None)
+
+
+def _hf_text(tokenize: bool) -> Any:
+    """A streaming HF dataset of text; with ``tokenize``, the fix its error gives (ds.map)."""
+
+    def run(tmp: Path) -> None:
+        import datasets
+
+        from lightning_varbatch.sources.hf_iterable import shards_from_hf_iterable
+
+        pq.write_table(pa.table({"text": ["a b c", "d", "e f"]}), tmp / "text.parquet")
+        ds = datasets.load_dataset("parquet", data_files=str(tmp / "text.parquet"), streaming=True)
+        ds = ds["train"]
+        if not tokenize:
+            shards_from_hf_iterable(ds, "text", cache_dir=None)
+            return
+        words = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "f": 6}
+        ids = ds.map(lambda b: {"input_ids": [[words[w] for w in t.split()] for t in b["text"]]},
+                     batched=True)  # fmt: skip
+        source = shards_from_hf_iterable(ids, "input_ids", cache_dir=None)
+        batches = list(StreamingBatches(source, 8, rank=0, world_size=1))
+        assert sum(int(b["nexamples"]) for b in batches) == 3
+
+    return run
 
 
 def _over_budget(tmp: Path) -> None:
@@ -260,8 +285,9 @@ CASES: list[Case] = [
         "bad.jsonl",
         "row 2",
         "null",
-        raises=ValueError,
-        fix_in=INDEX,
+        raises=SettingValueError,
+        setting="columns",
+        fix_in="lightning_varbatch/sources/shard_items.py",
     ),
     error(
         "streaming-shard-null-row-parquet",
@@ -270,9 +296,24 @@ CASES: list[Case] = [
         _bad_row("parquet", None),
         "bad.parquet",
         "row 2",
-        "null",
-        raises=ValueError,
-        fix_in=FILES,
+        "is null",
+        raises=SettingValueError,
+        setting="columns",
+        fix_in=LENGTHS,
+    ),
+    error(
+        "streaming-shard-token-null-inside-parquet",
+        AREA,
+        "a parquet shard with a null inside row 2's token ids",
+        _bad_row("parquet", [1, None, 3]),
+        "shard",
+        "bad.parquet",
+        "row 2",
+        "null token id",
+        raises=SettingTypeError,
+        setting="columns",
+        fix_in=LENGTHS,
+        not_blame=("float64",),
     ),
     error(
         "streaming-shard-text-row",
@@ -282,9 +323,12 @@ CASES: list[Case] = [
         "bad.jsonl",
         "row 2",
         "text",
-        "tokenize",
-        raises=TypeError,
-        fix_in=INDEX,
+        "token-id column",
+        "ds.map",
+        raises=SettingTypeError,
+        setting="columns",
+        fix_in="lightning_varbatch/sources/shard_items.py",
+        not_blame=("tokenized_lengths",),
     ),
     error(
         "streaming-shard-text-column",
@@ -293,9 +337,12 @@ CASES: list[Case] = [
         _text_column,
         "text.parquet",
         "holds text",
-        "tokenize",
-        raises=TypeError,
-        fix_in=FILES,
+        "token-id column",
+        "ds.map",
+        raises=SettingTypeError,
+        setting="columns",
+        fix_in=LENGTHS,
+        not_blame=("tokenized_lengths",),
     ),
     error(
         "streaming-shard-float-ids",
@@ -306,8 +353,9 @@ CASES: list[Case] = [
         "row 2",
         "1.5",
         "integer",
-        raises=TypeError,
-        fix_in=INDEX,
+        raises=SettingTypeError,
+        setting="columns",
+        fix_in="lightning_varbatch/sources/shard_items.py",
     ),
     error(
         "streaming-shard-token-null-inside",
@@ -316,9 +364,10 @@ CASES: list[Case] = [
         _bad_row("jsonl", [1, None, 3]),
         "bad.jsonl",
         "row 2",
-        "null",
-        raises=TypeError,
-        fix_in=INDEX,
+        "null token id",
+        raises=SettingTypeError,
+        setting="columns",
+        fix_in="lightning_varbatch/sources/shard_items.py",
     ),
     error(
         "streaming-shard-hf-damaged",
@@ -330,6 +379,27 @@ CASES: list[Case] = [
         "data_files",
         raises=ValueError,
         fix_in=HF,
+    ),
+    error(
+        "streaming-shard-hf-text",
+        AREA,
+        "a streaming HF dataset whose column holds text",
+        _hf_text(tokenize=False),
+        "row 0",
+        "text",
+        "token-id column",
+        "ds.map",
+        raises=SettingTypeError,
+        setting="columns",
+        fix_in="lightning_varbatch/sources/shard_items.py",
+        not_blame=("tokenized_lengths",),
+    ),
+    accepted(
+        "streaming-shard-hf-text-tokenized",
+        AREA,
+        "the same text tokenized with ds.map, as the error advises, then streamed",
+        _hf_text(tokenize=True),
+        fix_in="lightning_varbatch/sources/shard_items.py",
     ),
     error(
         "streaming-shard-row-over-budget",

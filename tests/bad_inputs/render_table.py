@@ -45,8 +45,9 @@ fails as *silent*, one that runs over the time limit fails as a *hang*. An "acce
 must run without an error, and its callable checks the result (every example exactly once,
 the right rank, the figure where the CLI says it wrote it). A numeric setting of a public
 class without its family of cases (0, negative, float, bool, str, NaN, inf, None, numpy)
-fails a test, so new settings cannot slip past the catalogue. The translation example's
-Hydra settings are catalogued separately, in `tests/examples/`.
+fails a test, so new settings cannot slip past the catalogue. The examples' own checks of
+their Hydra settings are tested in `tests/examples/`; the `examples` rows here are library
+errors an example names by the Hydra key the user overrode (`data.rank_shares`).
 
 ## Adding a case
 

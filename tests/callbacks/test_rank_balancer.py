@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 
-import lightning_varbatch.callbacks.rank_balancer as rank_balancer
+import lightning_varbatch.callbacks.compute_clock as compute_clock
 from lightning_varbatch import TokenBudgetBatchSampler, token_budget_dataloader
-from lightning_varbatch.callbacks import RankShareBalancer
+from lightning_varbatch.callbacks.rank_balancer import RankShareBalancer
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from tests.callbacks._common import FakeClock, RecordingLogger
 from tests.launch import launch
@@ -87,7 +87,7 @@ def test_bad_settings_name_the_setting(
 def test_one_process_measures_planned_cost_per_forward_second(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(rank_balancer, "perf_counter", FakeClock())  # every interval: 10 s
+    monkeypatch.setattr(compute_clock, "perf_counter", FakeClock())  # every interval: 10 s
     sampler = TokenBudgetBatchSampler(LENGTHS, 12, rank=0, world_size=1, seed=0)
     balancer = RankShareBalancer(warmup_steps=2)
     logger = fit(TokenModule(sampler), [balancer], max_epochs=1, accumulate_grad_batches=2)
@@ -107,31 +107,10 @@ def test_one_process_measures_planned_cost_per_forward_second(
 def test_batch_tokens_without_a_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.callbacks._common import Module, micro_batches
 
-    monkeypatch.setattr(rank_balancer, "perf_counter", FakeClock())
+    monkeypatch.setattr(compute_clock, "perf_counter", FakeClock())
     balancer = RankShareBalancer(warmup_steps=0)
     fit(Module(micro_batches([[30], [20], [50]])), [balancer], max_epochs=1)
     assert balancer.last_period == {"seconds": 30.0, "work": 100.0, "micro_batches": 3.0}
-
-
-class ShareChange(Callback):
-    """Halve rank 1's share of a 2-rank plan at the end of epoch 0 (run on rank 0 alone)."""
-
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if trainer.current_epoch == 0:
-            trainer.train_dataloader.batch_sampler.set_rank_shares([1.0, 0.5])  # type: ignore[union-attr]
-
-
-def test_every_example_of_a_longer_epoch_is_trained() -> None:
-    # Rank 0's view of a 2-rank plan: new shares give the next epoch more micro-batches per
-    # rank than the first. Lightning, which reads the loader's length once per fit, would cut
-    # the epoch at the first epoch's length; the balancer makes it follow.
-    sampler = TokenBudgetBatchSampler(LENGTHS, 12, rank=0, world_size=2, seed=0)
-    first = len(sampler)
-    module = TokenModule(sampler)
-    fit(module, [ShareChange(), RankShareBalancer()], max_epochs=2)
-    assert len(sampler) > first
-    assert sorted(module.trained[1]) == sorted(sampler.plan.example_ids(0).tolist())
-    assert len(module.trained[0]) == len(sampler.planner.plan(0, 2).example_ids(0))
 
 
 def test_state_dict_round_trip_and_strict_keys() -> None:
@@ -194,11 +173,13 @@ def test_two_ranks_balance_towards_the_speed_ratio(
         assert r["state"]["shares"] == r["history"][-1]["shares"]
     # Rank 0 logged the balancer's and the monitor's per-rank figures; rank 1 logged nothing.
     logged = {k for _, m in first["logged"] for k in m}
-    for key in ("share", "speed", "tokens_per_sec"):
+    # The balancer logs the shares it set for the next period, the monitor those in force.
+    for key in ("next_share", "share", "speed", "tokens_per_sec"):
         assert {f"train/rank/0/{key}", f"train/rank/1/{key}"} <= logged
     assert second["logged"] == []
-    last_share = [m["train/rank/1/share"] for _, m in first["logged"] if "train/rank/1/speed" in m]
-    assert last_share == ones
+    set_at = [m for _, m in first["logged"] if "train/rank/1/speed" in m]
+    assert [m["train/rank/1/next_share"] for m in set_at] == ones
+    assert not any("train/rank/1/share" in m for m in set_at)  # not the monitor's key
 
 
 class FakeTarget:
@@ -259,8 +240,8 @@ def test_epoch_end_sets_the_same_shares_from_the_gathered_numbers(on_datamodule:
         (
             39,
             {
-                "train/rank/0/share": 1.0,
-                "train/rank/1/share": 0.5,
+                "train/rank/0/next_share": 1.0,
+                "train/rank/1/next_share": 0.5,
                 "train/rank/0/speed": 100.0,
                 "train/rank/1/speed": 50.0,
             },

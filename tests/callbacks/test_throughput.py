@@ -21,7 +21,8 @@ def test_exact_metrics_with_accumulation(monkeypatch: pytest.MonkeyPatch) -> Non
     trainer, logger = fit(module, [monitor], max_steps=3, accumulate=2)
 
     # Clock: micro-batch i starts at 10(2i+1) and ends at 10(2i+2). Step 0's window opens at the
-    # first start (10) and closes at 40; later windows are 40 s long. Busy time 20 s per step.
+    # first start (10) and closes at 40; later windows are 40 s long. One rank: its compute
+    # time (tests/callbacks/test_throughput_ranks.py) is the mean, step_time_imbalance 1.
     elapsed = [30.0, 40.0, 40.0]
     total = 0.0
     for k, (step, wall) in enumerate(zip(steps, elapsed, strict=True)):

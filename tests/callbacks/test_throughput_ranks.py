@@ -1,4 +1,4 @@
-"""TokenThroughputMonitor's per-rank figures: tokens/s of each rank and the shares in force.
+"""TokenThroughputMonitor's per-rank figures: tokens/s, shares in force, own compute time.
 
 One process with the strategy's all-gather replaced by one that adds a second rank carrying
 half of rank 0's counts (and times), so the exact logged values are known.
@@ -6,6 +6,7 @@ half of rank 0's counts (and times), so the exact logged values are known.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -13,8 +14,10 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader, Dataset
 
+import lightning_varbatch.callbacks.compute_clock as compute_clock
 import lightning_varbatch.callbacks.throughput as throughput
 from lightning_varbatch.callbacks import TokenThroughputMonitor
+from lightning_varbatch.callbacks.compute_clock import ComputeClock
 from lightning_varbatch.callbacks.throughput import rank_metrics
 from lightning_varbatch.callbacks.throughput_window import RankWindow
 from tests.callbacks._common import FakeClock, Module, RecordingLogger, micro_batches
@@ -23,8 +26,15 @@ from tests.callbacks._common import FakeClock, Module, RecordingLogger, micro_ba
 class TwoRanks(Callback):
     """Make the strategy's all_gather return this rank's vector and half of it as rank 1's."""
 
+    def __init__(self) -> None:
+        self.sent: list[RankWindow] = []  # this rank's windows, as gathered
+
+    def gather(self, t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        self.sent.append(RankWindow.from_vector(t.tolist()))
+        return torch.stack([t, t * 0.5])
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        trainer.strategy.all_gather = lambda t, *a, **k: torch.stack([t, t * 0.5])  # type: ignore[method-assign]
+        trainer.strategy.all_gather = self.gather  # type: ignore[method-assign,assignment]
 
 
 class Batches(Dataset[Any]):
@@ -66,13 +76,15 @@ class SamplerModule(Module):
         )
 
 
-def fit(module: Module, monitor: TokenThroughputMonitor) -> RecordingLogger:
+def fit(
+    module: Module, monitor: TokenThroughputMonitor, ranks: TwoRanks | None = None
+) -> RecordingLogger:
     logger = RecordingLogger()
     trainer = Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=2,
-        callbacks=[TwoRanks(), monitor],
+        callbacks=[ranks or TwoRanks(), monitor],
         logger=logger,
         log_every_n_steps=1,
         use_distributed_sampler=False,
@@ -103,6 +115,7 @@ def test_per_rank_tokens_per_sec_and_shares(
         assert logged["train/rank/0/tokens_per_sec"] + logged[
             "train/rank/1/tokens_per_sec"
         ] == pytest.approx(logged["train/tokens_per_sec"])
+        assert logged["train/step_time_imbalance"] == pytest.approx(1.0 / 0.75)
         if shares is None:
             assert not any(key.endswith("/share") for key in logged)
         else:
@@ -118,3 +131,76 @@ def test_rank_metrics_single_rank_and_mismatched_shares() -> None:
         "train/rank/0/tokens_per_sec": 5.0,
         "train/rank/1/tokens_per_sec": 5.0,
     }
+
+
+class Clock:
+    """A clock that moves only when the model says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedModule(Module):
+    """Each forward takes 3 s; each backward 100 s (with DDP, the gradient all-reduce's wait)."""
+
+    def __init__(self, batches: list[Any], clock: Clock) -> None:
+        super().__init__(batches)
+        self.clock = clock
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        self.clock.now += 3.0
+        return super().training_step(batch, batch_idx)
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self.clock.now += 100.0
+        super().backward(loss, *args, **kwargs)
+
+
+def test_compute_time_is_the_forward_before_the_backward(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(throughput, "perf_counter", clock)
+    monkeypatch.setattr(compute_clock, "perf_counter", clock)
+    ranks = TwoRanks()
+    logger = fit(TimedModule(micro_batches([[30], [60]]), clock), TokenThroughputMonitor(), ranks)
+    # Each window: one micro-batch of 3 s forward and 100 s backward; rank 1 half of each.
+    # (The last gather is the run's counts when training ends, without times.)
+    assert [(w.compute, w.elapsed) for w in ranks.sent] == [(3.0, 103.0), (3.0, 103.0), (0, 0)]
+    for _, logged in logger.calls:
+        assert logged["train/step_time"] == 103.0
+        assert logged["train/step_time_imbalance"] == pytest.approx(3.0 / 2.25)
+
+
+class FakeEvent:
+    """A CUDA event on a fake device timeline (``FakeEvent.now``, seconds)."""
+
+    now = 0.0
+
+    def __init__(self, enable_timing: bool) -> None:
+        self.at = math.nan
+
+    def record(self) -> None:
+        self.at = FakeEvent.now
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return (end.at - self.at) * 1000.0  # milliseconds, as torch's
+
+
+def test_on_a_gpu_the_compute_is_read_from_events_once_per_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    synced: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", synced.append)
+    clock = ComputeClock(torch.device("cuda", 0))
+    for forward in (2.0, 3.0):
+        start = clock.mark()
+        FakeEvent.now += forward
+        assert clock.interval(start, clock.mark()) == 0.0  # no synchronize per micro-batch
+        FakeEvent.now += 50.0  # the backward, not timed
+    assert synced == []
+    assert clock.collect() == 5.0
+    assert synced == [torch.device("cuda", 0)]
+    assert clock.collect() == 0.0

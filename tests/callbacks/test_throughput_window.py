@@ -40,6 +40,19 @@ def test_global_figures_use_every_rank_and_the_slowest_wall_time() -> None:
     assert m["train/mfu"] == pytest.approx(6.0 * 120.0 / 3 / 100.0)
 
 
+def test_step_time_imbalance_is_over_the_ranks_own_compute_not_their_wall_time() -> None:
+    # Under DDP every rank's window lasts as long as the slowest rank's: only the compute
+    # before the gradient sync tells a rank twice as slow (2 s against 1 s) from its peer.
+    fast = RankWindow(tokens=10, compute=1.0, elapsed=5.0)
+    slow = RankWindow(tokens=10, compute=2.0, elapsed=5.0)
+    m = window_metrics([fast, slow], steps=1)
+    assert m["train/step_time_imbalance"] == pytest.approx(2.0 / 1.5)
+    assert m["train/imbalance"] == 1.0
+    assert window_metrics([slow], steps=1)["train/step_time_imbalance"] == 1.0
+    # No rank timed a forward (no backward through Lightning): not a number, never a fake 1.
+    assert math.isnan(window_metrics([RankWindow(), RankWindow()], 1)["train/step_time_imbalance"])
+
+
 def test_padding_metrics_skipped_when_any_rank_lacks_them() -> None:
     ws = windows()
     ws[1].no_padding = 1.0
@@ -70,7 +83,7 @@ def test_the_maths_imports_and_runs_without_torch_or_lightning() -> None:
     code = (
         "from lightning_varbatch.callbacks.throughput_window import RankWindow, window_metrics\n"
         "import lightning_varbatch.callbacks as callbacks\n"
-        "w = RankWindow(tokens=300, examples=6, real=500, padded=1000, busy=2.0, elapsed=4.0)\n"
+        "w = RankWindow(tokens=300, examples=6, real=500, padded=1000, compute=2.0, elapsed=4.0)\n"
         "print(window_metrics([w], steps=2)['train/tokens_per_sec'])\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & BLOCKED))\n"
         "callbacks.TokenThroughputMonitor\n"
@@ -113,4 +126,4 @@ def test_add_counts_keeps_times_and_datasets_out() -> None:
     for w in windows():
         run.add_counts(w)
     assert (run.tokens, run.examples, run.real, run.padded) == (1200.0, 24.0, 1800.0, 3000.0)
-    assert (run.busy, run.elapsed, run.dataset_tokens) == (0.0, 0.0, [])
+    assert (run.compute, run.elapsed, run.dataset_tokens) == (0.0, 0.0, [])

@@ -86,6 +86,10 @@ BAD = [
         "data.length_warmup=10 data.length_warmup_min=64 data.length_warmup_max=32",
         "data.length_warmup_min=64 is above data.length_warmup_max=32",
     ),
+    (  # the minimum left null is the planner's default, named as the user wrote it
+        "data.length_warmup=10 data.length_warmup_max=4",
+        "data.length_warmup_min (null: the default, 8) is above data.length_warmup_max=4",
+    ),
     ("data.length_warmup_schedule=root", "given without data.length_warmup"),
 ]
 

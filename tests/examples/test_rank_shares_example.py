@@ -25,6 +25,7 @@ from examples.lm.train import CONF_DIR as LM_CONF
 from examples.translation.checks import check_config as check_translation
 from examples.translation.datamodule import build_datamodule as build_translation
 from examples.translation.train import CONF_DIR as TRANSLATION_CONF
+from lightning_varbatch import SettingValueError
 
 TRANSLATION = ["data.num_pairs=600", "data.valid=40", "data.test=0", "data.vocab_size=300"]
 LM = ["data.num_docs=300", "data.valid=30", "data.vocab_size=300", "data.max_length=64"]
@@ -139,7 +140,37 @@ def test_shares_on_one_device_are_refused(example: str) -> None:
     check(make(conf, *small, "trainer.devices=1", "trainer.num_nodes=2", "data.rank_shares=[1,2]"))
 
 
-def test_translation_refuses_shares_with_a_stream() -> None:
-    cfg = make(TRANSLATION_CONF, *MIXED, "data.stream=true")
-    with pytest.raises(ConfigError, match=re.escape("cannot be used with data.stream=true")):
-        check_translation(cfg)
+def test_translation_streams_with_fixed_shares_and_refuses_the_balancer(tmp_path: Path) -> None:
+    """Fixed shares work in a stream (docs/mixed-clusters.md); shares changed at run time do not."""
+    cfg = make(TRANSLATION_CONF, *TRANSLATION, *MIXED, "data.stream=true", f"output_dir={tmp_path}")
+    check_translation(cfg)
+    dm, _, _ = build_translation(cfg, tmp_path)
+    config = dm.planner("train").config
+    assert (tuple(config.rank_shares), tuple(config.rank_max_tokens)) == ((1.0, 0.5), (4096, 3000))
+    with pytest.raises(SettingValueError, match="cannot change rank shares") as refused:
+        dm.set_rank_shares([1.0, 1.0])
+    assert refused.value.setting == "rank_shares"
+    with pytest.raises(ConfigError, match=re.escape("rank_balance.enabled=true cannot balance")):
+        check_translation(make(TRANSLATION_CONF, *MIXED, *BALANCE, "data.stream=true"))
+
+
+#: Per-rank budgets the data cannot meet, found when the splits are planned: named by their key.
+PLANNED = [
+    ("data.rank_shares=[1.0,0.01]", "data.rank_shares=[1.0, 0.01]: Rank 1's micro-batch budget"),
+    ("data.rank_max_tokens=[256,30]", "data.rank_max_tokens=[256, 30]: "),
+]
+
+
+@pytest.mark.parametrize(("override", "message"), PLANNED, ids=[p[0] for p in PLANNED])
+@pytest.mark.parametrize("example", ["translation", "translation-stream", "lm"])
+def test_a_rank_budget_the_data_cannot_meet_names_its_key(
+    example: str, override: str, message: str, tmp_path: Path
+) -> None:
+    conf, small, check = EXAMPLES[example.split("-")[0]]
+    extra = ["data.stream=true"] if example.endswith("stream") else []
+    cfg = make(conf, *small, *extra, "data.max_tokens=256", "trainer.devices=2", override)
+    check(cfg)
+    with pytest.raises(ConfigError) as info:
+        build_lm(cfg) if example == "lm" else build_translation(cfg, tmp_path)
+    assert str(info.value).startswith(message), str(info.value)
+    assert "Raise data.max_tokens" not in str(info.value)  # the budget is not at fault

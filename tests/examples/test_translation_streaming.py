@@ -158,14 +158,17 @@ def test_single_process_streams_reuses_and_resumes(tmp_path: Path) -> None:
 
 
 @pytest.mark.multiprocess
-def test_two_process_ddp_streams_to_the_same_step(tmp_path: Path) -> None:
-    """Rank 0 writes <output_dir>/shards while rank 1 waits; both end on the same step."""
+@pytest.mark.parametrize("shares", [(), ("data.rank_shares=[1.0,0.5]",)], ids=["equal", "shares"])
+def test_two_process_ddp_streams_to_the_same_step(shares: tuple[str, ...], tmp_path: Path) -> None:
+    """Rank 0 writes <output_dir>/shards while rank 1 waits; both end on the same step (also
+    with fixed shares, which a stream plans every window with)."""
     records = launch(
         "translation_train.py",
         2,
         tmp_path,
         *SMALL,
         *STREAM,
+        *shares,
         "strategy=ddp",
         "trainer.accumulate_grad_batches=2",
         "trainer.max_steps=3",

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.planner import DataSource
 from lightning_varbatch.sources import column_lengths
 from lightning_varbatch.sources.arrow_lengths import (
@@ -136,13 +137,21 @@ def test_a_data_source_reads_its_own_columns() -> None:
 
 
 def test_nulls_the_dataset_filtered_out_are_not_its_rows() -> None:
-    """ds.filter(... is not None), the fix the null message gives, must then be accepted."""
-    ds = datasets.Dataset.from_dict({"ids": [[1, 2], None, [3], None, [4, 5, 6]]})
-    kept = ds.filter(lambda r: r["ids"] is not None)
+    """The filter the null message gives must then be accepted (null rows and null ids)."""
+    ds = datasets.Dataset.from_dict({"ids": [[1, 2], None, [3], [7, None], [4, 5, 6]]})
+    with pytest.raises(SettingValueError, match=r"row 1 of column 'ids' is null") as caught:
+        column_lengths(ds, "ids", "train_lengths")
+    assert caught.value.setting == "train_lengths"
+    fix = "ds = ds.filter(lambda r: r['ids'] is not None and None not in r['ids'])"
+    assert fix in str(caught.value)
+    kept = ds.filter(lambda r: r["ids"] is not None and None not in r["ids"])
     assert column_lengths(kept, "ids").tolist() == [2, 1, 3]
 
 
 def test_a_null_is_named_by_the_datasets_own_row_after_a_select() -> None:
     ds = datasets.Dataset.from_dict({"ids": [[1, 2], None, [3], [4]]}).select([3, 0, 2, 1])
-    with pytest.raises(ValueError, match=r"row 3 of column 'ids' is null \(1 null row"):
+    with pytest.raises(SettingValueError, match=r"row 3 of column 'ids' is null \(1 row"):
         column_lengths(ds, "ids")
+    inside = datasets.Dataset.from_dict({"ids": [[1, 2], [3, None], [4]]}).select([2, 1, 0])
+    with pytest.raises(SettingTypeError, match=r"row 1 of column 'ids' holds a null token id"):
+        column_lengths(inside, "ids")

@@ -65,3 +65,6 @@ def test_table_rows_become_items_and_a_column_with_null_rows_stays_python() -> N
     assert first["ids"].tolist() == [1, 2] and isinstance(first["ids"], np.ndarray)
     assert first["maybe"] == [1, 2] and second["maybe"] is None and second["s"] == "b"
     assert table_items(table.slice(0, 0)) == []
+    # a null token id inside a row stays None (never a float64 NaN the collate misreports)
+    holes = table_items(pa.table({"ids": [[1, 2], [3, None]]}))
+    assert holes[1]["ids"] == [3, None] and holes[0]["ids"] == [1, 2]

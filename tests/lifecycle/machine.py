@@ -1,0 +1,308 @@
+"""The lifecycle model: random runs through build, take, save, change, load, next epoch.
+
+:class:`LifecycleMachine` is a hypothesis ``RuleBasedStateMachine``. It builds a run from the
+whole settings space (:func:`~tests.lifecycle.spec.run_specs`) on one of five front ends
+(:mod:`tests.lifecycle.drivers`), then applies random rules: take micro-batches on every rank,
+save a checkpoint's state, change what a user may change and load it (elastic, shares, per-rank
+budgets, accumulation, a schedule, the data, the seed), change the shares during a fit, finish
+the epoch. Its oracle is its own bookkeeping: the ids every rank ran, counted by the model; the
+cost of every micro-batch, computed from the lengths; the refusals a change must bring.
+
+* every example exactly once per epoch; ``tail="drop"`` never repeats, ``"pad"`` never loses,
+  ``"spread"`` does neither (but where fewer examples are left than a step has micro-batches),
+  and what each did is what the library reports for the epoch;
+* no micro-batch over the budget of its rank at that moment (its memory budget now, and the
+  budget the plan gave it);
+* every rank the same number of micro-batches, always;
+* the optimizer step a micro-batch reports never goes back within an epoch;
+* a change the library cannot honour raises ``ResumeMismatchError`` naming it, before any
+  micro-batch; a change it can is honoured.
+
+``PATHS`` collects every run's path (the rules and their kinds, not their numbers), so a soak
+reports how many distinct paths it explored.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+import numpy as np
+from hypothesis import assume, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from lightning_varbatch.errors import ResumeMismatchError, SettingError
+from tests.lifecycle.drivers import Driver, SamplerDriver, Taken, build
+from tests.lifecycle.spec import HONOURED, RunSpec, changes, micro_batch_cost, run_specs
+
+#: Every explored path: (rule, kind) tuples of one run.
+PATHS: set[tuple[tuple[str, ...], ...]] = set()
+#: Failures seen (by kind of rule that found them), for a soak's report.
+FINDINGS: collections.Counter[str] = collections.Counter()
+
+_BUILD_ERRORS = (SettingError, ValueError, TypeError)
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    """A run of every rank, driven by random rules (see the module docstring)."""
+
+    kinds: tuple[str, ...] = ("sampler", "datamodule", "mixture", "stream", "streaming_dm")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.driver: Driver | None = None
+        self.spec: RunSpec | None = None
+        self.path: list[tuple[str, ...]] = []
+        self.seen: collections.Counter[int] = collections.Counter()
+        self.batches: collections.Counter[int] = collections.Counter()  # per dataset
+        self.saved: tuple[Any, ...] | None = None
+        self.started = False  # whether anything was planned (a first error: an invalid draw)
+        self.loaded = False  # whether this epoch was resumed from a state
+        self.short_remainder = False  # a re-plan had fewer examples than a step's micro-batches
+        self.last_step: list[int] = []
+        self._twin: Driver | None = None
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _take(self, count: int) -> list[list[Taken]]:
+        assert self.driver is not None and self.spec is not None
+        try:
+            got = self.driver.take(count)
+        except ResumeMismatchError:
+            raise
+        except _BUILD_ERRORS as error:
+            if self.started:  # fine only where these settings cannot plan the data at all
+                try:
+                    build(self.spec).take(1)
+                except _BUILD_ERRORS:
+                    note(f"the settings cannot plan the data: {error}")
+                    assume(False)
+                raise
+            note(f"rejected at first plan: {error}")
+            assume(False)
+            raise
+        self.started = True
+        spec = self.spec
+        counts = [len(g) for g in got]
+        assert len(set(counts)) == 1, f"ranks took different numbers of micro-batches: {counts}"
+        for rank, batches in enumerate(got):
+            for t in batches:
+                cost = micro_batch_cost(spec, list(t.ids))
+                limit = spec.memory(rank)
+                assert cost <= limit + 1e-9, (
+                    f"rank {rank} ran a micro-batch of cost {cost} over its memory budget {limit}"
+                )
+                if t.budget is not None:
+                    assert cost <= t.budget + 1e-9, (
+                        f"rank {rank} ran a micro-batch of cost {cost} over its plan's budget "
+                        f"{t.budget}"
+                    )
+                if t.pad is not None:
+                    assert t.pad[0] * t.pad[1] <= spec.max_tokens
+                    assert t.pad[0] >= len(t.ids)
+                if t.step is not None:
+                    assert t.step >= self.last_step[rank], (
+                        f"rank {rank}'s step went back from {self.last_step[rank]} to {t.step} "
+                        "within the epoch"
+                    )
+                    self.last_step[rank] = t.step
+                self.seen.update(t.ids)
+                self.batches[self._part(t.ids[0])] += 1
+        return got
+
+    def _part(self, example: int) -> tuple[int, int]:
+        """The plan ``example`` is in: its dataset, and its window of a stream."""
+        assert self.spec is not None and self.driver is not None
+        ends = np.cumsum([a.shape[0] for a in self.spec.lengths])
+        return int(np.searchsorted(ends, example, side="right")), self.driver.window_of(example)
+
+    def _check_equal_counts(self) -> None:
+        assert self.driver is not None
+        left = self.driver.remaining()
+        if left is not None:
+            assert len(set(left)) == 1, f"ranks have different numbers left: {left}"
+
+    # -- rules ------------------------------------------------------------------------------------
+
+    @initialize(data=st.data())
+    def build_run(self, data: st.DataObject) -> None:
+        spec = data.draw(run_specs(self.kinds), label="spec")
+        try:
+            self.driver = build(spec)
+            self._check_equal_counts()  # plans the epoch where the front end can
+        except _BUILD_ERRORS as error:
+            note(f"rejected at build: {error}")
+            assume(False)
+        self.started = self.driver.remaining() is not None
+        self.spec = spec
+        self.last_step = [0] * spec.world
+        self.path.append(("build", spec.describe()))
+
+    @rule(count=st.integers(1, 7))
+    def take(self, count: int) -> None:
+        self._take(count)
+        self._check_equal_counts()
+        self.path.append(("take",))
+
+    @rule()
+    def save(self) -> None:
+        assert self.driver is not None and self.spec is not None
+        if not self.started:
+            self._take(0)  # plan first: a checkpoint is saved by a running fit
+            self._take(1)
+        state = self.driver.state()
+        self.saved = (
+            state,
+            self.spec,
+            self.driver.epoch,
+            self.driver.trained,
+            collections.Counter(self.seen),
+            list(self.last_step),
+            collections.Counter(self.batches),
+        )
+        self.path.append(("save",))
+
+    @precondition(lambda self: self.saved is not None)
+    @rule(data=st.data())
+    def resume(self, data: st.DataObject) -> None:
+        assert self.saved is not None
+        state, spec, epoch, trained, seen, last_step, batches = self.saved
+        what, new_spec, expected = data.draw(changes(spec), label="change")
+        note(f"resume: {what} -> {expected}")
+        try:
+            driver = build(new_spec)
+        except _BUILD_ERRORS as error:  # the changed settings are invalid on their own
+            note(f"changed settings rejected at build: {error}")
+            return
+        optional = expected.endswith("?")
+        expected = expected.rstrip("?")
+        if optional:  # refused (naming it) or honoured: both keep every guarantee
+            try:
+                build(new_spec).load(state, epoch, trained)
+            except ResumeMismatchError as error:
+                assert expected in error.changed, (what, error.changed)
+                self.path.append(("resume", what, "refused"))
+                return
+        elif expected != HONOURED:
+            try:
+                driver.load(state, epoch, trained)
+                driver.take(1)
+            except ResumeMismatchError as error:
+                assert expected in error.changed, (
+                    f"the refusal of a changed {what} names {error.changed}, not {expected!r}"
+                )
+            else:
+                raise AssertionError(f"a resume with another {what} was not refused")
+            self.path.append(("resume", what, "refused"))
+            return
+        try:
+            driver.load(state, epoch, trained)
+        except ResumeMismatchError:
+            raise
+        except _BUILD_ERRORS as error:  # the new settings cannot serve the data at all?
+            try:
+                build(new_spec).take(1)
+            except _BUILD_ERRORS:
+                note(f"the changed settings cannot plan the data: {error}")
+                return
+            raise
+        self.driver, self.spec = driver, new_spec
+        if data.draw(st.booleans(), label="twin"):  # determinism: a second load runs the same
+            twin = build(new_spec)
+            twin.load(state, epoch, trained)
+            self._twin = twin
+        self.seen, self.last_step = collections.Counter(seen), list(last_step)
+        self.batches = collections.Counter(batches)
+        if new_spec.world != len(self.last_step):
+            top = max(self.last_step, default=0)
+            self.last_step = [top] * new_spec.world
+        self.loaded = True
+        self.started = True
+        multiple = new_spec.world * new_spec.acc
+        sizes = [int(a.shape[0]) for a in spec.lengths]
+        ends = np.cumsum(sizes)
+        for size, end in zip(sizes, ends, strict=True):
+            done = sum(1 for i in self.seen if end - size <= i < end)
+            if 0 < size - done < multiple:
+                self.short_remainder = True
+        self._check_equal_counts()
+        if self._twin is not None:
+            ours = [[t.ids for t in rank] for rank in self._take(3)]
+            theirs = [[t.ids for t in rank] for rank in self._twin.take(3)]
+            assert ours == theirs, "two loads of one state on one spec ran different batches"
+            self._twin = None
+        self.path.append(("resume", what, "honoured"))
+
+    @precondition(
+        lambda self: (
+            self.spec is not None
+            and self.spec.world > 1
+            and self.spec.kind in ("sampler", "datamodule")
+        )
+    )
+    @rule(data=st.data())
+    def set_shares_during_fit(self, data: st.DataObject) -> None:
+        assert isinstance(self.driver, SamplerDriver) and self.spec is not None
+        spec = self.spec
+        longest = max(micro_batch_cost(spec, [i]) for i in range(spec.num_examples))
+        low = min(1.0, longest / spec.max_tokens + 0.05)
+        shares = tuple(data.draw(st.floats(low, 1.0)) for _ in range(spec.world))
+        self.driver.set_rank_shares(shares)
+        self.spec = spec.replace(rank_shares=shares)
+        self._check_equal_counts()
+        self.path.append(("shares",))
+
+    @precondition(lambda self: self.driver is not None and self.driver.epoch < 2)
+    @rule()
+    def finish_epoch(self) -> None:
+        assert self.driver is not None and self.spec is not None
+        while True:
+            got = self._take(50)
+            if not got[0]:
+                break
+        self._check_epoch()
+        try:
+            self.driver.next_epoch()
+            self._check_equal_counts()  # plans the next epoch where the front end can
+        except _BUILD_ERRORS as error:  # e.g. a new world size with too few micro-batches
+            try:
+                build(self.spec).take(1)
+            except _BUILD_ERRORS:
+                note(f"the settings cannot plan the data: {error}")
+                assume(False)
+            raise
+        self.seen, self.batches = collections.Counter(), collections.Counter()
+        self.last_step = [0] * self.spec.world
+        self.loaded = self.short_remainder = False
+        self.saved = None if self.saved is None else self.saved  # an old state may be loaded
+        self.path.append(("epoch",))
+
+    # -- the epoch's oracle ---------------------------------------------------------------------
+
+    def _check_epoch(self) -> None:
+        assert self.spec is not None and self.driver is not None
+        spec = self.spec
+        n = spec.num_examples
+        counts = np.bincount(np.fromiter(self.seen.elements(), dtype=np.int64), minlength=n)
+        missing = int((counts == 0).sum())
+        repeated = int(np.maximum(counts - 1, 0).sum())
+        tail = spec.settings.get("tail", "spread")
+        note(f"epoch end: tail={tail}, missing={missing}, repeated={repeated}")
+        if tail in ("spread", "pad"):
+            assert missing == 0, f"tail={tail!r}: {missing} examples never trained this epoch"
+        # "spread" repeats only where every micro-batch of a dataset holding one example
+        # could not make whole steps: more micro-batches than examples (or a short re-plan)
+        examples = collections.Counter(self._part(i) for i in range(n))
+        crowded = any(self.batches[part] > size for part, size in examples.items())
+        if tail == "drop" or (tail == "spread" and not (self.short_remainder or crowded)):
+            assert repeated == 0, f"tail={tail!r}: {repeated} examples trained twice this epoch"
+        report = self.driver.report()
+        if report is not None:
+            assert report == (missing, repeated), (
+                f"the library reports (dropped, duplicated)={report} for the epoch, the model "
+                f"counted ({missing}, {repeated})"
+            )
+
+    def teardown(self) -> None:
+        PATHS.add(tuple(self.path))

@@ -1,0 +1,39 @@
+"""The lifecycle model in two tiers: a quick one in the inner loop, a soak in the slow tier.
+
+Each tier runs :class:`~tests.lifecycle.machine.LifecycleMachine` (random runs through build,
+take, save, change, load and the next epoch, on every front end) and fails with the shortest
+path hypothesis finds to a lost, repeated or over-budget micro-batch, a change not refused or a
+refusal not named. The soak prints how many distinct paths it explored.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from tests.lifecycle.machine import PATHS, LifecycleMachine
+
+_COMMON = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.filter_too_much],
+    "derandomize": True,
+}
+
+
+def test_lifecycle_quick() -> None:
+    run_state_machine_as_test(
+        LifecycleMachine,
+        settings=settings(max_examples=60, stateful_step_count=12, **_COMMON),
+    )
+
+
+@pytest.mark.slow
+def test_lifecycle_soak(capsys: pytest.CaptureFixture[str]) -> None:
+    PATHS.clear()
+    run_state_machine_as_test(
+        LifecycleMachine,
+        settings=settings(max_examples=600, stateful_step_count=25, **_COMMON),
+    )
+    with capsys.disabled():
+        print(f"\nlifecycle soak: {len(PATHS)} distinct paths")
