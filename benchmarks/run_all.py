@@ -13,6 +13,7 @@ Run from the repository root (venv active)::
     python -m benchmarks --only compile_shapes  # issue 17 (~8 min, inductor; quick ~20 s)
     python -m benchmarks --only training_peers  # issue 25 (~7 min quiet; peers: the bench extra)
     python -m benchmarks --only length_warmup   # issue 24's planner figures
+    python -m benchmarks --only remainder_guard # issue 31: what the resume check costs
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
 own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
@@ -46,6 +47,7 @@ BENCHMARKS = (
     "compile_shapes",
     "training_peers",
     "length_warmup",
+    "remainder_guard",
 )
 WITH_JSON = (
     "planning",
@@ -56,6 +58,7 @@ WITH_JSON = (
     "streaming",
     "compile_shapes",
     "training_peers",
+    "remainder_guard",
 )
 
 

@@ -7,13 +7,6 @@ everywhere. Each helper raises :class:`~lightning_varbatch.errors.SettingTypeErr
 of the wrong type and :class:`~lightning_varbatch.errors.SettingValueError` for a value out of
 range; both carry the setting's name and the value received. numpy and the standard library
 only (the numpy-only planner uses these too).
-
-Example:
-    >>> import numpy as np
-    >>> check_count("max_tokens", np.int64(1024)), check_flag("shuffle", np.bool_(False))
-    (1024, False)
-    >>> check_choice("tail", "spread", ("spread", "drop", "pad"))
-    'spread'
 """
 
 from __future__ import annotations

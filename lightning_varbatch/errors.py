@@ -19,11 +19,6 @@ exception                  also an instance of                 raised for
                                                                lose, repeat or overspend
 =========================  ==================================  ===============================
 
-``SettingTypeError`` is also a ``ValueError`` (as numpy's ``AxisError`` is both a
-``ValueError`` and an ``IndexError``): a wrong type raised ``ValueError`` in some classes and
-``TypeError`` in others before the vocabulary was shared, and both ``except`` clauses keep
-working.
-
 Example:
     >>> from lightning_varbatch.checks import check_count
     >>> try:
@@ -117,8 +112,9 @@ class SettingValueError(SettingError, ValueError):
 class SettingTypeError(SettingError, TypeError, ValueError):
     """A setting of the wrong type (a string, float or bool where an integer is needed).
 
-    It is both a ``TypeError`` and a ``ValueError``, so code written for either still catches
-    it.
+    It is both a ``TypeError`` and a ``ValueError`` (as numpy's ``AxisError`` is both a
+    ``ValueError`` and an ``IndexError``): a wrong type raised either before the vocabulary was
+    shared, and both ``except`` clauses keep working.
 
     Example:
         >>> issubclass(SettingTypeError, TypeError), issubclass(SettingTypeError, ValueError)

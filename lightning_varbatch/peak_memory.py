@@ -7,18 +7,6 @@ less what was in use just before ``fn`` started (what a benchmark reports as the
 step adds on top of the model and the data it already holds). torch is imported only for a
 device other than the CPU, so numpy-only code (the planner benchmarks) can measure with it
 without loading torch.
-
-On CUDA the figures are ``torch.cuda.max_memory_allocated`` after
-``reset_peak_memory_stats``. Elsewhere they are the process's peak resident set (Linux
-``VmHWM`` of ``/proc/self/status``, reset to the current RSS through ``/proc/self/clear_refs``
-first); they include everything the process holds (the Python runtime, the dataset), and
-memory that ``malloc`` keeps after one probe is counted by the next one too.
-
-Example:
-    >>> import torch
-    >>> _, peak, source = measure_peak(lambda: torch.ones(1 << 20).sum())
-    >>> peak > 0, source.startswith("cpu")
-    (True, True)
 """
 
 from __future__ import annotations

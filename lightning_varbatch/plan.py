@@ -3,25 +3,18 @@
 Usage::
 
     python -m lightning_varbatch.plan --synthetic wmt --max-tokens 16384 --world-size 8
-    python -m lightning_varbatch.plan --lengths lengths.npy --max-tokens 4096 --json --no-png
     python -m lightning_varbatch.plan --lengths wmt.npy --lengths news.npy --max-tokens 16384 \
         --world-size 8 --mixing per_step --weights 3 1 --steps-per-epoch 1000
-    python -m lightning_varbatch.plan --dataset data/wmt --column input_ids --max-tokens 4096
     python -m lightning_varbatch.plan --dataset data/wmt --column src_ids --column tgt_ids \
-        --max-tokens 4096
+        --max-tokens 4096 --json --no-png
 
 Prints a :class:`~lightning_varbatch.planner.diagnostics.PlanDiagnostics` report (or its JSON with
 ``--json``) and writes a PNG with the examples-per-micro-batch histogram and every rank's token
-load over the optimizer steps. Several ``--lengths`` plan a mixture of datasets
-(:class:`~lightning_varbatch.MixturePlanner`) and add a per-dataset table (shares, tokens,
-steps, repeats). Bad settings print one ``error: ...`` line and exit with code 2.
-
-``--dataset PATH`` reads the lengths from a Hugging Face dataset on disk (a
-``Dataset.save_to_disk`` folder, an ``.arrow`` file, a parquet file or a folder of them),
-memory-mapped and without importing ``datasets`` or torch: ``--column NAME`` names a column of
-lengths or of token ids (their list lengths), ``--column`` twice a (source, target) pair.
-Several ``--dataset`` (the same ``--column`` in each) plan a mixture, like several
-``--lengths``.
+load over the optimizer steps. Several ``--lengths`` (or ``--dataset``) plan a mixture of
+datasets and add a per-dataset table. ``--dataset`` reads the lengths memory-mapped from a Hugging
+Face dataset on disk (without importing ``datasets`` or torch): ``--column`` names a column of
+lengths or of token ids, twice a (source, target) pair. Bad settings print one ``error: ...``
+line and exit with code 2.
 
 Example:
     >>> import contextlib, io, json
@@ -139,11 +132,7 @@ def _flag_kwargs(setting: dataclasses.Field[Any], hint: Any) -> dict[str, Any]:
 
 
 def _add_settings(group: argparse._ArgumentGroup) -> None:
-    """Add one flag per :class:`PlanConfig` field, derived from the dataclass.
-
-    ``max_tokens`` becomes ``--max-tokens``, with the field's type, choices (a ``Literal``),
-    default and help; a new setting reaches the command line without an edit here.
-    """
+    """Add one flag per :class:`PlanConfig` field (``max_tokens``: ``--max-tokens``)."""
     hints = typing.get_type_hints(PlanConfig)
     for setting in dataclasses.fields(PlanConfig):
         flag = "--" + setting.name.replace("_", "-")
@@ -167,10 +156,7 @@ def _load_lengths(args: argparse.Namespace) -> tuple[list[np.ndarray], str]:
 
 
 def _check_columns(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse ``--column`` without ``--dataset``, the reverse, and more than two columns.
-
-    Exits through :meth:`argparse.ArgumentParser.error` (usage, one ``error:`` line, code 2).
-    """
+    """Refuse ``--column`` without ``--dataset``, the reverse, and more than two (code 2)."""
     columns: list[str] = args.column or []
     if columns and args.dataset is None:
         parser.error(
@@ -195,11 +181,7 @@ def _check_columns(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
 
 
 def _png_path(path: Path) -> Path:
-    """The file the figure goes to: ``--png`` with ``.png`` added when it has no suffix.
-
-    Raises:
-        ValueError: for a directory, a suffix other than ``.png``, or a missing parent folder.
-    """
+    """The file the figure goes to: ``--png`` with ``.png`` added when it has no suffix."""
     if path.is_dir() or str(path).endswith(("/", "\\")):
         raise ValueError(
             f"--png {str(path)!r} is a directory; pass a file name, e.g. "
@@ -220,61 +202,39 @@ def _png_path(path: Path) -> Path:
     return path
 
 
-def _warmup_panel(ax: Any, warm: dict[str, np.ndarray]) -> None:
-    """The length warm-up over the steps: realised cap, longest example, examples per step."""
-    steps = np.arange(warm["longest"].shape[0])
-    ax.plot(steps, warm["longest"], lw=0.6, color="tab:gray", label="longest example")
-    ax.step(
-        np.arange(warm["realised"].shape[0]),
-        warm["realised"],
-        where="post",
-        color="tab:red",
-        label="realised cap",
-    )
-    ax.step(
-        np.arange(warm["scheduled"].shape[0]),
-        warm["scheduled"],
-        where="post",
-        color="tab:red",
-        ls=":",
-        label="scheduled cap",
-    )
+def _warmup_panel(ax: Any, plan: EpochPlan, examples: np.ndarray) -> None:
+    """The length warm-up over the steps: its caps, the longest example, examples per step."""
+    trace = plan.length_warmup
+    assert trace is not None  # drawn only for a plan with a warm-up
+    steps = np.arange(trace.step_longest.shape[0])
+    ax.plot(steps, trace.step_longest, lw=0.6, color="tab:gray", label="longest example")
+    for name, style in (("realised", "-"), ("scheduled", ":")):
+        cap = getattr(trace, name)
+        capped = np.arange(cap.shape[0])
+        ax.step(capped, cap, where="post", color="tab:red", ls=style, label=f"{name} cap")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("length (planning key)")
     ax.legend(fontsize="small", loc="lower right")
-    examples = ax.twinx()
-    examples.plot(steps, warm["examples"], lw=0.6, color="tab:blue")
-    examples.set_ylabel("examples per step", color="tab:blue")
-    ax.set_title(f"length warm-up: {warm['scheduled'].shape[0]} steps")
+    twin = ax.twinx()
+    twin.plot(steps, examples, lw=0.6, color="tab:blue")
+    twin.set_ylabel("examples per step", color="tab:blue")
+    ax.set_title(f"length warm-up: {trace.scheduled.shape[0]} steps")
 
 
-def _write_png(
-    path: Path,
-    diag: PlanDiagnostics,
-    sizes: np.ndarray,
-    loads: np.ndarray,
-    warm: dict[str, np.ndarray] | None = None,
-) -> None:
-    """Write the figure (examples per micro-batch; per-rank load; the length warm-up, if on).
-
-    Args:
-        path: the PNG to write.
-        diag: the plan's diagnostics (for titles and the budget line).
-        sizes: examples of every micro-batch run.
-        loads: ``(num_steps, world_size)`` linear loads (:func:`rank_loads`).
-        warm: per-step ``longest``, ``examples``, and per warm-up step ``scheduled`` and
-            ``realised`` caps (``PlanConfig.length_warmup``); ``None``: no third panel.
-    """
+def _write_png(path: Path, diag: PlanDiagnostics, planner: Planner, plan: EpochPlan) -> None:
+    """Write the figure: micro-batch sizes, ranks' loads and the length warm-up (if on)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = 2 if warm is None else 3
+    sizes = plan.micro_batch_size[plan.assign.reshape(-1)]
+    loads = rank_loads(planner, plan, "linear")
+    panels = 2 if plan.length_warmup is None else 3
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), constrained_layout=True)
     hist, load = axes[0], axes[1]
-    if warm is not None:
-        _warmup_panel(axes[2], warm)
+    if plan.length_warmup is not None:
+        _warmup_panel(axes[2], plan, step_figures(planner, plan)["examples"])
     lo, hi = (int(sizes.min()), int(sizes.max())) if sizes.size else (1, 1)
     if hi > 20 * lo:
         hist.hist(sizes, bins=np.geomspace(lo, hi + 1, 50), color="tab:blue")
@@ -306,19 +266,6 @@ def _write_png(
     )
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _warm_series(planner: Planner, plan: EpochPlan) -> dict[str, np.ndarray] | None:
-    """What the warm-up panel draws (``None`` for a plan without a length warm-up)."""
-    trace = plan.length_warmup
-    if trace is None:
-        return None
-    return {
-        "longest": trace.step_longest,
-        "examples": step_figures(planner, plan)["examples"],
-        "scheduled": trace.scheduled,
-        "realised": trace.realised,
-    }
 
 
 def _planner(args: argparse.Namespace, lengths: list[np.ndarray], config: PlanConfig) -> Planner:
@@ -393,11 +340,8 @@ def _run(args: argparse.Namespace) -> int:
         if shares is not None:
             print(format_breakdown(shares))
     if png is not None:
-        sizes = plan.micro_batch_size[plan.assign.reshape(-1)]
         try:
-            _write_png(
-                png, diag, sizes, rank_loads(planner, plan, "linear"), _warm_series(planner, plan)
-            )
+            _write_png(png, diag, planner, plan)
         except OSError as err:
             raise ValueError(
                 f"cannot write --png {str(png)!r}: {err.strerror or err}; pass a path in a "

@@ -30,8 +30,17 @@ QUICK = {
     "streaming": ["--quick"],
     "compile_shapes": ["--quick"],
     "rank_shares": ["--quick"],
+    "remainder_guard": ["--quick", "--repeats", "1"],
 }
-NO_PLOT = {"hf_datasets", "packing", "gpu_packing", "streaming", "compile_shapes", "rank_shares"}
+NO_PLOT = {
+    "hf_datasets",
+    "packing",
+    "gpu_packing",
+    "streaming",
+    "compile_shapes",
+    "rank_shares",
+    "remainder_guard",
+}
 HF_CONFIGS = {
     *(f"lengths/{case}/{m}" for case in "abc" for m in ("ours", "loop", "map")),
     "lengths/a/numpy",
@@ -99,6 +108,10 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
             assert data["reads"][workers]["exact"]
             assert data["reads"][workers]["stats"]["backward_seeks"] == 0
         assert data["resume"]["round0"]["exact"]
+    elif name == "remainder_guard":
+        assert data["examples"] == 300_000
+        assert all(v > 0 for v in data.values())
+        assert data["guard, elastic"] < data["elastic re-plan"]  # included in it
     else:
         assert set(data["configs"]) == {"a", "b", "c"} and data["predicted"] > 1.0
     if name in NO_PLOT:

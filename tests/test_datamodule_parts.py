@@ -66,7 +66,8 @@ def test_the_refused_settings_defaults_are_the_map_style_datamodules() -> None:
 
 
 def test_state_helpers() -> None:
-    assert datamodule_state.versioned(a=1) == {"version": splits.STATE_VERSION, "a": 1}
+    assert datamodule_state.versioned(a=1) == {"version": datamodule_state.STATE_VERSION, "a": 1}
+    assert splits.STAGES == ("train", "val", "test")
     assert datamodule_state.trained_this_epoch(None) == 0
     with pytest.raises(TypeError, match="got int"):
         datamodule_state.read_state_mapping("X", 3)

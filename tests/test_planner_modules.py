@@ -9,27 +9,41 @@ from __future__ import annotations
 
 import itertools
 import warnings
+from dataclasses import asdict
 
 import numpy as np
 import pytest
 
 from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
-from lightning_varbatch.planner.dealing import deal_steps
+from lightning_varbatch.planner.dealing import deal_run, deal_steps
 from lightning_varbatch.planner.epoch_plan import DEPRECATED_NAMES, EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
+from lightning_varbatch.planner.epoch_resume import EpochResume
 from lightning_varbatch.planner.interleave import Part, compose_parts, interleave
+from lightning_varbatch.planner.lane_budgets import lane_budgets, single_example_cost, uniform
 from lightning_varbatch.planner.length_checks import as_int_lengths, shown_length
+from lightning_varbatch.planner.lengths import prepare_lengths
 from lightning_varbatch.planner.micro_batch_figures import (
     check_plan_of,
     micro_batch_figures,
     micro_batch_load,
 )
 from lightning_varbatch.planner.mixture import MixturePlanner
+from lightning_varbatch.planner.mixture_datasets import DataSource
+from lightning_varbatch.planner.mixture_topology import MixtureTopology
+from lightning_varbatch.planner.mixture_warmup import dataset_warmup_caps, mixture_warmup_caps
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
 from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.settings_identity import (
+    LATER_SETTINGS,
+    RANK_SETTINGS,
+    fingerprint_of,
+    plain_settings,
+)
 from lightning_varbatch.planner.shape_budget import ShapeBudget
+from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 
 TAILS = ("spread", "drop", "pad")
 LAYOUTS = ("padded", "packed")
@@ -659,3 +673,93 @@ def test_shape_budget_without_max_shapes_and_given_shape_lengths() -> None:
     plan = planner.plan(0)
     assert {tuple(s) for s in plan.micro_batch_shape.tolist()} <= {(8, 5), (2, 20)}
     assert sorted(plan.example_ids().tolist()) == [0, 1, 2, 3, 4]
+
+
+# -- dealing a run, resume, rank budgets and mixtures -------------------------------------------
+
+
+def test_deal_run_rotation_permutes_the_ranks_within_each_step_only() -> None:
+    config = PlanConfig(max_tokens=60)
+    groups = SortedGroups.build(_lengths(120).astype(np.uint16), None, 1)
+    cut = SortedCut.build(groups, config)
+    run = np.arange(cut.num_micro_batches // 4 * 4)
+    args = (cut, run, (2, 2), config, np.zeros(1, dtype=np.int64), None)
+    plain, _ = deal_run(*args[:3], np.random.default_rng(0), *args[3:])
+    rotated, _ = deal_run(*args[:3], np.random.default_rng(0), *args[3:], rotate=True)
+    assert sorted(plain.reshape(-1).tolist()) == run.tolist()
+    for step, turned in zip(plain, rotated, strict=True):  # same steps, in the same order
+        assert sorted(map(tuple, step.tolist())) == sorted(map(tuple, turned.tolist()))
+
+
+@pytest.mark.parametrize("tail", TAILS)
+def test_a_resumed_epoch_is_exactly_what_its_history_left(tail: str) -> None:
+    planner = EpochPlanner(_lengths(80), PlanConfig(max_tokens=60, tail=tail))
+    assert isinstance(planner, EpochResume)
+    done = planner.plan(0, 3).consumed_ids(2)
+    rest = planner.plan_resumed(0, 2, 1, [(3, 1, 2)])
+    assert planner.plan_resumed(0, 2, 1, [(3, 1, 2)]) is rest  # one plan for every rank
+    counts = np.bincount(np.concatenate([done, rest.example_ids()]), minlength=80)
+    assert int((counts == 0).sum()) == rest.num_dropped
+    assert int(np.maximum(counts - 1, 0).sum()) == rest.num_duplicated
+    np.testing.assert_array_equal(rest.consumed_counts, np.bincount(done, minlength=80))
+
+
+def test_lane_budgets_plan_as_one_at_max_tokens_and_refuse_what_cannot_hold_the_data() -> None:
+    config = PlanConfig(max_tokens=64)
+    assert uniform(None, 64) and uniform((64, 64), 64) and not uniform((64, 32), 64)
+    assert lane_budgets(config, 2, (64, 64), lambda: 10) is None
+    assert lane_budgets(config, 2, (64, 32), lambda: 10) == (64, 32)
+    with pytest.raises(SettingValueError, match="world_size=3"):
+        lane_budgets(config, 3, (64, 32), lambda: 10)
+    with pytest.raises(SettingValueError, match=r"\[1, max_tokens=64\]"):
+        lane_budgets(config, 2, (64, 0), lambda: 10)
+    shares = PlanConfig(64, rank_shares=(1.0, 0.125))
+    with pytest.raises(SettingValueError, match="Rank 1's micro-batch budget is 8") as info:
+        lane_budgets(shares, 2, None, lambda: 10)
+    assert info.value.setting == "rank_shares"
+    padded = PlanConfig(max_tokens=64, pad_to_multiple_of=8)
+    assert single_example_cost(prepare_lengths([3, 13, 5], padded), padded) == 16
+
+
+def test_a_mixture_refuses_rank_budgets_only_where_it_re_deals_micro_batches() -> None:
+    sources = [np.full(40, 4), np.full(20, 8)]
+    per_step = MixturePlanner(sources, PlanConfig(max_tokens=16))
+    assert isinstance(per_step, MixtureTopology)
+    plan = per_step.plan(0, 2, rank_budgets=(16, 8))
+    assert plan.rank_budget.tolist() == [16, 8]
+    assert plan.micro_batch_cost[plan.assign[:, 1]].max() <= 8
+    per_batch = MixturePlanner(sources, PlanConfig(max_tokens=16), mixing="per_batch")
+    with pytest.raises(SettingValueError, match="mixing='per_batch'") as info:
+        per_batch.plan(0, 2, rank_budgets=(16, 8))
+    assert info.value.setting == "mixing"
+
+
+def test_each_dataset_of_a_mixture_warms_up_to_its_own_longest_example() -> None:
+    config = PlanConfig(64, length_warmup=4, length_warmup_min=8)
+    caps = dataset_warmup_caps(config, [40, 200], [None, 16], [None, None])
+    assert caps.tolist() == [[8, 16, 24, 32, 40], [16, 62, 108, 154, 200]]
+    assert dataset_warmup_caps(PlanConfig(64), [40], [None], [None]) is None
+    source = DataSource([3], name="a", length_warmup_max=4)
+    with pytest.raises(SettingValueError, match="DataSource 'a' has length_warmup_max=4"):
+        mixture_warmup_caps(PlanConfig(64), [source], [EpochPlanner([3], PlanConfig(64))], ["a"])
+    rng = np.random.default_rng(0)
+    lengths = [rng.integers(1, 40, 200), rng.integers(1, 200, 100)]
+    planner = MixturePlanner(lengths, PlanConfig(256, length_warmup=6, length_warmup_min=8))
+    plan = planner.plan(0, 2)
+    trace = plan.length_warmup
+    assert trace is not None and (np.diff(trace.levels) >= 0).all()
+    for step, level in enumerate(trace.levels.tolist()):  # every micro-batch within its cap
+        for b in plan.assign[step].reshape(-1).tolist():
+            cap = planner.warmup_caps[int(plan.micro_batch_dataset[b]), level]
+            assert planner.prepared.key[plan.micro_batch_ids(b)].max() <= cap
+    assert planner.plan(1, 2).length_warmup is None
+
+
+def test_settings_identity_leaves_out_rank_settings_and_later_ones_at_their_default() -> None:
+    plain = plain_settings(vars(PlanConfig(64, rank_shares=(1.0, 0.5))))
+    assert "rank_shares" not in plain and "loss_offset" not in plain and plain["max_tokens"] == 64
+    assert plain_settings(vars(PlanConfig(64, loss_offset=1)))["loss_offset"] == 1
+    base = fingerprint_of(asdict(PlanConfig(64)))
+    assert fingerprint_of(asdict(PlanConfig(64, rank_max_tokens=(64, 32)))) == base
+    assert fingerprint_of(asdict(PlanConfig(64, loss_offset=1))) != base
+    assert set(RANK_SETTINGS) <= set(LATER_SETTINGS)

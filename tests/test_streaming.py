@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from lightning_varbatch.data.streaming import StreamingBatches
+from lightning_varbatch.data.streaming_state import ResumableStream
 from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
 from lightning_varbatch.planner.diagnostics import diagnose
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -167,7 +168,7 @@ def test_window_plans_keep_every_plan_guarantee(case: dict) -> None:
     if not all_planned:
         return
     if config.tail == "drop":
-        assert max(seen.values()) == 1 and n - len(seen) == dropped
+        assert max(seen.values(), default=1) == 1 and n - len(seen) == dropped
     elif duplicated == 0:  # spread with enough examples (or pad that needed none)
         assert sorted(seen.elements()) == list(range(n))
     else:
@@ -441,6 +442,20 @@ def test_resume_at_the_end_of_the_epoch_yields_nothing(world: int, full_runs: di
         sb = stream(make("jsonl"), rank, world)
         sb.load_state_dict(state)
         assert list(sb) == []
+
+
+def test_the_checkpoint_half_saves_the_position_after_trained_micro_batches(make) -> None:
+    """``ResumableStream`` saves the window, its micro-batches done and the ledger of them."""
+    sb = stream(make("jsonl"), 0, 2)
+    assert isinstance(sb, ResumableStream)
+    sizes = [sb.window_plan(w).plan.num_micro_batches_per_rank for w in range(3)]
+    trained = sizes[0] + 1  # one micro-batch into the second window
+    state = sb.state_dict(trained=trained)
+    assert (state["window"], state["consumed"]) == (1, 1)
+    assert state["steps"] == sb.window_plan(0).plan.num_steps
+    assert state["ledger"]["examples"] == sb.window_plan(1).plan.consumed_ids(1).size
+    with pytest.raises(ValueError, match="Not a StreamingBatches state"):
+        sb.load_state_dict({"epoch": 0})
 
 
 def test_resume_with_two_workers(full_runs: dict, make) -> None:

@@ -6,13 +6,6 @@ no gradient: FlexAttention has no CPU backward), ``"sdpa"`` nothing. :func:`sele
 resolves ``"auto"`` to the fastest one that can run and, for a backend asked for by name,
 raises an error that lists every missing piece. The optional packages are imported on first
 use and the answer is cached (:func:`flash_varlen`, :func:`flex_module`).
-
-Example:
-    >>> import torch
-    >>> select_backend(torch.zeros(4, 2, 8))  # CPU: always the SDPA backend
-    'sdpa'
-    >>> flash_problem(torch.zeros(4, 2, 8, dtype=torch.float16)).endswith("not CUDA")
-    True
 """
 
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""The entry point: :func:`document_attention` checks a packed row and runs one backend.
-
-Example:
-    >>> import torch
-    >>> cu = torch.tensor([0, 2, 5], dtype=torch.int32)
-    >>> q = k = v = torch.randn(6, 2, 4)
-    >>> document_attention(q, k, v, cu, max_seqlen=3, backend="sdpa").shape
-    torch.Size([6, 2, 4])
-"""
+"""The entry point: :func:`document_attention` checks a packed row and runs one backend."""
 
 from __future__ import annotations
 

@@ -36,15 +36,8 @@ def flash_attention(
 ) -> torch.Tensor:
     """``flash_attn_varlen_func`` on the real tokens, zero rows for the padding.
 
-    Args:
-        q: queries ``(T, H, D)``, CUDA, float16/bfloat16.
-        k: keys ``(T, Hkv, D)``.
-        v: values ``(T, Hkv, D)``.
-        cu_seqlens: the ``(E + 1,)`` tensor (moved to ``q``'s device as int32).
-        cu: the same as host integers.
-        max_seqlen: the longest example (``None``: computed from ``cu``).
-        causal: causal attention inside each example.
-        scale: the softmax scale (``None``: ``1 / sqrt(D)``).
+    The arguments are :func:`~lightning_varbatch.attention.document_attention`'s, checked
+    (``(T, H, D)`` CUDA tensors in float16/bfloat16), with ``cu``, ``cu_seqlens`` on the host.
     """
     function, _ = flash_varlen()
     assert function is not None

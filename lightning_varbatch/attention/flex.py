@@ -55,13 +55,8 @@ def flex_attention(
 ) -> torch.Tensor:
     """FlexAttention of ``(T, H, D)`` tensors kept inside each example; zeros on the padding.
 
-    Args:
-        q: queries ``(T, H, D)``.
-        k: keys ``(T, Hkv, D)``.
-        v: values ``(T, Hkv, D)``.
-        cu_seqlens: the ``(E + 1,)`` tensor (read on the device: no host sync).
-        causal: causal attention inside each example.
-        scale: the softmax scale (``None``: ``1 / sqrt(D)``).
+    The arguments are :func:`~lightning_varbatch.attention.document_attention`'s, checked;
+    ``cu_seqlens`` is read on the device (no host sync).
     """
     module, _ = flex_module()
     total = q.shape[0]

@@ -5,14 +5,6 @@ cumulative example lengths starting at 0, FlashAttention's varlen convention) sa
 one starts. Tokens after ``cu_seqlens[-1]`` (the collate's alignment padding) belong to no
 example. Every backend of :func:`~lightning_varbatch.attention.document_attention` reads the
 row through these helpers.
-
-Example:
-    >>> import torch
-    >>> cu = torch.tensor([0, 3, 4, 6], dtype=torch.int32)
-    >>> document_ids(cu, 8).tolist()
-    [0, 0, 0, 1, 2, 2, -1, -1]
-    >>> pad_rows(torch.ones(2, 1, 1), 3)[:, 0, 0].tolist()
-    [1.0, 1.0, 0.0]
 """
 
 from __future__ import annotations

@@ -13,13 +13,6 @@ Two exact ways, chosen per call by :func:`~lightning_varbatch.attention.sdpa_cos
 Both equal every example alone (float64: outputs and gradients), work on every device, dtype
 and torch version this package supports, with backward, and read ``cu_seqlens`` on the host
 once. Trailing padding tokens get zero outputs and zero gradients.
-
-Example:
-    >>> import torch
-    >>> q = k = v = torch.randn(6, 2, 4)
-    >>> out = sdpa_attention(q, k, v, [0, 3, 5], causal=True, scale=None)
-    >>> out.shape, out[5].abs().sum().item()
-    (torch.Size([6, 2, 4]), 0.0)
 """
 
 from __future__ import annotations
@@ -45,13 +38,8 @@ def sdpa_attention(
 ) -> torch.Tensor:
     """SDPA per example of ``(T, H, D)`` tensors, looped or batched (see ``sdpa_batches``).
 
-    Args:
-        q: queries ``(T, H, D)``; ``k``, ``v``: ``(T, Hkv, D)``.
-        k: keys.
-        v: values.
-        cu: ``cu_seqlens`` as host integers (checked by the caller).
-        causal: causal attention inside each example.
-        scale: the softmax scale (``None``: ``1 / sqrt(D)``).
+    The arguments are :func:`~lightning_varbatch.attention.document_attention`'s, checked,
+    with ``cu``, ``cu_seqlens`` as host integers.
 
     Example:
         >>> import torch

@@ -16,10 +16,6 @@ overhead dominates) and loses as soon as one long example pads many short ones (
 grows as ``E * Lmax**2``). The second condition bounds the memory: the padded q, k, v (and
 their gradients) hold at most ``MAX_PADDED`` times the row's real tokens. With equal lengths
 (no padding) the rule always batches.
-
-Example:
-    >>> sdpa_batches([4] * 512), sdpa_batches([1000] + [4] * 200)
-    (True, False)
 """
 
 from __future__ import annotations

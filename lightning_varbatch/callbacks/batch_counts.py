@@ -4,32 +4,27 @@ The callbacks count tokens and examples per micro-batch (from the entries of
 :mod:`lightning_varbatch.keys`, or from a user function), find the micro-batch that ends a real
 optimizer step under any strategy, read the training sampler's plan (the length warm-up's cap,
 the ranks' shares in force) and log from global rank 0 only.
-
-Example:
-    >>> import torch
-    >>> from lightning_varbatch import keys
-    >>> read_count({keys.NTOKENS: torch.tensor(7)}, keys.NTOKENS, None, "tokens_fn", "Monitor")
-    7.0
-    >>> read_count({"x": 1}, keys.NTOKENS, lambda b: 3, "tokens_fn", "Monitor")
-    3.0
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from lightning.pytorch import Trainer
 from torch import Tensor
 
 from lightning_varbatch.checks import check_count, check_real
+from lightning_varbatch.errors import SettingTypeError
 
 __all__ = [
     "CountFn",
     "as_number",
+    "check_count_fns",
     "check_positive",
+    "check_state_keys",
     "is_step_boundary",
     "length_cap",
     "log_rank_zero",
@@ -67,22 +62,9 @@ def as_number(value: Any, what: str) -> float:
 def check_positive(name: str, value: object, *, integer: bool = False) -> float | None:
     """``value`` as a positive finite number (``None`` passes through).
 
-    A thin use of :func:`~lightning_varbatch.checks.check_real` (``integer``:
-    :func:`~lightning_varbatch.checks.check_count`).
-
-    The message names the setting alone, as every other class's check of it does, so that one
-    bad value gives one message wherever it enters (``max_tokens`` here and in
-    :class:`~lightning_varbatch.PlanConfig`).
-
-    Args:
-        name: the setting's name.
-        value: the value received.
-        integer: whether only whole numbers are allowed (then :func:`check_count`).
-
-    Raises:
-        SettingTypeError: for a bool, a string or another non-number (``integer``: a
-            non-integer); also a ``TypeError``.
-        SettingValueError: for zero, a negative number, NaN or infinity.
+    :func:`~lightning_varbatch.checks.check_real` (``integer``:
+    :func:`~lightning_varbatch.checks.check_count`) with ``None`` allowed: the same message as
+    every other check of the setting.
 
     Example:
         >>> check_positive("peak_flops", 1e15)
@@ -97,6 +79,29 @@ def check_positive(name: str, value: object, *, integer: bool = False) -> float 
     if integer:
         return check_count(name, value)
     return check_real(name, value)
+
+
+def check_count_fns(owner: str, **fns: object) -> None:
+    """Refuse a count function (``tokens_fn=`` ...) that is not callable: a SettingTypeError."""
+    for name, fn in fns.items():
+        if fn is not None and not callable(fn):
+            raise SettingTypeError(
+                f"{owner}({name}=...) must be callable (fn(batch) -> count), got "
+                f"{type(fn).__name__}.",
+                setting=name,
+                value=fn,
+            )
+
+
+def check_state_keys(owner: str, state_dict: object, expected: Iterable[str]) -> None:
+    """Refuse a callback state without exactly the ``expected`` keys: a ValueError."""
+    wanted = sorted(expected)
+    if not isinstance(state_dict, Mapping) or sorted(state_dict) != wanted:
+        got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict)
+        raise ValueError(
+            f"{owner} state has keys {got}, expected {wanted}: the checkpoint was written by "
+            "another version; resume without this callback's state or start a new run."
+        )
 
 
 def _count(value: float, owner: str, where: str) -> float:

@@ -1,11 +1,8 @@
 """Scale the learning rate of every optimizer step with the real size of that step.
 
 With token-budgeted batches the size of an optimizer step varies; :class:`BatchSizeLRScaler`
-multiplies the learning rate the optimizer's update uses by ``f(actual / reference)``. The
-factor is applied by a step *pre*-hook on the torch optimizer and removed by its step
-*post*-hook, so it brackets exactly the parameter update: schedulers (stepped by Lightning
-after the optimizer step, chainable or closed form), ``LearningRateMonitor`` and checkpoints
-only ever see the unscaled schedule, and the factor never compounds.
+multiplies the learning rate of the parameter update alone by ``f(actual / reference)``
+(torch optimizer step hooks), so schedulers and checkpoints only see the unscaled schedule.
 
 Example:
     >>> scaler = BatchSizeLRScaler(rule="sqrt", reference=1024)
@@ -30,13 +27,15 @@ from lightning_varbatch import keys
 from lightning_varbatch.callbacks.batch_counts import (
     CountFn,
     as_number,
+    check_count_fns,
     check_positive,
+    check_state_keys,
     is_step_boundary,
     log_rank_zero,
     read_count,
 )
 from lightning_varbatch.checks import check_choice
-from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.errors import SettingValueError
 
 __all__ = ["BatchSizeLRScaler", "torch_optimizer"]
 
@@ -135,11 +134,7 @@ class BatchSizeLRScaler(Callback):
         by: ``"tokens"`` or ``"examples"``.
         reference: global step size at which the factor is 1. Default (``by="tokens"``):
             ``max_tokens × world_size × accumulate_grad_batches`` with ``max_tokens`` from the
-            argument, else the train loader's public ``max_tokens``
-            (:class:`~lightning_varbatch.TokenBudgetDataLoader`,
-            :class:`~lightning_varbatch.StreamingDataLoader`), else the DataModule's
-            (:class:`~lightning_varbatch.TokenBudgetDataModule`,
-            :class:`~lightning_varbatch.StreamingDataModule`).
+            argument, else the train loader's or the DataModule's (:func:`training_budget`).
         max_tokens: per-rank, per-micro-batch token budget for the default reference.
         min_scale: lower clamp of the factor.
         max_scale: upper clamp of the factor.
@@ -148,10 +143,8 @@ class BatchSizeLRScaler(Callback):
         log_every_n_steps: log interval in optimizer steps (default: the Trainer's).
 
     Raises:
-        ValueError: for an unknown ``rule``/``by``, a non-positive reference or budget, or
-            ``min_scale > max_scale``; at the first step, when no reference can be derived.
-        TypeError: for a non-numeric setting, or when a batch cannot be read (the message
-            names ``tokens_fn``/``examples_fn``).
+        ValueError: for a bad setting; at the first step, when no reference can be derived.
+        TypeError: for a setting of the wrong type, or when a batch cannot be read.
 
     Logged metrics (rank 0, through the Trainer's loggers, at the optimizer step's index):
 
@@ -198,14 +191,7 @@ class BatchSizeLRScaler(Callback):
                 setting="min_scale",
                 value=min_scale,
             )
-        for name, fn in (("tokens_fn", tokens_fn), ("examples_fn", examples_fn)):
-            if fn is not None and not callable(fn):
-                raise SettingTypeError(
-                    f"BatchSizeLRScaler({name}=...) must be callable (fn(batch) -> count), got "
-                    f"{type(fn).__name__}.",
-                    setting=name,
-                    value=fn,
-                )
+        check_count_fns(type(self).__name__, tokens_fn=tokens_fn, examples_fn=examples_fn)
         every = check_positive("log_every_n_steps", log_every_n_steps, integer=True)
         self.rule, self.by = rule, by
         self.count_fn = tokens_fn if by == "tokens" else examples_fn
@@ -375,14 +361,7 @@ class BatchSizeLRScaler(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        expected = set(self.state_dict())
-        if not isinstance(state_dict, Mapping) or set(state_dict) != expected:
-            got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict)
-            raise ValueError(
-                f"BatchSizeLRScaler state has keys {got}, expected {sorted(expected)}: the "
-                "checkpoint was written by another version; resume without this callback's "
-                "state or start a new run."
-            )
+        check_state_keys(type(self).__name__, state_dict, self.state_dict())
         self.steps = int(state_dict["steps"])
         self.last_scale = float(state_dict["last_scale"])
         # "reference" is informative: a default reference is re-derived from the resumed run

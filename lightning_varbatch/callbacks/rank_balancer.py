@@ -1,16 +1,8 @@
 """Balance per-rank shares by each rank's measured speed, at epoch boundaries.
 
 On a mixed cluster every data-parallel step waits for its slowest rank. The planner can give
-each rank a share of every step (``PlanConfig.rank_shares``, :mod:`~lightning_varbatch.planner.
-rank_shares`); :class:`RankShareBalancer` finds the shares by measurement: each rank times its
-own compute per unit of planned cost, every rank gathers every rank's figures, and all compute
-the same new shares (:func:`~lightning_varbatch.planner.balanced_shares`) and hand them to the
-sampler, which plans the next epoch with them.
-
-Example:
-    >>> balancer = RankShareBalancer(every_n_epochs=1, smoothing=0.5, tolerance=0.05)
-    >>> balancer.shares is None
-    True
+each rank a share of every step (``PlanConfig.rank_shares``); :class:`RankShareBalancer` finds
+the shares by measuring each rank's compute per unit of planned cost.
 """
 
 from __future__ import annotations
@@ -27,12 +19,14 @@ from typing_extensions import override
 
 from lightning_varbatch import keys
 from lightning_varbatch.callbacks.batch_counts import (
+    check_state_keys,
     log_rank_zero,
     rank_shares_in_force,
     read_count,
 )
 from lightning_varbatch.callbacks.compute_clock import ComputeClock
 from lightning_varbatch.checks import check_count
+from lightning_varbatch.data.streaming_datamodule import StreamingDataModule
 from lightning_varbatch.planner import balanced_shares, smoothed_speeds
 
 __all__ = ["RankShareBalancer"]
@@ -53,17 +47,13 @@ def _shares_target(trainer: Trainer) -> Any:
 class RankShareBalancer(Callback):
     """Set every rank's share of each step from its measured speed, at epoch boundaries.
 
-    **What is measured.** A rank's compute time runs from ``on_train_batch_start`` to
-    ``on_before_backward`` of each micro-batch: the forward and the loss, before any gradient
-    synchronisation (:class:`~lightning_varbatch.callbacks.compute_clock.ComputeClock`:
-    ``perf_counter`` on CPU, CUDA events on a GPU). Under DDP nothing in a forward waits for
-    another rank (unless DDP broadcasts a model's buffers, e.g. BatchNorm's, at each forward: set
-    ``broadcast_buffers=False``); the backward, where DDP's all-reduce makes a fast rank wait, is
-    left out and assumed to scale with the forward. Under FSDP and ZeRO-3 the forward gathers
-    parameters and waits for the slowest rank, which pulls the speeds together and the shares
-    move less than they should: measure with DDP or ZeRO-1/2, or set ``rank_shares`` by hand.
-    The first ``warmup_steps`` optimizer steps of each epoch are not timed (allocator, cuDNN
-    autotuning, ``torch.compile``).
+    **What is measured.** A rank's compute time: the forward and the loss of each micro-batch
+    (``on_train_batch_start`` to ``on_before_backward``, :class:`~lightning_varbatch.callbacks.
+    compute_clock.ComputeClock`), before DDP's all-reduce makes a fast rank wait (set
+    ``broadcast_buffers=False`` for a model with buffers). Under FSDP and ZeRO-3 the forward
+    waits for the slowest rank, so the shares move less than they should: measure with DDP or
+    ZeRO-1/2, or set ``rank_shares`` by hand. The first ``warmup_steps`` optimizer steps of
+    each epoch are not timed (allocator, cuDNN autotuning, ``torch.compile``).
 
     **Planned cost** of a micro-batch is ``plan.micro_batch_load`` of the micro-batch the rank
     runs at that position (the units the shares divide); without a plan (another sampler), the
@@ -103,6 +93,8 @@ class RankShareBalancer(Callback):
         SettingTypeError: for a setting of the wrong type.
         RuntimeError: at the start of a multi-process fit whose training data has no
             ``set_rank_shares`` (neither the DataModule nor the loader's ``batch_sampler``).
+        SettingValueError: at the start of a multi-process fit over a
+            ``StreamingDataModule`` (a stream's shares are fixed when it is built).
 
     Logged metrics (rank 0, through the Trainer's loggers, at the period's last step):
 
@@ -181,6 +173,8 @@ class RankShareBalancer(Callback):
                 "loader's batch_sampler: it balances a TokenBudgetDataModule or a loader over a "
                 "TokenBudgetBatchSampler. Use one of those, or remove the callback."
             )
+        if isinstance(target, StreamingDataModule):  # refused now, with its reason
+            target.set_rank_shares(None)
         if self.shares is None:
             return
         if len(self.shares) != trainer.world_size:
@@ -306,11 +300,7 @@ class RankShareBalancer(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if set(state_dict) != set(_STATE_KEYS):
-            raise ValueError(
-                f"{_OWNER} state has keys {sorted(state_dict)}, expected {sorted(_STATE_KEYS)}: "
-                "the checkpoint was written by another version."
-            )
+        check_state_keys(_OWNER, state_dict, _STATE_KEYS)
         shares = state_dict["shares"]
         self.shares = None if shares is None else tuple(float(s) for s in shares)
         self.history = [dict(entry) for entry in state_dict["history"]]

@@ -2,11 +2,6 @@
 
 Lightning's ``ThroughputMonitor`` multiplies rank 0's counts by the world size, wrong when ranks
 carry different loads; :class:`TokenThroughputMonitor` gathers every rank's counts and times.
-
-Example:
-    >>> monitor = TokenThroughputMonitor(log_every_n_steps=10, peak_flops=312e12)
-    >>> monitor.log_every_n_steps
-    10
 """
 
 from __future__ import annotations
@@ -23,7 +18,9 @@ from lightning_varbatch import keys
 from lightning_varbatch.callbacks.batch_counts import (
     CountFn,
     as_number,
+    check_count_fns,
     check_positive,
+    check_state_keys,
     is_step_boundary,
     length_cap,
     log_rank_zero,
@@ -56,20 +53,15 @@ def _gather(trainer: Trainer, window: RankWindow) -> list[RankWindow]:
 class TokenThroughputMonitor(Callback):
     """Log global throughput, padding, effective batch size and imbalance per optimizer steps.
 
-    Each micro-batch's counts on each rank come from the batch keys of ``TokenBudgetDataModule``
-    batches (``keys.NTOKENS``, ``keys.NEXAMPLES``, ``keys.INPUT_TOKENS``, ``keys.PADDED_TOKENS``)
-    or from ``tokens_fn`` / ``examples_fn`` / ``padding_fn``. They are summed over a window of
-    ``log_every_n_steps`` optimizer steps; at the window's last step every rank all-gathers its
-    window (one collective, in ``on_train_batch_end``, which runs on every rank) and rank 0 logs
-    through the Trainer's loggers at the step index Lightning's own ``self.log`` uses. Real steps
-    are counted once per optimizer step under DDP, FSDP and DeepSpeed alike.
-
-    The window's wall time (``time.perf_counter``, the slowest rank's) gives the rates. A rank's
-    own compute time sums its micro-batches' ``on_train_batch_start`` -> ``on_before_backward``
-    (forward and loss; CUDA events on a GPU). The backward is left out: under DDP a fast rank
-    waits in it for the slowest, so one of two ranks twice as slow reads 2 / 1.5, not 1.00.
-    FLOPs per loss token come from ``flops_per_token`` or the LightningModule's attribute
-    ``flops_per_token``; with ``peak_flops`` (per device) the MFU is logged too.
+    Each micro-batch's counts on each rank come from the batch keys of :mod:`lightning_varbatch.
+    keys` or from ``tokens_fn`` / ``examples_fn`` / ``padding_fn``, summed over a window of
+    ``log_every_n_steps`` optimizer steps (counted once per real step under every strategy); at
+    its last step every rank all-gathers its window and rank 0 logs at the step index
+    Lightning's own ``self.log`` uses. The window's wall time (the slowest rank's) gives the
+    rates. A rank's own compute time sums its micro-batches' forward and loss
+    (``on_train_batch_start`` -> ``on_before_backward``): under DDP a fast rank waits in the
+    backward for the slowest, so one of two ranks twice as slow reads 2 / 1.5, not 1.00.
+    FLOPs per loss token come from ``flops_per_token`` or the LightningModule's attribute.
 
     Args:
         log_every_n_steps: window / log interval in optimizer steps (default: the Trainer's).
@@ -116,25 +108,19 @@ class TokenThroughputMonitor(Callback):
     ``train/dataset/<name>/batch_share``     its share of the window's micro-batches (0-1;
                                              under per-step mixing, its share of steps)
     ``train/dataset/<name>/total_tokens``    its loss tokens since the start of training
-    ``train/length_cap``                the longest example (planning length) the window's
-                                        last step could hold under the training sampler's
-                                        length warm-up (``PlanConfig.length_warmup``,
-                                        docs/length-warmup.md): the realised cap, read from
-                                        the plan (``plan.length_warmup.cap_at(step)``)
+    ``train/length_cap``                the longest example the window's last step could hold
+                                        under the length warm-up (docs/length-warmup.md),
+                                        read from the plan
     ``train/rank/<r>/tokens_per_sec``   rank ``r``'s loss tokens / s of the window's wall
                                         time (the ranks' rates add up to
                                         ``train/tokens_per_sec``)
-    ``train/rank/<r>/share``            rank ``r``'s share in force: the one the training
-                                        sampler planned the current epoch with (its
-                                        ``rank_shares``, largest 1)
+    ``train/rank/<r>/share``            rank ``r``'s share in force: the training sampler's
+                                        ``rank_shares`` of this epoch (largest 1)
     ==================================  ================================================
 
-    The ``train/dataset/...`` keys appear only when several datasets are mixed, and
-    ``train/length_cap`` only during a length warm-up (the first ``length_warmup`` optimizer
-    steps of epoch 0, with a :class:`~lightning_varbatch.TokenBudgetBatchSampler`). The
-    ``train/rank/...`` keys appear only with more than one rank, the shares only when the
-    training sampler has ``rank_shares`` set (``PlanConfig.rank_shares``, or a
-    :class:`~lightning_varbatch.callbacks.RankShareBalancer`).
+    The ``train/dataset/...`` keys appear only when several datasets are mixed,
+    ``train/length_cap`` only during a length warm-up, the ``train/rank/...`` keys only with
+    more than one rank, and the shares only when the training sampler has ``rank_shares``.
 
     When training ends (``on_train_end``, a collective on every rank) the run's totals go into
     ``trainer.callback_metrics`` on every rank (not to the loggers), where a script reads them
@@ -177,17 +163,7 @@ class TokenThroughputMonitor(Callback):
         every = check_positive("log_every_n_steps", log_every_n_steps, integer=True)
         flops_per_token = check_positive("flops_per_token", flops_per_token)
         peak_flops = check_positive("peak_flops", peak_flops)
-        for name, fn in (
-            ("tokens_fn", tokens_fn),
-            ("examples_fn", examples_fn),
-            ("padding_fn", padding_fn),
-        ):
-            if fn is not None and not callable(fn):
-                raise SettingTypeError(
-                    f"{owner}({name}=...) must be callable (fn(batch)), got {type(fn).__name__}.",
-                    setting=name,
-                    value=fn,
-                )
+        check_count_fns(owner, tokens_fn=tokens_fn, examples_fn=examples_fn, padding_fn=padding_fn)
         prog_bar = check_flag("prog_bar", prog_bar)
         if dataset_names is not None and (
             isinstance(dataset_names, str) or not all(isinstance(n, str) for n in dataset_names)
@@ -379,12 +355,7 @@ class TokenThroughputMonitor(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        expected = set(self.state_dict())
-        if set(state_dict) != expected:
-            raise ValueError(
-                f"TokenThroughputMonitor state has keys {sorted(state_dict)}, expected "
-                f"{sorted(expected)}: the checkpoint was written by another version."
-            )
+        check_state_keys(type(self).__name__, state_dict, self.state_dict())
         self.steps = int(state_dict["steps"])
         self.total_tokens = float(state_dict["total_tokens"])
         self.total_examples = float(state_dict["total_examples"])

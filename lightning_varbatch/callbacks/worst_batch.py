@@ -1,13 +1,6 @@
 """Run the plan's most demanding micro-batches first, so that an OOM happens in minute one.
 
-:class:`WorstBatchCheck` finds, among this rank's micro-batches of the current epoch plan, the
-one with the most padded tokens (examples x longest), the one with the most examples and the
-one with the largest attention term (examples x longest²), and runs forward and backward on
-each before the first real training step. It reports their peak memory and, when one runs out
-of memory (or exceeds ``memory_limit_bytes``), raises an error that names the batch's shape,
-the rank and the settings to lower.
-
-The pieces live in one module each, and stay importable from here:
+The pieces of :class:`WorstBatchCheck` live in one module each, and stay importable from here:
 :mod:`~lightning_varbatch.callbacks.worst_micro_batches` picks the micro-batches
 (:func:`worst_micro_batches`, :func:`check_names`, :class:`WorstBatch`, :data:`KINDS`),
 :mod:`~lightning_varbatch.callbacks.worst_batch_run` runs one (:data:`OUT_OF_MEMORY`),
@@ -16,11 +9,6 @@ The pieces live in one module each, and stay importable from here:
 :mod:`~lightning_varbatch.callbacks.worst_ranks` gathers every rank's results and
 :mod:`~lightning_varbatch.callbacks.worst_report` words them (:func:`advice`,
 :func:`format_report`).
-
-Example:
-    >>> check = WorstBatchCheck(kinds=("padded_tokens", "attention"))
-    >>> check.kinds
-    ('padded_tokens', 'attention')
 """
 
 from __future__ import annotations
@@ -112,18 +100,13 @@ class WorstBatchCheck(Callback):
         verbose: print the report on global rank 0.
 
     Raises:
-        SettingValueError: for an unknown kind, an empty ``kinds`` or a limit below 1.
-        SettingTypeError: for a setting of the wrong type (``memory_limit_bytes="1e9"``,
-            ``verbose="yes"``).
+        SettingValueError, SettingTypeError: for a bad setting.
         RuntimeError: (in ``setup``) under manual optimization or DeepSpeed (ZeRO keeps
             accumulated gradients where the check cannot discard them); (in
-            ``on_train_start``) when the training loader has no token-budget sampler, and
-            when a checked micro-batch runs out of memory (one of :data:`OUT_OF_MEMORY`, told
-            apart by type) or exceeds ``memory_limit_bytes``: the message names its shape
-            (examples x longest), the rank and the settings that shrink it (:func:`advice`).
-            Any other error of a checked micro-batch (torch's CPU allocation failure, a plain
-            ``RuntimeError``, among them) propagates with its own type and a note naming the
-            micro-batch and the same settings.
+            ``on_train_start``) without a token-budget sampler, or when a checked micro-batch
+            runs out of memory (:data:`OUT_OF_MEMORY`) or exceeds ``memory_limit_bytes``,
+            naming its shape, the rank and the settings that shrink it (:func:`advice`). Any
+            other error of a checked micro-batch propagates with a note naming the same.
 
     After the check, :attr:`report` holds this rank's results (one dict per kind: ``kind``,
     ``examples``, ``longest``, ``padded_tokens``, ``attention``, ``peak_bytes``, ``memory``,

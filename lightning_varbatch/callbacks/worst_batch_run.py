@@ -32,11 +32,10 @@ from lightning_varbatch.peak_memory import measure_peak
 
 __all__ = ["OUT_OF_MEMORY", "failure_message", "run_micro_batch", "step_once"]
 
-#: What :class:`~lightning_varbatch.callbacks.WorstBatchCheck` reports as "ran out of memory",
-#: by type only: ``torch.OutOfMemoryError`` (CUDA and the other devices whose allocator raises
-#: it) and Python's ``MemoryError``. torch's CPU allocator raises a plain ``RuntimeError``
-#: ("can't allocate memory"), which is not told apart from other errors: it propagates
-#: unchanged, with a note naming the micro-batch that raised it and the settings that shrink it.
+#: What :class:`~lightning_varbatch.callbacks.WorstBatchCheck` reports as "ran out of memory":
+#: :data:`lightning_varbatch.memory.OUT_OF_MEMORY`, the same types (the layers keep callbacks
+#: and memory apart): a plain ``RuntimeError`` of torch's CPU allocator propagates unchanged,
+#: with a note naming the micro-batch that raised it and the settings that shrink it.
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 
 

@@ -6,12 +6,6 @@ the one with the most examples and the one with the largest attention term (exam
 longest², a packed row's Σ length²), plus, for a plan of static shapes, one per shape.
 :class:`WorstBatch` describes a pick (and, once run, its peak memory); :func:`check_names`
 lists the picks every rank makes, in order, so that gathered reports line up.
-
-Example:
-    >>> from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
-    >>> s = TokenBudgetBatchSampler([2, 2, 2, 8], 8, rank=0, world_size=1, shuffle=False)
-    >>> [(w.kind, w.shape()) for w in worst_micro_batches(s, ("examples",))]
-    [('examples', '3 examples x 2 tokens')]
 """
 
 from __future__ import annotations

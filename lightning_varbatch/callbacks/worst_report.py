@@ -3,13 +3,6 @@
 :func:`advice` names the settings that shrink a worst micro-batch of a kind, each with its
 value now; :func:`format_report` prints a rank's report as a small table; :func:`gib` is how
 both show bytes.
-
-Example:
-    >>> from lightning_varbatch.planner.settings import PlanConfig
-    >>> advice("padded_tokens", PlanConfig(max_tokens=4096))
-    'lower max_tokens=4096'
-    >>> gib(3 * 2**29)
-    '1.50 GiB'
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from lightning_varbatch import keys
 from lightning_varbatch.checks import check_count, check_flag
@@ -50,6 +51,7 @@ __all__ = [
     "HF_TOKENS_KEY",
     "TOKENS_KEY",
     "PaddingCollate",
+    "PlanCollate",
     "attach_plan",
     "batch_info",
     "check_key",
@@ -67,11 +69,7 @@ __all__ = [
 def check_static_width(
     ragged: Ragged, field: str, shape: tuple[int, int], items: Sequence[Any]
 ) -> None:
-    """Refuse a field longer than the static shape's length (``max_shapes``).
-
-    Raises:
-        ValueError: naming the item and the setting to change.
-    """
+    """Refuse a field longer than the static shape's length (``max_shapes``): a ValueError."""
     if len(ragged) and int(ragged.lengths.max()) > shape[1]:
         position = int(torch.argmax(ragged.lengths))
         raise ValueError(
@@ -82,7 +80,46 @@ def check_static_width(
         )
 
 
-class PaddingCollate:
+class PlanCollate:
+    """What both collates share: the plan's truncation and the checks of a micro-batch's size."""
+
+    truncate_to: int | None
+
+    def with_truncation(self, truncate_to: int | None) -> Self:
+        """A copy cutting fields to ``truncate_to`` (unless this one already cuts).
+
+        Example:
+            >>> PaddingCollate().with_truncation(8).truncate_to
+            8
+        """
+        other = copy.copy(self)
+        if other.truncate_to is None:
+            other.truncate_to = truncate_to
+        return other
+
+    def _limit(self, info: Mapping[str, int | None] | None, extra: int | None = None) -> int:
+        """The truncation length in force (0: none): the smallest one set."""
+        limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0, extra or 0]
+        return min((int(x) for x in limits if x), default=0)
+
+    def _check_not_empty(self, items: Sequence[Any]) -> None:
+        if len(items) == 0:
+            raise ValueError(
+                f"{type(self).__name__} got an empty micro-batch: a batch sampler must yield at "
+                "least one index per micro-batch; use TokenBudgetBatchSampler, or check that "
+                "your own batch sampler never yields an empty list."
+            )
+
+    @staticmethod
+    def _check_step_examples(info: Mapping[str, int | None], nexamples: int) -> None:
+        if (info["step_nexamples"] or 0) < nexamples:
+            raise ValueError(
+                f"The micro-batch has {nexamples} examples but its step only "
+                f"{info['step_nexamples']}: the dataset does not match the sampler's `lengths`."
+            )
+
+
+class PaddingCollate(PlanCollate):
     """Pad token fields into ``(batch, length)`` tensors and add the bookkeeping counts.
 
     Items are mappings holding 1-D LongTensors or lists of ints: ``source``/``target`` pairs
@@ -98,44 +135,32 @@ class PaddingCollate:
     ``DATASET``, ...). Other item entries are gathered: ints into a ``(batch,)`` long tensor,
     anything else into a list.
 
-    Two checks against the plan run on micro-batches from a
-    :class:`~lightning_varbatch.TokenBudgetBatchSampler` (both on by default):
-
-    * ``check_widths``: no padded field of any item is longer (after truncation) than the
-      length the plan budgeted for that item (its planning length, ``max(source, target)``
-      for pairs), so no micro-batch pads to more slots than the plan allowed (``max_tokens``).
-      This holds whatever the ``loss_lengths``; it costs a few microseconds per micro-batch.
-    * ``check_ntokens``: the real loss tokens (loss-field tokens minus ``loss_offset`` per
-      example) equal the plan's count (the exact loss normaliser). For teacher forcing, where
-      the loss predicts ``target[1:]``, give the sampler ``loss_lengths`` of target minus one
-      and the collate ``loss_offset=1``; turn the check off only when the loss tokens differ
-      from the field's length in another way.
+    On micro-batches of a :class:`~lightning_varbatch.TokenBudgetBatchSampler`,
+    ``check_widths`` checks that no padded field of any item is longer (after truncation) than
+    the length the plan budgeted for it, so no micro-batch pads to more than ``max_tokens``
+    slots, and ``check_ntokens`` that the loss tokens are the plan's count (the exact loss
+    normaliser; turn it off only when the loss tokens differ from the field's length other
+    than by ``loss_offset``).
 
     Args:
         pad_id: the padding token id (an integer).
         pad_to_multiple_of: pad lengths up to a multiple of this (use the sampler's).
         source_key: key of the source field of pairs.
         target_key: key of the target field of pairs.
-        truncate_to: cut every field to this length (the sampler's ``truncate_to`` under
-            ``oversize="truncate"``; :class:`TokenBudgetDataModule` sets it). A micro-batch
-            whose plan cuts shorter (a dataset of a mixture with its own budget) is cut to
-            the plan's length.
+        truncate_to: cut every field to this length (the sampler's ``truncate_to``), or to
+            the plan's length where the micro-batch's plan cuts shorter.
         check_ntokens: compare the real loss-token count with the plan's.
         check_widths: check every padded field of every item against the plan's length for it.
         loss_offset: loss tokens per example are its real loss-field tokens (after
             truncation) minus this, at least 0 (teacher forcing, predicting ``target[1:]``: 1);
             counted in ``NTOKENS`` and checked against the plan's ``loss_lengths``.
-        tokens_key: key of the single token field (``"input_ids"`` for Hugging Face
-            tokenizers' output). With the default ``"tokens"``, items that have no
-            ``"tokens"`` but an ``"input_ids"`` field use that one: a dataset tokenized by
-            Hugging Face works without renaming.
+        tokens_key: key of the single token field. With the default ``"tokens"``, items
+            that have no ``"tokens"`` but an ``"input_ids"`` field use that one.
 
     Raises:
-        SettingTypeError: for a setting of the wrong type (also a ``TypeError``).
-        SettingValueError: for a setting out of range.
-        ValueError: for bad settings, non 1-D fields, an item without the expected fields, or
-            (when checking) a micro-batch that breaks the plan: the sampler's ``lengths`` do not
-            match the dataset.
+        SettingTypeError, SettingValueError: for a bad setting.
+        ValueError: for non 1-D fields, an item without the expected fields, or (when
+            checking) a micro-batch that breaks the plan.
         TypeError: for a non-mapping item, or token ids that are not integers.
 
     Example:
@@ -186,18 +211,6 @@ class PaddingCollate:
         self.check_widths = check_flag("check_widths", check_widths)
         self.loss_offset = check_count("loss_offset", loss_offset, minimum=0)
 
-    def with_truncation(self, truncate_to: int | None) -> PaddingCollate:
-        """A copy cutting fields to ``truncate_to`` (unless this one already cuts).
-
-        Example:
-            >>> PaddingCollate().with_truncation(8).truncate_to
-            8
-        """
-        other = copy.copy(self)
-        if other.truncate_to is None:
-            other.truncate_to = truncate_to
-        return other
-
     def _fields(self, first: Any, where: str) -> tuple[tuple[str, ...], str]:
         if not isinstance(first, Mapping):
             raise TypeError(
@@ -231,10 +244,8 @@ class PaddingCollate:
         Args:
             item: the item (``dataset[index]``).
             index: its index in the dataset, for the message.
-            planned_length: the length the plan budgets for it; when given, no padded field
-                may be longer (after truncation).
-            truncate_to: the plan's truncation for this item, if any (the collate's own
-                ``truncate_to`` applies too).
+            planned_length: the plan's length for it; no padded field may be longer.
+            truncate_to: the plan's truncation for this item, if any.
 
         Raises:
             TypeError: for a non-mapping item or non-integer token ids.
@@ -271,12 +282,7 @@ class PaddingCollate:
 
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """Collate one micro-batch of items (a :class:`PlanItems` or a plain list)."""
-        if len(items) == 0:
-            raise ValueError(
-                "PaddingCollate got an empty micro-batch: a batch sampler must yield at least "
-                "one index per micro-batch; use TokenBudgetBatchSampler, or check that your "
-                "own batch sampler never yields an empty list."
-            )
+        self._check_not_empty(items)
         columnar = isinstance(items, ColumnarItems)
         fields, loss_field = self._fields(items[0], item_label(items, 0))
         if not columnar:
@@ -285,8 +291,7 @@ class PaddingCollate:
         planned = getattr(items, "planned_lengths", None) if self.check_widths else None
         if planned is not None and len(planned) != len(items):
             planned = None  # a user's dataset wrapper changed the items: nothing to compare
-        limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0]
-        truncate_to = min((x for x in limits if x), default=0)
+        truncate_to = self._limit(info)
         shape = static_shape(info, len(items))
         batch: dict[str, Any] = {}
         padded_slots = loss_tokens = real_tokens = 0
@@ -369,8 +374,4 @@ class PaddingCollate:
                 "give the sampler loss_lengths and PaddingCollate(check_ntokens=False) (the "
                 "width check, check_widths, stays on)."
             )
-        if (info["step_nexamples"] or 0) < nexamples:
-            raise ValueError(
-                f"The micro-batch has {nexamples} examples but its step only "
-                f"{info['step_nexamples']}: the dataset does not match the sampler's `lengths`."
-            )
+        self._check_step_examples(info, nexamples)

@@ -1,13 +1,9 @@
 """Micro-batches read from a Hugging Face dataset in one batched call, as Arrow columns.
 
-The loader's dataset wrapper asks :func:`arrow_view` whether a dataset is a Hugging Face
-``datasets.Dataset``; when it is (and the collate is a
-:class:`~lightning_varbatch.PaddingCollate`), each micro-batch is one ``take`` of its rows from
-the memory-mapped table (``ds.with_format("arrow")[indices]``), handed to the collate as
-:class:`ColumnarItems`, which pads the token columns from their flat values
-(:class:`~lightning_varbatch.data.ragged.Ragged`) with no Python object per row or token.
-A ``ConcatDataset`` of such datasets (several :class:`~lightning_varbatch.DataSource`) is
-routed part by part, since every planned micro-batch comes from one dataset.
+For a Hugging Face ``datasets.Dataset`` (and one of the library's collates), each micro-batch
+is one ``take`` of its rows from the memory-mapped table, handed to the collate as
+:class:`ColumnarItems`, read with no Python object per row or token. A ``ConcatDataset`` of such
+datasets is routed part by part, since every planned micro-batch comes from one dataset.
 
 Example:
     >>> import datasets

@@ -2,16 +2,9 @@
 
 How it fits Lightning 2.6 (checked in its source):
 
-- Lightning replaces a loader's sampler with a ``DistributedSampler`` only when
-  ``_requires_distributed_sampler`` holds (``trainer/connectors/data_connector.py``): the
-  trainer's ``use_distributed_sampler`` is on, the run is distributed and ``dataloader.sampler``
-  is *not* already a ``DistributedSampler``. Our loaders' ``sampler`` is such a sampler
-  (:class:`_EpochRelay`, unused for indexing since the batch sampler drives the loader), so the
-  default ``use_distributed_sampler=True`` needs no change and no trainer state is touched.
-- Lightning calls ``set_epoch`` only on ``dataloader.sampler`` and
-  ``dataloader.batch_sampler.sampler`` (``fabric/utilities/data.py`` ``_set_sampler_epoch``, from
-  ``FitLoop.on_advance_start`` and the evaluation loop), never on the batch sampler itself: the
-  relay forwards the call to the token-budget sampler.
+- Its loaders (:mod:`~lightning_varbatch.data.loader`) keep Lightning from injecting a
+  ``DistributedSampler`` under the default ``use_distributed_sampler=True`` and relay
+  ``set_epoch`` to the token-budget sampler; no trainer state is touched.
 - Lightning sizes the epoch with ``len(dataloader)`` and, on a mid-epoch resume, restores its
   batch counter; our loader's length is therefore the whole epoch's
   (:attr:`~lightning_varbatch.TokenBudgetBatchSampler.epoch_length`), not what is left.
@@ -87,21 +80,17 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
     once across ranks. ``state_dict`` saves how far the epoch was *trained* (not prefetched).
 
     Several datasets: pass a list of :class:`~lightning_varbatch.DataSource` (each with its
-    ``dataset``, ``lengths`` and optionally its own ``max_tokens``/``max_examples``) as
-    ``train_dataset`` (and ``val_dataset``/``test_dataset``), no ``*_lengths``, and choose the
-    mixing (see :mod:`lightning_varbatch.planner.mixture`). Batches then carry ``keys.DATASET``, the
-    index of the dataset they come from; evaluation covers every example of every dataset
-    once.
+    ``dataset`` and ``lengths``) as ``train_dataset`` (and ``val_dataset``/``test_dataset``), no
+    ``*_lengths``, and choose the mixing (:mod:`lightning_varbatch.planner.mixture`). Batches
+    then carry ``keys.DATASET``, the index of the dataset they come from.
 
     Args:
         train_dataset: map-style training dataset (items for ``collate``), or a list of
             :class:`~lightning_varbatch.DataSource`.
         train_lengths: one length per item (``(n,)`` or ``(n, 2)`` source/target), a
             callable ``dataset -> lengths`` evaluated once, or, for a Hugging Face dataset,
-            the name of a length or token-id column or a (source, target) pair of them, read
-            vectorised from Arrow (:func:`~lightning_varbatch.sources.column_lengths`).
-            ``None`` with data sources (a :class:`~lightning_varbatch.DataSource` may name
-            columns of its own dataset the same way).
+            the name of a length or token-id column or a (source, target) pair of them
+            (:func:`~lightning_varbatch.sources.column_lengths`). ``None`` with data sources.
         max_tokens: token budget of one training micro-batch on one rank.
         mixing: with several training datasets, ``"per_step"`` (every optimizer step on all
             ranks from one dataset) or ``"per_batch"`` (every micro-batch from one dataset).
@@ -115,42 +104,34 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         test_dataset: optional test dataset.
         test_lengths: its lengths (or callable); required with ``test_dataset``.
         val_max_tokens: budget for validation and test (default ``max_tokens``).
-        train_loss_lengths: loss tokens per training item when they are not its length (1-D
-            lengths) or its target length (pairs) minus ``loss_offset`` (for teacher forcing
-            pass ``loss_offset=1`` instead); an array, a column name or a callable
-            ``dataset -> loss lengths``. Only for a plain dataset: a
-            :class:`~lightning_varbatch.DataSource` carries its own ``loss_lengths``.
+        train_loss_lengths: loss tokens per training item when they are not its length (the
+            target's for pairs) minus ``loss_offset``: an array, a column name or a callable
+            ``dataset -> loss lengths``; a :class:`~lightning_varbatch.DataSource` carries
+            its own ``loss_lengths`` (the planner setting ``loss_lengths`` is refused).
         val_loss_lengths: the same for ``val_dataset``.
-        test_loss_lengths: the same for ``test_dataset``. Each stage has its own: the
-            planner setting ``loss_lengths`` is refused (it would describe one split's items
-            only), with a message pointing here.
-        collate: the collate function (default :class:`PaddingCollate` with the sampler's
-            ``pad_to_multiple_of``); a :class:`PaddingCollate` gets the sampler's truncation.
+        test_loss_lengths: the same for ``test_dataset``.
+        collate: the collate function (default: the plan's, :class:`PaddingCollate` or
+            :class:`PackingCollate`, for the fields the lengths name); a library collate gets
+            the sampler's truncation and is refused when it does not fit the plan.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         loss_offset: every split's loss tokens per example are its length (the target's for
-            pairs) minus this, at least 0, counted after ``oversize="truncate"`` cuts it (1 for
-            teacher forcing); the default collate gets the same offset, so the two cannot
-            disagree (a given :class:`PaddingCollate` must have it too). Not with
-            ``*_loss_lengths`` (or a :class:`~lightning_varbatch.DataSource`'s), which are the
-            loss tokens already (see :class:`~lightning_varbatch.PlanConfig`).
-        on_resume_mismatch: what resuming from a checkpoint whose training data or settings
-            differ does (lengths, loss lengths, number of examples, seed, batching settings):
-            ``"error"`` (default) refuses it with a message that lists what changed;
-            ``"restart_epoch"`` starts the checkpoint's epoch afresh on the current data: the
-            epoch number is kept and every example of that epoch is trained exactly once from
-            its start (see :meth:`TokenBudgetBatchSampler.load_state_dict`).
+            pairs) minus this, counted after ``oversize="truncate"`` (1 for teacher forcing);
+            the default collate gets the same offset. Not with ``*_loss_lengths``, which are
+            the loss tokens already.
+        on_resume_mismatch: resuming from a checkpoint whose training data or settings differ:
+            ``"error"`` (default) refuses it, listing what changed; ``"restart_epoch"`` trains
+            the checkpoint's epoch afresh on the current data, every example once (see
+            :meth:`TokenBudgetBatchSampler.load_state_dict`).
         **sampler_kwargs: planner settings, the fields of
-            :class:`~lightning_varbatch.PlanConfig` but ``max_tokens`` (``cost``,
-            ``max_examples``, ``batch_size_multiple``, ``pad_to_multiple_of``,
-            ``bucket_width``, ``seed``, ``tail``, ``oversize``, ``shuffle``, ...).
+            :class:`~lightning_varbatch.PlanConfig` but ``max_tokens`` (``cost``, ``seed``,
+            ``tail``, ``oversize``, ``pad_to_multiple_of``, ...).
 
     Raises:
-        TypeError: for an unknown planner setting, or an iterable-style dataset (a map-style
-            one is needed).
+        TypeError: for an unknown planner setting, or an iterable-style dataset.
         ValueError: for a dataset without lengths, lengths whose count differs from the
-            dataset's size (both counts named), bad budgets or loader settings, or fewer
-            evaluation examples than ranks.
+            dataset's size, bad budgets or loader settings, or fewer evaluation examples than
+            ranks.
 
     Example:
         >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
@@ -301,8 +282,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
     def planner(self, stage: str) -> Planner:
         """The planner of ``stage`` (``"train"``, ``"val"`` or ``"test"``), built at construction.
 
-        Its ``num_examples``, ``truncate_to`` (``oversize="truncate"``) and ``config`` say
-        what every rank's sampler of that stage plans with.
+        Its ``num_examples``, ``truncate_to`` and ``config`` are what every rank plans with.
 
         Raises:
             ValueError: for an unknown stage or one without a dataset.
@@ -367,9 +347,8 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The training sampler's position, counted in micro-batches *trained* this epoch.
 
-        The count is the fit loop's ``batch_progress.current.processed``: it already includes
-        the batch whose ``on_train_batch_end`` saves the checkpoint (Lightning increments it
-        before that hook), and it is not ahead like the loader's prefetching.
+        The count (:func:`~lightning_varbatch.data.lightning_loop.trained_this_epoch`) includes
+        the batch whose ``on_train_batch_end`` saves, and is not ahead like a prefetch.
         """
         sampler = self.samplers.get("train")
         if sampler is None:

@@ -1,13 +1,8 @@
 """The settings both DataModules check at construction, and those each one refuses.
 
-Both take ``max_tokens``/``val_max_tokens``, ``collate``, ``num_workers``, ``pin_memory``,
-``on_resume_mismatch`` and ``loss_offset`` with the same checks and messages
-(:func:`check_budgets`, :func:`check_loader_settings`, :func:`with_loss_offset`). The
-map-style :class:`~lightning_varbatch.TokenBudgetDataModule` takes every other
-:class:`~lightning_varbatch.PlanConfig` field as a keyword (:data:`SAMPLER_KWARGS`, derived
-from its fields: a setting added to ``PlanConfig`` is accepted without a second edit);
-:class:`~lightning_varbatch.StreamingDataModule` refuses what a stream cannot do
-(:data:`REFUSED`, :func:`check_stream_arguments`).
+Both take the budgets, loader settings and ``loss_offset`` with the same checks and messages;
+the map-style DataModule takes every other :class:`~lightning_varbatch.PlanConfig` field as a
+keyword (:data:`SAMPLER_KWARGS`), and the stream refuses what it cannot do (:data:`REFUSED`).
 
 Example:
     >>> check_budgets(64, None)
@@ -96,14 +91,9 @@ def _is_default(value: object, default: object) -> bool:
 
 
 def check_budgets(max_tokens: object, val_max_tokens: object) -> tuple[int, int, bool]:
-    """The training and evaluation budgets, checked as the planner checks ``max_tokens``.
+    """``(max_tokens, val_max_tokens, defaulted)``, checked as the planner checks a budget.
 
-    Returns:
-        ``(max_tokens, val_max_tokens, defaulted)``: ``val_max_tokens`` is ``max_tokens``
-        when not given, and ``defaulted`` says so (for the messages).
-
-    Raises:
-        SettingValueError: naming ``max_tokens`` or ``val_max_tokens``.
+    ``val_max_tokens`` is ``max_tokens`` when not given, and ``defaulted`` says so.
     """
     budget = check_count("max_tokens", max_tokens)  # the planner's own check and message
     if val_max_tokens is None:
@@ -117,10 +107,7 @@ def check_loader_settings(
     """The loader settings both DataModules take, checked; returned in the same order.
 
     Raises:
-        SettingValueError: for a negative ``num_workers`` or an unknown
-            ``on_resume_mismatch``.
-        SettingTypeError: for a ``pin_memory`` that is not a bool, or a ``collate`` that is
-            neither callable nor ``None``.
+        SettingValueError, SettingTypeError: naming the setting.
 
     Example:
         >>> check_loader_settings(None, 0, False, "error")
@@ -142,10 +129,7 @@ def check_loader_settings(
 
 
 def with_loss_offset(settings: Mapping[str, Any], loss_offset: object) -> dict[str, Any]:
-    """The planner's settings: ``loss_offset`` added, arguments at their defaults left out.
-
-    ``loss_offset`` is added when it is not 0 (checked as PlanConfig does); DataModule
-    arguments given at their :data:`DEFAULTS` change nothing and are left out.
+    """The planner's settings: ``loss_offset`` added (unless 0), :data:`DEFAULTS` left out.
 
     Example:
         >>> with_loss_offset({"seed": 1}, 1), with_loss_offset({"seed": 1, "mixing": None}, 0)
@@ -158,10 +142,7 @@ def with_loss_offset(settings: Mapping[str, Any], loss_offset: object) -> dict[s
 
 
 def check_sampler_kwargs(sampler_kwargs: Mapping[str, Any]) -> None:
-    """Refuse ``loss_lengths`` and unknown planner settings of TokenBudgetDataModule.
-
-    Raises:
-        SettingTypeError: naming the first such setting.
+    """Refuse ``loss_lengths`` and unknown planner settings (a SettingTypeError naming it).
 
     Example:
         >>> check_sampler_kwargs({"seed": 1, "tail": "spread"})
@@ -188,11 +169,9 @@ def check_stream_arguments(train_source: object, plan_settings: Mapping[str, Any
     """Refuse a training source that is no stream, and what a stream cannot do.
 
     Raises:
-        SettingTypeError: for a ``train_source`` that is not a :class:`ShardedSource` (a list
-            of DataSource names the alternative), or ``rank``/``world_size``/
-            ``accumulate_grad_batches`` (the Trainer's).
-        SettingValueError: for a :data:`REFUSED` setting other than its default, saying why
-            and what instead.
+        SettingTypeError: for a ``train_source`` that is not a :class:`ShardedSource`, or
+            ``rank``/``world_size``/``accumulate_grad_batches`` (the Trainer's).
+        SettingValueError: for a :data:`REFUSED` setting other than its default.
     """
     if isinstance(train_source, (list, tuple)) and any(
         isinstance(s, DataSource) for s in train_source

@@ -1,7 +1,7 @@
 """What both DataModules save and restore: a versioned state and the position it gives back.
 
-Both states are ``{"version": 1, ...}`` (:data:`~lightning_varbatch.data.splits.
-STATE_VERSION`; a state without one is version 1) and count the micro-batches *trained* this
+Both states are ``{"version": 1, ...}`` (:data:`STATE_VERSION`; a state without one is
+version 1) and count the micro-batches *trained* this
 epoch (``trained_this_epoch``, from :mod:`~lightning_varbatch.data.lightning_loop`), never the
 loader's prefetch. :class:`ResumableState` holds what both do with a state: read it (a mapping,
 of a version this release reads), keep it until the training loader is built, and refuse a
@@ -17,14 +17,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from lightning_varbatch.data.lightning_loop import trained_this_epoch
-from lightning_varbatch.data.splits import (
-    STATE_VERSION,
-    check_position_restored,
-    check_state_version,
-)
+from lightning_varbatch.data.lightning_loop import fit_epoch, resumed_mid_epoch, trained_this_epoch
+from lightning_varbatch.errors import ResumeMismatchError
 
-__all__ = ["ResumableState", "read_state_mapping", "trained_this_epoch", "versioned"]
+__all__ = [
+    "STATE_VERSION",
+    "ResumableState",
+    "read_state_mapping",
+    "trained_this_epoch",
+    "versioned",
+]
+
+#: The version of both DataModules' ``state_dict`` (a state without one is version 1).
+STATE_VERSION = 1
 
 
 def versioned(**entries: Any) -> dict[str, Any]:
@@ -94,8 +99,37 @@ class ResumableState:
             self._keep_state(state)
 
     def _check_version(self, state_dict: Mapping[str, Any]) -> None:
-        check_state_version(type(self).__name__, state_dict)
+        """Accept a state of this version or one saved before states had a version."""
+        version = state_dict.get("version", STATE_VERSION)
+        if version != STATE_VERSION:
+            raise ResumeMismatchError(
+                f"The {type(self).__name__} state has version {version!r}, but this "
+                f"lightning_varbatch reads version {STATE_VERSION} (and states saved before "
+                "versions existed): the checkpoint was saved by another release; resume it "
+                "with that release.",
+                changed=["version"],
+            )
 
     def _check_restored(self) -> None:
-        """Refuse a mid-epoch resume from a checkpoint without this class's state."""
-        check_position_restored(getattr(self, "trainer", None), type(self).__name__, self._restored)
+        """Refuse a mid-epoch resume whose checkpoint gave this DataModule no position.
+
+        Lightning keeps a DataModule's state under its class name (``__qualname__``) and hands
+        it back only to a DataModule of that name: a checkpoint of a subclass, a renamed class
+        or the other DataModule would resume the fit loop mid-epoch while the DataModule
+        starts the epoch afresh, training part of it twice, silently.
+        """
+        trainer: Any = getattr(self, "trainer", None)
+        if self._restored or not resumed_mid_epoch(trainer):
+            return
+        raise ResumeMismatchError(
+            f"The fit resumes from ckpt_path={trainer.ckpt_path} after "
+            f"{trained_this_epoch(trainer)} micro-batches of epoch {fit_epoch(trainer)}, but the "
+            f"checkpoint holds no {type(self).__name__} state: Lightning keeps a DataModule's "
+            "state under its class name, and this checkpoint was saved by a DataModule of "
+            "another class (a subclass, a renamed class, or the other of TokenBudgetDataModule "
+            "and StreamingDataModule). Without its position the epoch would start again and "
+            "train examples twice. Resume with the class that saved it, or load its position "
+            "before fit: dm.load_state_dict(torch.load(ckpt_path, weights_only=True)"
+            "['<that class name>']).",
+            changed=["datamodule"],
+        )

@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from lightning.pytorch import Trainer
 
-__all__ = ["calling_trainer", "fit_epoch", "follow_epoch_length", "trained_this_epoch"]
+__all__ = [
+    "calling_trainer",
+    "fit_epoch",
+    "follow_epoch_length",
+    "resumed_mid_epoch",
+    "trained_this_epoch",
+]
 
 _DEPTH = 12  # frames searched: the loader's iter() runs 8 calls below the loop
 
@@ -113,3 +119,18 @@ def trained_this_epoch(trainer: Any) -> int:
     if trainer is None:
         return 0
     return int(trainer.fit_loop.epoch_loop.batch_progress.current.processed)
+
+
+def resumed_mid_epoch(trainer: Any) -> bool:
+    """Whether the fit resumed from ``ckpt_path`` with micro-batches of its epoch trained.
+
+    Lightning's own judgement (``FitLoop.restarting``, set when the loops' state is loaded); a
+    checkpoint of a finished epoch is not inside one.
+
+    Example:
+        >>> resumed_mid_epoch(None)
+        False
+    """
+    if trainer is None or getattr(trainer, "ckpt_path", None) is None:
+        return False
+    return trained_this_epoch(trainer) > 0 and bool(trainer.fit_loop.restarting)

@@ -8,18 +8,8 @@ a ``DistributedSampler`` (:class:`_EpochRelay`) that relays ``set_epoch`` to the
 so the trainer's default ``use_distributed_sampler=True`` needs no change, and a training
 loader makes Lightning run each epoch's length (:mod:`~lightning_varbatch.data.lightning_loop`).
 
-Two public names, two roles: :func:`token_budget_dataloader` is the constructor the docs
-teach (the sampler as second argument, like ``DataLoader(dataset, sampler)``), and
-:class:`TokenBudgetDataLoader` is the type it returns, for ``isinstance`` checks and
-annotations (and its ``evaluation=`` option, which the DataModule uses).
-
-Example:
-    >>> from lightning_varbatch import TokenBudgetBatchSampler
-    >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7)]
-    >>> loader = token_budget_dataloader(data, TokenBudgetBatchSampler([3, 5, 2, 7], 10,
-    ...                                  rank=0, world_size=1))
-    >>> len(loader), sorted(int(b["nexamples"]) for b in loader)
-    (3, [1, 1, 2])
+:func:`token_budget_dataloader` is the constructor the docs teach; :class:`TokenBudgetDataLoader`
+is the type it returns (and has the ``evaluation=`` option the DataModules use).
 """
 
 from __future__ import annotations
@@ -52,12 +42,9 @@ __all__ = [
 class _BatchInfoDataset(Dataset[Any]):
     """Wrap a map-style dataset so that each fetched micro-batch keeps the plan's counts.
 
-    ``__getitems__`` receives the sampler's :class:`~lightning_varbatch.MicroBatch` (torch's
-    fetcher passes the batch sampler's list through unchanged), reads its rows in one call
-    where the dataset allows (:func:`~lightning_varbatch.data.columnar.fetch_rows`; with
-    ``columnar``, a Hugging Face dataset's rows come as one Arrow table) and returns them
-    through :func:`~lightning_varbatch.data.collate.attach_plan`, which
-    :class:`PaddingCollate` reads.
+    ``__getitems__`` receives the sampler's :class:`~lightning_varbatch.MicroBatch` as it is,
+    reads its rows in one call where the dataset allows (:func:`~lightning_varbatch.data.
+    columnar.fetch_rows`) and returns them with the plan (:func:`attach_plan`).
 
     Example:
         >>> from lightning_varbatch.data.micro_batch import MicroBatch
@@ -87,13 +74,7 @@ class _BatchInfoDataset(Dataset[Any]):
 
 
 class _EpochRelay(DistributedSampler[int]):
-    """The loader's ``sampler``: marks it sharded for Lightning and relays ``set_epoch``.
-
-    The batch sampler drives the DataLoader; this object is never iterated by it. Being a
-    ``DistributedSampler`` makes Lightning's ``_requires_distributed_sampler`` false, so the
-    loader is not rebuilt; ``set_epoch`` reaches the batch sampler (and the epoch's length
-    Lightning's fit loop) through it.
-    """
+    """The loader's ``sampler`` (never iterated): marks it sharded and relays ``set_epoch``."""
 
     def __init__(self, dataset: Any, batch_sampler: TokenBudgetBatchSampler, fixed: bool) -> None:
         super().__init__(
@@ -148,8 +129,7 @@ def check_first_items_of(
     """Check the first item of the dataset (of every dataset of a mixture) with ``collate``.
 
     Raises:
-        TypeError: for a non-mapping item or non-integer token ids.
-        ValueError: for missing fields or a field longer than the plan's length for the item.
+        TypeError, ValueError: as ``collate.check_item``.
 
     Example:
         >>> s = TokenBudgetBatchSampler([3, 1], 10, rank=0, world_size=1)
@@ -176,36 +156,28 @@ def check_first_items_of(
 class TokenBudgetDataLoader(DataLoader[Any]):
     """A DataLoader over a :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
 
-    Its ``len`` is each epoch's micro-batch count as Lightning counts it (also after a resume),
-    Lightning leaves its sampler alone under ``use_distributed_sampler=True``, and its
-    ``set_epoch`` calls reach the batch sampler. Build it with :func:`token_budget_dataloader`.
+    Its ``len`` is each epoch's micro-batch count as Lightning counts it (also after a resume).
+    Build it with :func:`token_budget_dataloader`.
 
     Args:
-        dataset: a map-style dataset (wrapped so that each fetched micro-batch keeps the
-            plan's counts for the collate).
+        dataset: a map-style dataset.
         batch_sampler: the token-budget sampler, already set to this rank.
-        collate_fn: default: the plan's (:func:`~lightning_varbatch.data.pairing.collate_for_plan`:
-            :class:`PaddingCollate` for padded and ``max_shapes`` plans,
-            :class:`PackingCollate` for ``layout="packed"``), with the sampler's padding and
-            truncation. A library collate that does not lay out the plan's micro-batches is
-            refused; a plain callable is used as it is (its budget is its own).
+        collate_fn: default: the plan's (:func:`~lightning_varbatch.data.pairing.
+            collate_for_plan`), with the sampler's padding and truncation; a library collate
+            that does not fit the plan is refused, a plain callable used as it is.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         evaluation: start every iteration from the first micro-batch and keep the plan of
             epoch 0 (validation and test); otherwise iteration resumes where it stopped.
-        check_first_items: with a :class:`PaddingCollate`, fetch the first item of the dataset
-            (of each dataset of a mixture) now and check it has the fields the collate
-            expects, integer 1-D token ids, and no field longer than its planned length, so a
-            bad dataset fails before training instead of when its batch is reached.
+        check_first_items: with a library collate, check the first item of each dataset now
+            (:func:`check_first_items_of`), not when its batch is reached.
         **kwargs: other DataLoader arguments (``prefetch_factor``, ``persistent_workers``...).
 
     Raises:
         TypeError: for a batch sampler that is not a token-budget sampler, an iterable-style
             dataset, or a bad first item.
-        SettingValueError: for a collate that does not fit the plan (``setting`` is
-            ``"collate_fn"``) or a negative ``num_workers``.
-        ValueError: when the dataset's size differs from the number of lengths the sampler
-            plans with, or a bad first item.
+        SettingValueError: for a collate that does not fit the plan or a bad ``num_workers``.
+        ValueError: for a dataset whose size is not the sampler's, or a bad first item.
     """
 
     def __init__(
@@ -245,11 +217,11 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         ours = isinstance(collate_fn, PLAN_COLLATES)
         if isinstance(collate_fn, PLAN_COLLATES):
             collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
+            if check_first_items:
+                check_first_items_of(inner, batch_sampler, collate_fn)
         # Our collates read Arrow columns: a Hugging Face dataset's micro-batch is then one
         # batched read and a vectorised pad; any other collate gets the items it expects.
         wrapped = _BatchInfoDataset(inner, columnar=ours)
-        if check_first_items and isinstance(collate_fn, PLAN_COLLATES):
-            check_first_items_of(inner, batch_sampler, collate_fn)
         super().__init__(
             wrapped,
             batch_sampler=batch_sampler,
@@ -259,8 +231,7 @@ class TokenBudgetDataLoader(DataLoader[Any]):
             **kwargs,
         )
         self.evaluation = evaluation
-        # DataLoader forbids assigning `sampler` after __init__ and forbids passing it together
-        # with a batch_sampler; it is only read by Lightning (see _EpochRelay), never iterated.
+        # DataLoader forbids assigning `sampler` after __init__ or with a batch_sampler
         self.__dict__["sampler"] = _EpochRelay(wrapped, batch_sampler, fixed=evaluation)
 
     @property
@@ -312,9 +283,7 @@ def token_budget_dataloader(
     Args:
         dataset: a map-style dataset of items for ``collate_fn``.
         sampler: the token-budget sampler of this rank.
-        collate_fn: default: the plan's collate (:class:`PaddingCollate`, or
-            :class:`PackingCollate` for ``layout="packed"``) with the sampler's padding and
-            truncation; a library collate that disagrees with the plan is refused.
+        collate_fn: as :class:`TokenBudgetDataLoader`'s.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         **kwargs: other :class:`TokenBudgetDataLoader` / DataLoader arguments.

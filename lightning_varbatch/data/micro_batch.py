@@ -1,11 +1,4 @@
-"""A micro-batch of example ids that knows its place in the plan, and rank discovery.
-
-Example:
-    >>> from lightning_varbatch.data.micro_batch import MicroBatch
-    >>> MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9, step_ntokens=30,
-    ...            step_nexamples=7).nexamples
-    2
-"""
+"""A micro-batch of example ids that knows its place in the plan, and rank discovery."""
 
 from __future__ import annotations
 
@@ -18,7 +11,13 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.settings import PlanConfig
 
-__all__ = ["MicroBatch", "check_loss_tokens", "micro_batch_of", "resolve_rank_world"]
+__all__ = [
+    "MicroBatch",
+    "check_loss_tokens",
+    "micro_batch_of",
+    "process_group_topology",
+    "resolve_rank_world",
+]
 
 
 class MicroBatch(list[int]):
@@ -200,13 +199,14 @@ def check_loss_tokens(plan: EpochPlan, config: PlanConfig) -> None:
         f"loss_offset={config.loss_offset} leaves no loss token in examples of "
         f"{config.loss_offset} token(s) or fewer"
         if config.loss_offset
-        else "its examples' loss lengths are all 0"
+        else "its examples' loss lengths are all 0 (one-token examples of packed rows, whose "
+        "labels are the next token, have none)"
     )
     raise SettingValueError(
         f"Optimizer step {step} of epoch {plan.epoch} has no loss tokens ({empty.size} such "
         f"step(s) in the epoch): {why}, and the step's token mean (step_token_mean) would "
-        "divide by zero. Leave such examples out of the data (e.g. filter examples shorter "
-        f"than {config.loss_offset + 1} tokens), or fix the {setting}.",
+        "divide by zero. Leave the examples without loss tokens out of the data, or fix the "
+        f"{setting}.",
         setting=setting,
         value=config.loss_offset if config.loss_offset else None,
     )
@@ -258,3 +258,35 @@ def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, i
             source = f" (from the environment: {shown}; the launcher must set RANK < WORLD_SIZE)"
         raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank!r}{source}.")
     return int(rank), int(world_size)
+
+
+def process_group_topology(rank: int, world_size: int, inferred: bool) -> tuple[int, int] | None:
+    """torch.distributed's ``(rank, world_size)`` where it differs from a sampler's, else ``None``.
+
+    A sampler built before the launcher started the ranks (at the top of a script Lightning
+    re-executes per rank) resolved its topology too early (``inferred``): it must follow the
+    process group, or the ranks plan for different world sizes and hang at the epoch's end.
+
+    Raises:
+        RuntimeError: when the sampler was given another rank or world size explicitly.
+
+    Example:
+        >>> process_group_topology(0, 1, inferred=True) is None  # no process group here
+        True
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    found = (dist.get_rank(), dist.get_world_size())
+    if found == (rank, world_size):
+        return None
+    if inferred:
+        return found
+    raise RuntimeError(
+        f"TokenBudgetBatchSampler was built for rank {rank} of world_size {world_size}, but "
+        f"torch.distributed runs rank {found[0]} of {found[1]}: every rank must plan for the "
+        "real topology or the ranks get different batches and hang. Pass rank/world_size of "
+        "the process group (in a LightningModule or DataModule: trainer.global_rank and "
+        "trainer.world_size), or leave them unset."
+    )

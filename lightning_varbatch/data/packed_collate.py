@@ -1,45 +1,14 @@
 """Padding-free packing: a micro-batch's examples concatenated into one row, for varlen attention.
 
-A token-budgeted micro-batch planned with ``layout="packed"`` holds whole examples whose
-lengths sum to at most ``max_tokens`` (with the row aligned to ``pad_to_multiple_of``).
-:class:`PackingCollate` lays them end to end in a single row ``(1, T)`` instead of padding
-each to the longest, and returns what a variable-length attention kernel needs to keep
-attention inside each example: ``cu_seqlens`` and ``max_seqlen`` (FlashAttention's
-``flash_attn_varlen_func`` convention), restarting ``position_ids`` (what Hugging Face models
-read to detect packed sequences) and ``seq_idx`` (the example of every token, for a
-block-diagonal mask or Mamba-style kernels).
-
-``labels`` are *already shifted*: ``labels[0, t]`` is the token that follows ``input_ids[0, t]``
-in the same example, and ``-100`` (``ignore_index``) at every example's last token and on the
-alignment padding, so no prediction crosses an example boundary. Compute the loss as
-``cross_entropy(logits[0], labels[0], ignore_index=-100, reduction="sum")`` with no further
-shift, and do not pass these labels to a Hugging Face model's ``forward`` (it shifts labels
-itself, which would shift them twice).
-
-The batch carries the counts of :mod:`lightning_varbatch.keys`, like
-:class:`~lightning_varbatch.PaddingCollate`: ``NTOKENS`` is the number of labels (each
-example's length minus one), so plan the epoch with
-``TokenBudgetBatchSampler(lengths, max_tokens, layout="packed", loss_lengths=lengths - 1)``
-and
-:func:`~lightning_varbatch.loss.step_token_mean` divides by the exact loss-token count of the
-optimizer step.
-
-Example:
-    >>> import torch
-    >>> import torch.nn.functional as F
-    >>> batch = PackingCollate()([{"tokens": [5, 6, 7]}, {"tokens": [8, 9]}])
-    >>> batch["input_ids"].tolist(), batch["labels"].tolist()
-    ([[5, 6, 7, 8, 9]], [[6, 7, -100, 9, -100]])
-    >>> logits = torch.zeros(1, 5, 10)  # (1, T, vocabulary) from a model run on the row
-    >>> loss_sum = F.cross_entropy(logits[0], batch["labels"][0], ignore_index=-100,
-    ...                            reduction="sum")
-    >>> round(float(loss_sum / batch["ntokens"]), 4)  # the mean over the 3 real predictions
-    2.3026
+:class:`PackingCollate` lays a ``layout="packed"`` micro-batch end to end in one row ``(1, T)``
+and returns what a variable-length attention kernel needs to keep attention inside each
+example (FlashAttention's ``cu_seqlens``/``max_seqlen``, restarting ``position_ids``,
+``seq_idx``). Its ``labels`` are *already shifted*: compute the loss with no further shift,
+and do not pass them to a Hugging Face model's ``forward`` (which shifts labels itself).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,6 +16,7 @@ import torch
 
 from lightning_varbatch import keys
 from lightning_varbatch.checks import check_count, check_flag
+from lightning_varbatch.data.collate import PlanCollate
 from lightning_varbatch.data.columnar import ColumnarItems
 from lightning_varbatch.data.plan_items import attach_plan, count_entries, item_label
 from lightning_varbatch.data.ragged import Ragged
@@ -78,14 +48,12 @@ def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
 
 
-class PackingCollate:
+class PackingCollate(PlanCollate):
     """Pack a micro-batch of token sequences into one padding-free row (varlen attention).
 
     Items are mappings whose ``field`` (default ``"tokens"``) is a 1-D sequence of integer
-    token ids (list, numpy array or LongTensor), or the Arrow rows of a Hugging Face dataset
-    (:class:`~lightning_varbatch.data.columnar.ColumnarItems`, read without a Python object per
-    token). The examples are concatenated in micro-batch order; everything is computed with
-    whole-tensor operations (no Python loop per token). The batch holds:
+    token ids, or the Arrow rows of a Hugging Face dataset; the examples are concatenated in
+    micro-batch order, with whole-tensor operations. The batch holds:
 
     * ``input_ids``: ``(1, T)`` long, the tokens, then ``pad_id`` up to ``T``, the real
       token count rounded up to ``pad_to_multiple_of`` (alignment only);
@@ -106,31 +74,17 @@ class PackingCollate:
       exact;
     * the items' other entries: ints as an ``(E,)`` long tensor, anything else as a list.
 
-    Plan the epoch with ``layout="packed"`` (a packed row costs its real tokens rounded up to
-    the sampler's ``pad_to_multiple_of``, and ranks are balanced by compute) and
-    ``loss_lengths = lengths - 1`` (one label fewer than tokens per example); give the
-    collate the sampler's ``pad_to_multiple_of`` (the loader refuses a wider one), and no row
-    exceeds ``max_tokens`` slots.
+    Plan the epoch with ``layout="packed"`` and ``loss_lengths = lengths - 1`` (one label
+    fewer than tokens per example), and give the collate the sampler's ``pad_to_multiple_of``:
+    no row then exceeds ``max_tokens`` slots. Truncation cuts each example's *input*; the label
+    of the last kept token is still its next token, so a cut example has
+    ``min(len - 1, truncate_to)`` labels, as the planner counts them. One row, by design:
+    several equal-length rows would add padding a packed plan does not budget (a model that
+    needs ``(batch, length)`` input should use :class:`~lightning_varbatch.PaddingCollate`).
 
-    Truncation (``truncate_to``, and a plan's shorter per-dataset ``truncate_to``) cuts each
-    example's *input* to that many tokens; the label of the last kept token is still its next
-    token in the full example (a real prediction, inside the example), so a cut example has
-    ``min(len - 1, truncate_to)`` labels: exactly what the planner counts when it cuts
-    ``loss_lengths = lengths - 1`` under ``oversize="truncate"``.
-
-    One row, by design: varlen kernels take the flattened tokens anyway, and splitting the
-    examples over several equal-length rows would add padding that a packed plan does
-    not budget (or split examples across rows). A model that needs ``(batch, length)`` input
-    should use :class:`~lightning_varbatch.PaddingCollate`.
-
-    Two checks against the plan run on micro-batches of a
-    :class:`~lightning_varbatch.TokenBudgetBatchSampler` (both on by default):
-
-    * ``check_widths``: the row is no wider than the plan allowed: ``T`` at most the sum of
-      the planned lengths rounded up to ``pad_to_multiple_of`` (the error names the first
-      example longer than its planned length).
-    * ``check_ntokens``: ``NTOKENS`` equals the plan's loss-token count, which holds when the
-      plan was made with ``loss_lengths = lengths - 1``.
+    On micro-batches of a :class:`~lightning_varbatch.TokenBudgetBatchSampler`,
+    ``check_widths`` checks that ``T`` is at most the planned lengths' sum rounded up to
+    ``pad_to_multiple_of``, and ``check_ntokens`` that ``NTOKENS`` is the plan's count.
 
     Args:
         field: the item key of the token ids.
@@ -141,10 +95,8 @@ class PackingCollate:
         check_ntokens: compare ``NTOKENS`` with the plan's count.
         check_widths: compare the row's width with the plan's budget.
         ignore_index: the label of positions without a prediction (last tokens, padding).
-        tokens_key: the item key of the token ids (the name PaddingCollate uses; ``field`` is
-            its older name). ``"input_ids"`` is allowed (the packed ``input_ids`` replace
-            it). With the default ``"tokens"``, items that have no ``"tokens"`` but an
-            ``"input_ids"`` field are packed from that one.
+        tokens_key: ``field``'s newer name, as in PaddingCollate; ``"input_ids"`` is allowed.
+            By default, items without ``"tokens"`` are packed from ``"input_ids"``.
 
     Raises:
         ValueError: for bad settings, an empty micro-batch, non 1-D token fields, an item
@@ -226,18 +178,6 @@ class PackingCollate:
             return HF_TOKENS_KEY
         return self.field
 
-    def with_truncation(self, truncate_to: int | None) -> PackingCollate:
-        """A copy cutting examples to ``truncate_to`` (unless this one already cuts).
-
-        Example:
-            >>> PackingCollate().with_truncation(8).truncate_to
-            8
-        """
-        other = copy.copy(self)
-        if other.truncate_to is None:
-            other.truncate_to = truncate_to
-        return other
-
     def check_item(
         self,
         item: Any,
@@ -245,18 +185,7 @@ class PackingCollate:
         planned_length: int | None = None,
         truncate_to: int | None = None,
     ) -> None:
-        """Check one dataset item as this collate will see it (run before training).
-
-        Args:
-            item: the item (``dataset[index]``).
-            index: its index in the dataset, for the message.
-            planned_length: the length the plan budgets for it; when given (and
-                ``check_widths``), the item may not be longer after truncation.
-            truncate_to: the plan's truncation for this item, if any.
-
-        Raises:
-            TypeError: for a non-mapping item or non-integer token ids.
-            ValueError: for a missing field, a non 1-D field, or one over ``planned_length``.
+        """Check one dataset item before training, as :meth:`PaddingCollate.check_item`.
 
         Example:
             >>> PackingCollate().check_item({"tokens": [1, 2]}, 0, 2)
@@ -275,16 +204,11 @@ class PackingCollate:
 
     def __call__(self, items: Sequence[Any]) -> dict[str, Any]:
         """Pack one micro-batch (plan-carrying items, :class:`ColumnarItems` or a plain list)."""
-        if len(items) == 0:
-            raise ValueError(
-                "PackingCollate got an empty micro-batch: a batch sampler must yield at least "
-                "one index per micro-batch; use TokenBudgetBatchSampler, or check that your "
-                "own batch sampler never yields an empty list."
-            )
+        self._check_not_empty(items)
         field = self._field_of(items)
         self._check_items(items, field)
         info = getattr(items, "info", None)
-        batch = self._pack(ragged_field(items, field), self._limit(info, None))
+        batch = self._pack(ragged_field(items, field), self._limit(info))
         lengths: list[int] = batch.pop("_lengths")
         planned = getattr(items, "planned_lengths", None) if self.check_widths else None
         if planned is not None and len(planned) == len(items):
@@ -307,18 +231,11 @@ class PackingCollate:
 
     # -- internals -----------------------------------------------------------------------
 
-    def _limit(self, info: Mapping[str, int | None] | None, extra: int | None) -> int:
-        """The truncation length in force (0: none): the smallest one set."""
-        limits = [(info or {}).get("truncate_to") or 0, self.truncate_to or 0, extra or 0]
-        return min((int(x) for x in limits if x), default=0)
-
     def _pack(self, ragged: Ragged, limit: int) -> dict[str, Any]:
         """The packed entries and counts of one field, vectorised over all tokens."""
         values, full = ragged.values, ragged.lengths
         count = len(ragged)
-        example = torch.repeat_interleave(torch.arange(count), full)
-        starts = torch.cumsum(full, 0) - full
-        position = torch.arange(values.shape[0]) - starts[example]
+        example, position = ragged.positions()
         # A token's label is the next token of its example, from the full (uncut) example.
         has_next = position + 1 < full[example]
         following = torch.roll(values, -1) if values.numel() else values
@@ -420,8 +337,4 @@ class PackingCollate:
                 "applies), or turn the check off with PackingCollate(check_ntokens=False) "
                 "when the loss tokens deliberately differ (the width check stays on)."
             )
-        if (info["step_nexamples"] or 0) < nexamples:
-            raise ValueError(
-                f"The micro-batch has {nexamples} examples but its step only "
-                f"{info['step_nexamples']}: the dataset does not match the sampler's `lengths`."
-            )
+        self._check_step_examples(info, nexamples)

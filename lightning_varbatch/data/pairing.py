@@ -16,12 +16,9 @@ A library collate whose ``pad_to_multiple_of`` does not divide the plan's would 
 than the plan allowed and is refused too. A plain callable is accepted as it is: what it
 pads, and so whether its batches keep the budget, is its own responsibility.
 
-:func:`collate_for_plan` is that rule; :class:`~lightning_varbatch.TokenBudgetDataLoader`,
-:func:`~lightning_varbatch.token_budget_dataloader`,
-:class:`~lightning_varbatch.StreamingBatches` and both DataModules call it, so no entry can
-pair them differently. :func:`column_keys` names the collate's fields after the columns the
-lengths were read from (``("src_ids", "tgt_ids")``, ``"input_ids"``), so a DataModule given
-column names builds its default collate for them.
+:func:`collate_for_plan` is that rule, called by every loader and DataModule, so no entry can
+pair them differently; :func:`column_keys` names the default collate's fields after the
+columns the lengths were read from.
 
 Example:
     >>> from lightning_varbatch import PlanConfig
@@ -180,8 +177,8 @@ def collate_for_plan(
 def _check_loss_offset(collate: Any, loss_offset: int | None, setting: str) -> None:
     """Refuse a given PaddingCollate that counts loss tokens with another offset than the plan.
 
-    Only a plan with a ``loss_offset`` is checked (``None`` or 0: the plan's loss lengths may
-    have been given explicitly), and only a collate that checks its count against the plan.
+    Only a plan with a ``loss_offset`` (else its loss lengths may have been given explicitly)
+    and a collate that checks its count against the plan.
     """
     if not loss_offset or not isinstance(collate, PaddingCollate) or not collate.check_ntokens:
         return
@@ -296,8 +293,7 @@ def _shard_token_column(shard: Any, name: str) -> bool | None:
 def source_column_keys(source: Any) -> dict[str, str]:
     """:func:`column_keys` for a :class:`~lightning_varbatch.sources.shards.ShardedSource`.
 
-    The first shard's schema decides (read from the file's metadata, or the first line of a
-    JSON-lines file; no row is read through the shard).
+    The first shard's schema decides (no row is read through the shard).
     """
     shards = getattr(source, "shards", None) or []
     if not shards:

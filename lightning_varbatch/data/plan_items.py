@@ -1,22 +1,10 @@
 """What the plan attaches to a micro-batch's items: its counts, dataset ids, planned lengths.
 
-The batch sampler yields :class:`~lightning_varbatch.MicroBatch` lists that know their token
-counts and the whole optimizer step's token count. torch's fetcher hands that list, as it is,
-to ``dataset.__getitems__``; the loader's dataset wrapper
-(:mod:`lightning_varbatch.data.loader`) passes it with the fetched items to
-:func:`attach_plan`, which returns the items as a list carrying the plan's counts
-(:data:`lightning_varbatch.keys.PLAN_COUNTS`; also across DataLoader worker processes, since it
-pickles with them). The collates (:class:`~lightning_varbatch.PaddingCollate`,
-:class:`~lightning_varbatch.PackingCollate`) put those counts on the batch with
-:func:`count_entries` and name items in their messages with :func:`item_label`.
-
-Example:
-    >>> from lightning_varbatch.data.micro_batch import MicroBatch
-    >>> mb = MicroBatch([1, 0], epoch=0, step=0, micro=0, rank=0, ntokens=3,
-    ...                 step_ntokens=3, step_nexamples=2)
-    >>> items = attach_plan([{"tokens": [3]}, {"tokens": [1, 2]}], mb)
-    >>> plan_entries(items.info)["step_ntokens"], item_label(items, 1)
-    (3, 'dataset item 0 (epoch 0, step 0, micro-batch 0, position 1)')
+torch's fetcher hands the sampler's :class:`~lightning_varbatch.MicroBatch` as it is to
+``dataset.__getitems__``; the loader's dataset wrapper passes it with the fetched items to
+:func:`attach_plan`, which returns the items carrying the plan's counts (also across DataLoader
+worker processes). The collates put those counts on the batch with :func:`count_entries` and
+name items in their messages with :func:`item_label`.
 """
 
 from __future__ import annotations
@@ -76,8 +64,7 @@ class PlanItems(list[Any]):
 def batch_info(indices: Sequence[int]) -> dict[str, int | None] | None:
     """The plan's counts of a :class:`~lightning_varbatch.MicroBatch`, else ``None``.
 
-    One entry per row of :data:`lightning_varbatch.keys.PLAN_COUNTS`, under its ``attribute``
-    name (``None``: unknown); ``None`` for a plain list of indices.
+    One entry per row of :data:`lightning_varbatch.keys.PLAN_COUNTS`, by ``attribute`` name.
 
     Example:
         >>> from lightning_varbatch.data.micro_batch import MicroBatch
@@ -131,14 +118,10 @@ def count_entries(
 
 
 def attach_plan(items: Any, indices: Sequence[int]) -> Sequence[Any]:
-    """The fetched ``items`` of ``indices`` as :class:`PaddingCollate` reads them: with the plan.
+    """The fetched ``items`` of ``indices`` as the collates read them: with the plan.
 
-    ``items`` is a list of items, or an Arrow table of the rows (a Hugging Face dataset read
-    in one call), returned as :class:`~lightning_varbatch.data.columnar.ColumnarItems`.
-    When ``indices`` is a :class:`~lightning_varbatch.data.micro_batch.MicroBatch`, the
-    returned items also carry its plan counts (:func:`batch_info`), the dataset ids and the
-    planned lengths, for the collate's entries, checks and messages; it pickles with them, so
-    it crosses DataLoader worker processes.
+    ``items`` is a list of items, or an Arrow table of the rows (then returned as
+    :class:`~lightning_varbatch.data.columnar.ColumnarItems`).
 
     Raises:
         RuntimeError: when there is not one item per index.
@@ -192,8 +175,7 @@ def check_map_style(dataset: Any, name: str = "dataset") -> None:
     """Refuse an iterable-style dataset where a map-style one (items by index) is needed.
 
     Raises:
-        TypeError: for a :class:`torch.utils.data.IterableDataset` or an object without
-            ``__getitem__``; the message says what to pass instead.
+        TypeError: for an ``IterableDataset`` or an object without ``__getitem__``.
 
     Example:
         >>> check_map_style([{"tokens": [1]}])

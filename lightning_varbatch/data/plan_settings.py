@@ -4,12 +4,6 @@ The sampler and both DataModules take the fields of
 :class:`~lightning_varbatch.planner.settings.PlanConfig` as keywords of the same names (or, the
 sampler, a ``PlanConfig`` as ``config=``). Nothing here lists those fields: they are read from
 the dataclass, so a setting added to ``PlanConfig`` reaches every entry point unedited.
-
-Example:
-    >>> plan_config({"max_tokens": 64, "tail": "drop"}).tail
-    'drop'
-    >>> "loss_offset" in PLAN_SETTINGS, "rank" in PLAN_SETTINGS
-    (True, False)
 """
 
 from __future__ import annotations

@@ -4,13 +4,6 @@ Both ways a micro-batch arrives end here: a list of items (one tensor per row, c
 and Arrow columns read in one batched call from a Hugging Face dataset (the list column's
 flattened values and its list lengths, no Python object per token). Truncation and padding
 are vectorised over the whole field.
-
-Example:
-    >>> import torch
-    >>> field = Ragged.from_rows([torch.tensor([5, 6, 7]), torch.tensor([8])])
-    >>> padded, mask = field.truncate(2).pad(pad_id=0, multiple=4)
-    >>> padded.tolist(), mask.sum().item()
-    ([[5, 6, 0, 0], [8, 0, 0, 0]], 3)
 """
 
 from __future__ import annotations
@@ -71,8 +64,14 @@ class Ragged:
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
 
-    def _positions(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The row and the position in its row of every value."""
+    def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row and the position in its row of every value.
+
+        Example:
+            >>> rows, at = Ragged.from_rows([torch.tensor([7, 8]), torch.tensor([9])]).positions()
+            >>> rows.tolist(), at.tolist()
+            ([0, 0, 1], [0, 1, 0])
+        """
         rows = torch.repeat_interleave(torch.arange(len(self)), self.lengths)
         starts = torch.cumsum(self.lengths, 0) - self.lengths
         return rows, torch.arange(self.values.shape[0]) - starts[rows]
@@ -86,7 +85,7 @@ class Ragged:
         """
         if not limit or len(self) == 0 or int(self.lengths.max()) <= limit:
             return self
-        _, position = self._positions()
+        _, position = self.positions()
         return Ragged(self.values[position < limit], self.lengths.clamp(max=limit))
 
     def pad(
@@ -113,7 +112,7 @@ class Ragged:
             nrows, width = shape
         padded = torch.full((nrows, width), pad_id, dtype=torch.long)
         if self.values.numel():
-            rows, position = self._positions()
+            rows, position = self.positions()
             padded[rows, position] = self.values
         lengths = self.lengths
         if nrows > len(self):

@@ -1,15 +1,8 @@
 """Every rank must plan the same data: a digest of what each planned, compared once.
 
 Ranks that plan from different lengths, settings or shards get different numbers of
-micro-batches and hang at the epoch's end. Both DataModules build their training loader on
-every rank, so each rank gathers the others' 8-byte digest of its plan there and every rank
-raises together (none waits forever) when they differ.
-
-Example:
-    >>> from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
-    >>> s = TokenBudgetBatchSampler([3, 4, 5], 8, rank=0, world_size=1)
-    >>> plan_digest(s) == plan_digest(TokenBudgetBatchSampler([3, 4, 5], 8, rank=0, world_size=1))
-    True
+micro-batches and hang at the epoch's end: both DataModules compare a digest of every rank's
+plan when they build the training loader, and every rank raises together when they differ.
 """
 
 from __future__ import annotations
@@ -53,13 +46,12 @@ def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
 def check_ranks_agree(trainer: Any, digest: int, problem: str) -> None:
     """Raise on every rank when the ranks' ``digest`` differ (they planned different data).
 
-    One all-gather of an 8-byte digest, on every rank (Lightning builds the training loader on
-    all of them), so every rank raises together instead of some waiting forever.
+    One all-gather of an 8-byte digest, on every rank, so every rank raises together.
 
     Args:
         trainer: the Trainer (its strategy gathers).
         digest: this rank's 63-bit digest of what it planned.
-        problem: the message's start; the ranks grouped by digest follow, then nothing else.
+        problem: the message, with ``{groups}`` where the ranks grouped by digest go.
 
     Raises:
         RuntimeError: ``problem``, naming the groups of ranks that agree.

@@ -23,13 +23,15 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
+from lightning_varbatch.data.sampler_state import EpochPosition
 from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.rank_shares import check_rank_shares, rank_budgets
 
-__all__ = ["LANE_PLANNERS", "RankShareSetting"]
+__all__ = ["LANE_PLANNERS", "RankShareSetting", "RankShares"]
 
 
 class RankShareSetting:
@@ -110,3 +112,76 @@ class RankShareSetting:
 
 #: The planners that plan ranks of their own budgets (``plan_resumed(..., rank_budgets=)``).
 LANE_PLANNERS = (EpochPlanner, MixturePlanner)
+
+
+class RankShares:
+    """The per-rank half of :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
+
+    The ranks' budgets and shares in the current plan, and new shares for the next epochs;
+    the sampler supplies the attributes below.
+    """
+
+    planner: Planner
+    world_size: int
+    _position: EpochPosition
+    _shares: RankShareSetting
+
+    @property
+    def plan(self) -> EpochPlan:
+        """The current epoch's plan (the sampler's)."""
+        raise NotImplementedError
+
+    @property
+    def rank_budgets(self) -> tuple[int, ...]:
+        """Every rank's micro-batch budget in the current plan (``max_tokens`` when equal)."""
+        budget = self.plan.rank_budget
+        if budget is None:
+            return (self.planner.config.max_tokens,) * self.world_size
+        return tuple(int(b) for b in budget)
+
+    @property
+    def rank_shares(self) -> tuple[float, ...] | None:
+        """The ranks' shares in the current plan (largest 1), ``None`` when all are equal.
+
+        They are the budgets' ratios: ``rank_shares`` as set, unless a rank's memory budget
+        (``rank_max_tokens``) or the longest example moved them.
+
+        Example:
+            >>> from lightning_varbatch import TokenBudgetBatchSampler
+            >>> s = TokenBudgetBatchSampler([5] * 40, 20, rank=0, world_size=2,
+            ...                             rank_shares=[2, 1])
+            >>> s.rank_budgets, s.rank_shares
+            ((20, 10), (1.0, 0.5))
+        """
+        budget = self.plan.rank_budget
+        if budget is None:
+            return None
+        return tuple(float(b) / float(budget.max()) for b in budget)
+
+    def set_rank_shares(self, shares: Sequence[float] | None) -> None:
+        """Plan the next epochs with these shares (relative speeds, one per rank).
+
+        They take effect when the next epoch is first planned (at once if the current epoch
+        has not started): the rest of an epoch keeps its plan, so no example is lost or
+        repeated. A share too small for the longest example is raised to hold it. They are
+        saved with :meth:`state_dict`. Every rank must set the same shares.
+
+        Args:
+            shares: one positive share per rank, or ``None`` for the config's
+                (``rank_shares``).
+
+        Raises:
+            SettingValueError: for a bad share (the rank is named), the wrong number of
+                shares, or a mixture of ``mixing="per_batch"``.
+
+        Example:
+            >>> from lightning_varbatch import TokenBudgetBatchSampler
+            >>> s = TokenBudgetBatchSampler([5] * 40, 20, rank=0, world_size=2)
+            >>> s.set_rank_shares([1.0, 0.5])
+            >>> s.rank_budgets
+            (20, 10)
+        """
+        self._shares.set(shares, self.world_size)
+        position = self._position
+        if not position.consumed and not position.history and not position.restored:
+            position.budgets_set = False

@@ -1,33 +1,13 @@
 """Resume a sampler's position from a saved state: refuse, restart, continue or re-plan.
 
-:func:`resume_position` is what :meth:`~lightning_varbatch.TokenBudgetBatchSampler.
-load_state_dict` does with a checked state (:mod:`~lightning_varbatch.data.sampler_state`):
-
-1. A state saved for other data or settings is refused (``ResumeMismatchError`` naming what
-   changed) or, with ``on_mismatch="restart_epoch"``, starts its epoch afresh.
-2. Otherwise the saved plan is made again from the saved topology and budgets, and the one guard
-   (:func:`~lightning_varbatch.planner.remainder_guard.guard_remainder`) checks its rest. The
-   examples it says the epoch consumed must be those the state recorded (its ledger): a change
-   the state cannot name (a custom cost or schedule of the same name and other values, say)
-   would otherwise lose and repeat examples without a word; it is refused like the others.
-3. The position continues the saved plan when the topology is the same and every rank's saved
-   budget is within its memory budget now; otherwise the rest of the epoch is re-planned for
-   this topology and these budgets (an elastic resume: the consumed part becomes history).
-
-Example:
-    >>> from lightning_varbatch.data.sampler_state import EpochPosition, lengths_digest
-    >>> from lightning_varbatch.data.sampler_state import read_state, save_state
-    >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
-    >>> from lightning_varbatch.planner.remainder_guard import consumed_ledger
-    >>> planner = EpochPlanner([3, 4, 5, 6, 2], PlanConfig(max_tokens=8))
-    >>> ledger = consumed_ledger(planner.plan(0, 1, 1), 2)
-    >>> state = save_state(EpochPosition(consumed=2, budgets=(8,)), planner, 1, 1,
-    ...                    lengths_digest(planner), ledger)
-    >>> position = EpochPosition()
-    >>> resume_position(position, planner, read_state(state, lambda w: (8,) * w), {},
-    ...                 restart=False, topology=(2, 1), memory=(8, 8))
-    >>> position.history  # another world size: the consumed part is history, re-planned
-    [(1, 1, 2, (8,))]
+A state saved for other data or settings is refused (``ResumeMismatchError`` naming what
+changed) or starts its epoch afresh (``on_mismatch="restart_epoch"``). Otherwise the saved plan
+is made again from the saved topology and budgets and its rest passes the remainder guard
+(:func:`~lightning_varbatch.planner.remainder_guard.guard_remainder`); the examples it says the
+epoch consumed must be those the state's ledger recorded, or a change no setting names (a custom
+cost or schedule of the same name) is refused too. The position then continues that plan, or
+re-plans the rest for another topology or for a rank whose memory budget is now lower.
+:class:`ResumableSampler` is the sampler's ``state_dict`` / ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -36,13 +16,22 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeAlias
 
-from lightning_varbatch.data.sampler_state import EpochPosition, SavedState
-from lightning_varbatch.errors import ResumeMismatchError
+from lightning_varbatch.checks import check_choice, check_count
+from lightning_varbatch.data.rank_share_setting import LANE_PLANNERS, RankShareSetting
+from lightning_varbatch.data.sampler_state import (
+    EpochPosition,
+    SavedState,
+    lengths_digest,
+    read_state,
+    save_state,
+    state_differences,
+)
+from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.remainder_guard import guard_remainder
+from lightning_varbatch.planner.remainder_guard import consumed_ledger, guard_remainder
 
-__all__ = ["ON_MISMATCH", "OnMismatch", "resume_position", "saved_plan"]
+__all__ = ["ON_MISMATCH", "OnMismatch", "ResumableSampler", "resume_position", "saved_plan"]
 
 OnMismatch: TypeAlias = Literal["error", "restart_epoch"]
 ON_MISMATCH: tuple[OnMismatch, ...] = ("error", "restart_epoch")
@@ -175,3 +164,154 @@ def resume_position(
     )
     if saved.topology != topology or over:  # the rest of the epoch for this topology, budgets
         position.leave_topology(*saved.topology)
+
+
+class ResumableSampler:
+    """The checkpoint half of :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
+
+    :meth:`state_dict` saves where the epoch stands (its ledger included) and
+    :meth:`load_state_dict` resumes there through :func:`resume_position`. The sampler supplies
+    the attributes below.
+    """
+
+    planner: Planner
+    world_size: int
+    accumulate_grad_batches: int
+    _position: EpochPosition
+    _shares: RankShareSetting
+    _digest: str | None
+
+    @property
+    def plan(self) -> EpochPlan:
+        """The current epoch's plan (the sampler's)."""
+        raise NotImplementedError
+
+    @property
+    def lengths_digest(self) -> str:
+        """Digest of the lengths this sampler plans from (see :func:`lengths_digest`)."""
+        if self._digest is None:
+            self._digest = lengths_digest(self.planner)
+        return self._digest
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where the epoch stands, to resume exactly there.
+
+        Args:
+            consumed: micro-batches of this epoch this rank has *trained* on, counted from the
+                epoch's start as the training loop counts them (:attr:`consumed`,
+                :attr:`epoch_length`); defaults to the number taken, which runs ahead of
+                training when a DataLoader prefetches.
+
+        Returns:
+            A small dict of plain Python values (the same on every rank), including a digest
+            of the lengths the plan was made from (``lengths_digest``), the budgets of every
+            plan of the epoch and its ledger (how many examples it consumed, and a digest of
+            which).
+
+        Raises:
+            ValueError: when ``consumed`` is outside this epoch, or counts fewer micro-batches
+                than the epoch ran before its current plan.
+        """
+        position = self._position
+        plan = self.plan
+        before, total = position.counted_before, plan.num_micro_batches_per_rank
+        count = position.consumed
+        if consumed is not None:
+            count = check_count("consumed", consumed, minimum=0) - before
+        if not 0 <= count <= total:
+            raise SettingValueError(
+                f"consumed must be in [{before}, {before + total}] for this epoch (the "
+                f"micro-batches trained since its start; {before} ran before its current "
+                f"plan), got {consumed!r}.",
+                setting="consumed",
+                value=consumed,
+            )
+        saved = EpochPosition(
+            position.epoch, count, history=position.history, offset=position.offset
+        )
+        saved.budgets = position.budgets
+        state = save_state(
+            saved,
+            self.planner,
+            self.world_size,
+            self.accumulate_grad_batches,
+            self.lengths_digest,
+            consumed_ledger(plan, count),
+        )
+        if self._shares.set_by_run and self._shares.shares is not None:
+            state["rank_shares"] = list(self._shares.shares)
+        return state
+
+    def load_state_dict(
+        self, state: Mapping[str, Any], *, on_mismatch: OnMismatch = "error"
+    ) -> None:
+        """Resume from :meth:`state_dict`, also with another world size or accumulation.
+
+        The state must come from the same data (a digest of the lengths and loss lengths) and
+        settings, and its ledger must match the examples the saved plan consumed (see the
+        module docstring); the rest of the epoch is guarded before anything is yielded.
+
+        Args:
+            state: a :meth:`state_dict`.
+            on_mismatch: ``"error"`` (default) refuses a state saved for other data or
+                settings; ``"restart_epoch"`` starts the saved epoch afresh on the current ones
+                (with a warning: every example of the epoch once from its start, those trained
+                before the checkpoint again), :attr:`epoch_length` still counting the
+                micro-batches the loop counted before, since Lightning restores its counter.
+                A version-1 state (no lengths digest) resumes with a warning under ``"error"``.
+
+        Raises:
+            TypeError: when ``state`` is not a mapping.
+            SettingValueError: for an unknown ``on_mismatch``.
+            ValueError: for a state with missing, unknown or damaged entries.
+            ResumeMismatchError: under ``"error"``, for a state saved for other data or
+                settings; ``.changed`` names what differs (``"lengths"``, ``"seed"``, a
+                setting, ``"consumed"``) and the message how to start the epoch afresh.
+            RemainderError: when the rest of the epoch fails the guard (a bug).
+
+        Example:
+            >>> from lightning_varbatch import TokenBudgetBatchSampler
+            >>> s = TokenBudgetBatchSampler([3, 4, 5, 6], 8, rank=0, world_size=1)
+            >>> _ = next(iter(s)); state = s.state_dict()
+            >>> t = TokenBudgetBatchSampler([3, 4, 5, 5], 8, rank=0, world_size=1)
+            >>> t.load_state_dict(state)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            lightning_varbatch.errors.ResumeMismatchError: The sampler state was saved for other...
+            >>> import warnings
+            >>> with warnings.catch_warnings():
+            ...     warnings.simplefilter("ignore")
+            ...     t.load_state_dict(state, on_mismatch="restart_epoch")
+            >>> len(t) == t.plan.num_micro_batches_per_rank, t.epoch_length - len(t)
+            (True, 1)
+        """
+        check_choice(
+            "on_mismatch",
+            on_mismatch,
+            ON_MISMATCH,
+            what=" (what to do with a state saved for other data or settings)",
+        )
+        saved = read_state(state, self._equal_budgets)
+        self._shares.restore(state.get("rank_shares"), self.world_size)
+        resume_position(
+            self._position,
+            self.planner,
+            saved,
+            state_differences(saved, self.planner, self.lengths_digest),
+            restart=on_mismatch == "restart_epoch",
+            topology=(self.world_size, self.accumulate_grad_batches),
+            memory=self._memory() if isinstance(self.planner, LANE_PLANNERS) else None,
+        )
+        self.plan  # noqa: B018  (the rest of the epoch, guarded, before anything is yielded)
+
+    def _equal_budgets(self, world_size: int) -> tuple[int, ...] | None:
+        """``max_tokens`` on every rank (``None`` for a planner without per-rank budgets)."""
+        if not isinstance(self.planner, LANE_PLANNERS):
+            return None
+        return (self.planner.config.max_tokens,) * world_size
+
+    def _memory(self) -> tuple[int, ...]:
+        """Every rank's memory budget now: ``rank_max_tokens``, else ``max_tokens``."""
+        config = self.planner.config
+        memory = config.rank_max_tokens
+        return memory if memory is not None else (config.max_tokens,) * self.world_size

@@ -1,18 +1,12 @@
 """Where a sampler stands in its epoch, and its saved state (also for another topology).
 
-:class:`EpochPosition` is the position one rank's
-:class:`~lightning_varbatch.TokenBudgetBatchSampler` keeps: the epoch, the micro-batches of the
-current plan consumed, those consumed under earlier topologies of the same epoch (the *history*,
-which the planner re-plans the rest of the epoch from: the elastic resume) and the ranks'
-budgets of every plan. :func:`save_state` writes it as the sampler's ``state_dict``, with the
-epoch's ledger (how many examples it consumed and a digest of which); :func:`read_state` checks a
-saved one and :func:`state_differences` says what it was saved for that differs now.
-:mod:`~lightning_varbatch.data.sampler_resume` resumes from it.
-
-Every plan's budgets are saved as they were (``None`` only for a planner without per-rank
-budgets), never as "the settings' budgets", so a state resumes the same plan whatever
-``rank_shares`` / ``rank_max_tokens`` are now. States of version 2 left equal budgets out: they
-read as ``max_tokens`` on every rank, which is what they were.
+:class:`EpochPosition` is one rank's position: the epoch, the micro-batches of the current plan
+consumed, those consumed under earlier topologies of the epoch (the *history* an elastic resume
+re-plans the rest from) and every plan's budgets, saved as they were (never as "the settings'
+budgets", so a state resumes the same plan whatever ``rank_shares`` / ``rank_max_tokens`` are
+now; version-2 states left equal budgets out: ``max_tokens`` on every rank). :func:`save_state`
+writes it with the epoch's ledger, :func:`read_state` checks a saved one and
+:func:`state_differences` says what differs now.
 
 Example:
     >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -36,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import LATER_SETTINGS
+from lightning_varbatch.planner.settings_identity import LATER_SETTINGS
 
 __all__ = [
     "STATE_VERSION",
@@ -77,11 +71,9 @@ Budgets = tuple[int, ...] | None
 def lengths_digest(planner: Planner) -> str:
     """A 16-hex-digit digest of the lengths a plan is made from.
 
-    It covers every example's planning length (after truncation), loss length and whether it
-    is skipped, so any change of the data's lengths (a re-tokenised corpus, a lowered
-    ``max_length``, an edited file with the same line count) changes it. It does not depend
-    on the dtype the lengths were given in. About 10 ms per million examples, computed once
-    per sampler.
+    Every example's planning length (after truncation), loss length and whether it is skipped,
+    whatever their dtype: any change of the data's lengths changes it (about 10 ms per million
+    examples, once per sampler).
 
     Example:
         >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -109,14 +101,10 @@ class EpochPosition:
         epoch: the current epoch.
         consumed: micro-batches of the current plan taken (yielded or restored).
         restored: a restored position is honoured even at the epoch's end.
-        history: micro-batches consumed under earlier topologies of this epoch, each with the
-            budgets of its plan.
-        offset: micro-batches the training loop counted in this epoch before it was restarted
-            afresh (``on_mismatch="restart_epoch"``): counted, but no example is excluded.
-        budgets: the ranks' budgets of the current plan (``None``: a planner without per-rank
-            budgets), fixed for the rest of the epoch once :attr:`budgets_set`.
-        budgets_set: whether the current plan's budgets are decided (a new epoch takes the
-            sampler's shares in force when it is first planned).
+        history: ``(world_size, accumulation, consumed, budgets)`` of earlier topologies.
+        offset: micro-batches the loop counted before the epoch restarted afresh.
+        budgets: the ranks' budgets of the current plan (``None``: a planner without them).
+        budgets_set: whether they are decided (a new epoch takes the shares in force).
 
     Example:
         >>> p = EpochPosition(epoch=2, consumed=3, history=[(2, 2, 3, None)])
@@ -247,14 +235,7 @@ def _keys(state: Any) -> int:
             "saved sampler state (in a Lightning checkpoint: "
             "ckpt['datamodule_state_dict'] or your own key)."
         )
-    version = state.get("version")
-    if version is None or not set(state) & _KEYS_V1 - {"version"}:
-        raise ValueError(
-            "Not a TokenBudgetBatchSampler state: missing keys "
-            f"{sorted(_KEYS[STATE_VERSION] - set(state))}. Pass the dict that "
-            "TokenBudgetBatchSampler.state_dict() returned, unchanged (in a Lightning "
-            "checkpoint: ckpt['datamodule_state_dict']['train_sampler'])."
-        )
+    version = state.get("version", STATE_VERSION)  # none: its keys say what is missing
     if version not in _KEYS:
         raise ValueError(
             f"The sampler state has version {version!r}; this version of lightning_varbatch "
@@ -344,7 +325,7 @@ def _ledger(value: Any) -> tuple[int, int]:
 def _changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
     """Settings (but the seed) saved with one value and planned with another now.
 
-    A setting of :data:`~lightning_varbatch.planner.settings.LATER_SETTINGS` missing from
+    A setting of :data:`~lightning_varbatch.planner.settings_identity.LATER_SETTINGS` missing from
     either side had its default there.
     """
     names = [*now, *(k for k in LATER_SETTINGS if k in saved and k not in now)]

@@ -71,17 +71,6 @@ def as_sources(stage: str, data: Any, lengths: Any) -> list[DataSource] | None:
     return resolved
 
 
-def as_lengths(stage: str, given: Any) -> np.ndarray:
-    """``given`` as an array, with a message naming the argument for ragged input."""
-    try:
-        return np.asarray(given)
-    except ValueError as error:
-        raise ValueError(
-            f"{stage}_lengths is ragged or not numeric ({error}): pass one integer length per "
-            "item, shape (n,), or one (source, target) pair per item, shape (n, 2)."
-        ) from None
-
-
 def dataset_size(stage: str, dataset: Any) -> int:
     try:
         return len(dataset)
@@ -118,50 +107,55 @@ def check_no_mixing(
             )
 
 
-def read_lengths(stage: str, dataset: Any, given: Any) -> np.ndarray:
-    """The lengths of a split's items: an array, a callable of the dataset, or columns.
+def read_lengths(
+    stage: str, dataset: Any, given: Any, what: str = "lengths", *, counted: bool = True
+) -> np.ndarray:
+    """One length (``what``: or loss length) per item of a split: an array, columns or callable.
 
     Raises:
-        ValueError: for ragged lengths or a count other than the dataset's size (a callable's
-            own error is re-raised as its type, naming ``{stage}_lengths``).
+        SettingValueError: for ragged lengths or (``counted``) a count other than the dataset's
+            size (a callable's own error is re-raised as its type, naming the argument).
     """
+    name = f"{stage}_{what}"
     if is_column_spec(given):
-        given = column_lengths(dataset, given, f"{stage}_lengths")
+        given = column_lengths(dataset, given, name)
     elif callable(given):
         try:
-            computed = given(dataset)
+            given = given(dataset)
         except Exception as error:
             raise type(error)(
-                f"{stage}_lengths (a callable) raised {type(error).__name__}: {error} while "
-                f"computing the lengths of {stage}_dataset; it must return one length per "
-                "item (shape (n,) or (n, 2)) from items as the dataset returns them."
+                f"{name} (a callable) raised {type(error).__name__}: {error} while computing "
+                f"the {what.replace('_', ' ')} of {stage}_dataset; it must return one per item "
+                "(shape (n,) or (n, 2)) from items as the dataset returns them."
             ) from error
-        given = as_lengths(stage, computed)
-    lengths = as_lengths(stage, given)
-    n = dataset_size(stage, dataset)
+    try:
+        lengths = np.asarray(given)
+    except ValueError as error:
+        raise SettingValueError(
+            f"{name} is ragged or not numeric ({error}): pass one integer length per "
+            "item, shape (n,), or one (source, target) pair per item, shape (n, 2).",
+            setting=name,
+            value=given,
+            stage=stage,
+        ) from None
+    n = dataset_size(stage, dataset) if counted else 0
     count = lengths.shape[0] if lengths.ndim else 0
-    if count != n:
-        raise ValueError(
-            f"{stage}_lengths has {count} entries but {stage}_dataset has {n} "
-            f"items: pass one length per item."
+    if counted and count != n:
+        raise SettingValueError(
+            f"{name} has {count} entries but {stage}_dataset has {n} items: pass one "
+            "length per item.",
+            setting=name,
+            value=given,
+            stage=stage,
         )
     return lengths
 
 
 def read_loss_lengths(stage: str, dataset: Any, given: Any) -> np.ndarray | None:
     """A split's loss lengths (``None``: not given), read like :func:`read_lengths`."""
-    if is_column_spec(given):
-        given = column_lengths(dataset, given, f"{stage}_loss_lengths")
-    elif callable(given):
-        try:
-            given = given(dataset)
-        except Exception as error:
-            raise type(error)(
-                f"{stage}_loss_lengths (a callable) raised {type(error).__name__}: {error} "
-                f"while computing the loss lengths of {stage}_dataset; it must return one "
-                "loss length per item."
-            ) from error
-    return None if given is None else np.asarray(given)
+    if given is None:
+        return None
+    return read_lengths(stage, dataset, given, "loss_lengths", counted=False)
 
 
 def read_split(name: str, data: Any, lengths: Any) -> tuple[list[DataSource] | None, Any]:
@@ -221,35 +215,6 @@ def check_loss_inputs(name: str, loss: Any, data: Any, sources: Any) -> None:
         )
 
 
-def _stream_lengths(stage: str, dataset: Any, given: Any, what: str = "lengths") -> np.ndarray:
-    """One length (or loss length) per item of ``dataset``, from an array, columns or callable."""
-    name = f"{stage}_{what}"
-    if is_column_spec(given):
-        given = column_lengths(dataset, given, name)
-    elif callable(given):
-        given = given(dataset)
-    try:
-        lengths = np.asarray(given)
-    except ValueError as error:
-        raise SettingValueError(
-            f"{name} is ragged or not numeric ({error}): pass one integer length per "
-            "item, shape (n,), or one (source, target) pair per item, shape (n, 2).",
-            setting=name,
-            value=given,
-            stage=stage,
-        ) from None
-    n = len(dataset)
-    if lengths.ndim == 0 or lengths.shape[0] != n:
-        raise SettingValueError(
-            f"{name} has {lengths.size} entries but {stage}_dataset has {n} items: pass one "
-            "length per item.",
-            setting=name,
-            value=given,
-            stage=stage,
-        )
-    return lengths
-
-
 def read_stream_split(
     stage: str, dataset: Any, lengths: Any, loss: Any
 ) -> tuple[np.ndarray, np.ndarray | None] | None:
@@ -292,7 +257,7 @@ def read_stream_split(
             stage=stage,
         )
     check_map_style(dataset, f"{stage}_dataset")
-    array = _stream_lengths(stage, dataset, lengths)
+    array = read_lengths(stage, dataset, lengths)
     if loss is not None:
-        loss = _stream_lengths(stage, dataset, loss, "loss_lengths")
+        loss = read_lengths(stage, dataset, loss, "loss_lengths")
     return array, loss

@@ -1,13 +1,8 @@
 """What both DataModules do with a planned split: its sampler, loader, collate and ``check()``.
 
-:class:`~lightning_varbatch.TokenBudgetDataModule` and
-:class:`~lightning_varbatch.StreamingDataModule` keep each map-style split's planner in
-``_planners`` (every split of the map-style one; the evaluation splits of the stream) and share
-the rest through :class:`SplitLoaders`: this rank's sampler of a split (built once, moved to
-the Trainer's rank and world size), its :class:`~lightning_varbatch.data.loader.
-TokenBudgetDataLoader`, the plan's default collate for the split's columns, the validation and
-test loaders, and :meth:`SplitLoaders.check`. :func:`plan_split` builds a split's planner and
-names its errors after the DataModule's arguments.
+:class:`SplitLoaders` is the mixin both DataModules share for their map-style splits;
+:func:`plan_split` builds a split's planner and names its errors after the DataModule's
+arguments.
 
 Example:
     >>> import numpy as np
@@ -35,10 +30,12 @@ from lightning_varbatch.errors import SettingError, SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS
+from lightning_varbatch.planner.lengths import check_loss_lengths
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_datasets import DataSource
 from lightning_varbatch.planner.protocol import Planner
-from lightning_varbatch.planner.settings import RANK_SETTINGS, PlanConfig
+from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.settings_identity import RANK_SETTINGS
 
 __all__ = ["SplitLoaders", "check_stages", "plan_split", "training_only"]
 
@@ -56,21 +53,13 @@ def plan_split(
 ) -> Planner:
     """The planner of one split: its lengths (or data sources) with its settings.
 
-    Args:
-        stage: ``"train"``, ``"val"`` or ``"test"``.
-        budget: the split's ``max_tokens`` (``val_max_tokens`` for evaluation).
-        settings: the planner settings; an evaluation split replaces ``shuffle`` and
-            ``tail`` (:func:`~lightning_varbatch.data.splits.evaluation_config`) and leaves
-            the length warm-up and the ranks' own budgets out (:func:`training_only`).
-        lengths: one planning length per item of a plain split (``None`` with ``sources``).
-        loss_lengths: its loss tokens (``None``: derived by the planner).
-        sources: the split's data sources, planned together by a mixture planner.
-        mixing: the mixture settings (``mixing``, ``weights``, ...), with ``sources``.
-        budget_default: whether ``val_max_tokens`` was left to default to ``max_tokens``.
+    An evaluation split replaces ``shuffle`` and ``tail``
+    (:func:`~lightning_varbatch.data.splits.evaluation_config`) and leaves the training-only
+    settings out (:func:`training_only`); ``budget_default`` says whether ``val_max_tokens``
+    was left to default to ``max_tokens``, for the messages.
 
     Raises:
-        SettingError: the planner's, renamed after the DataModule's argument of ``stage``
-            (:func:`~lightning_varbatch.data.splits.split_error`).
+        SettingError: the planner's, renamed after the DataModule's argument of ``stage``.
     """
     try:
         if stage == "train":
@@ -79,10 +68,10 @@ def plan_split(
             config = evaluation_config(budget, training_only(settings))
         if sources is None:
             assert lengths is not None  # a plain split has lengths
-            config.check_loss_lengths(loss_lengths)
+            check_loss_lengths(config, loss_lengths)
             return EpochPlanner(lengths, config, loss_lengths)
         for source in sources:
-            config.check_loss_lengths(source.loss_lengths)
+            check_loss_lengths(config, source.loss_lengths)
         if stage != "train":  # a dataset's own warm-up bounds are training settings too
             sources = [replace(s, length_warmup_min=None, length_warmup_max=None) for s in sources]
         return MixturePlanner(sources, config, **dict(mixing or {}))
@@ -131,11 +120,8 @@ def check_stages(stages: Sequence[str]) -> None:
 class SplitLoaders:
     """The loaders, samplers, collates and ``check()`` of a DataModule's planned splits.
 
-    A mixin of both DataModules. The DataModule keeps ``_planners`` (a split's planner, by
-    name), ``samplers`` (this rank's sampler of each split, built once), ``collate`` (the
-    collate given, or ``None``), ``num_workers`` and ``pin_memory``, and says where a split's
-    items are (:meth:`_dataset`), which fields its lengths name (``_columns``), and how its
-    training split is planned for :meth:`check` (:meth:`_train_plan`).
+    A mixin of both DataModules, which keep the attributes below and say where a split's items
+    are (:meth:`_dataset`) and how its training split is planned (:meth:`_train_plan`).
 
     Example:
         >>> from lightning_varbatch import TokenBudgetDataModule
@@ -282,12 +268,10 @@ class SplitLoaders:
     ) -> dict[str, EpochPlan]:
         """Plan and check every split as a Trainer with this topology would, without one.
 
-        Lengths and settings are checked when the DataModule is built; this also plans each
-        split for ``world_size`` ranks (training with ``accumulate_grad_batches``; evaluation
-        with 1, as Lightning does) and applies the checks its loaders apply (evaluation sees
-        every example exactly once, with at least one example per rank). Nothing is kept:
-        the loaders a Trainer asks for later are built for its own topology. A stream's
-        training entry is the plan of the epoch's first window (it plans window by window).
+        Plans each split for ``world_size`` ranks (evaluation without accumulation, as
+        Lightning does) and applies its loaders' checks (evaluation sees every example exactly
+        once, at least one per rank). Nothing is kept. A stream's training entry is the plan of
+        the epoch's first window.
 
         Args:
             world_size: number of ranks the run will have (``trainer.world_size``).
@@ -301,8 +285,7 @@ class SplitLoaders:
 
         Raises:
             SettingValueError: for a bad topology or stage, or a split that cannot be
-                planned or evaluated with it; ``.setting`` names the split's setting and
-                ``.stage`` the split.
+                planned or evaluated with it (``.stage`` names the split).
             RuntimeError: for an evaluation plan that would repeat or drop examples.
 
         Example:

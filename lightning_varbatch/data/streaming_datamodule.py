@@ -3,35 +3,15 @@ r"""A LightningDataModule streaming token-budget micro-batches from shards, resu
 How it fits Lightning 2.6 (checked in its source and in 2-process gloo runs):
 
 - The training loader wraps an ``IterableDataset`` (:class:`StreamingBatches`), so Lightning
-  never injects a ``DistributedSampler`` (``_requires_distributed_sampler`` is false for
-  iterable datasets, whatever ``use_distributed_sampler``): the stream shards by rank itself.
-- It has no ``len``: ``trainer.num_training_batches`` is ``inf`` and the epoch ends when the
-  stream does. Every window of the stream gives every rank the same number of micro-batches,
-  so all ranks end the epoch together (no hang, no gloo "connection closed").
-- Lightning's ``set_epoch`` relay reaches only ``loader.sampler`` (for an iterable dataset an
-  ``_InfiniteConstantSampler``). :class:`StreamingDataLoader` sets the dataset's epoch in its
-  own ``__iter__``, from the fit loop's epoch counter, *before* the DataLoader starts (and
-  pickles the dataset to) its workers; Lightning calls ``iter()`` once per epoch.
-- ``state_dict`` counts the micro-batches *trained* this epoch with the fit loop's
-  ``batch_progress.current.processed`` (not the loader's prefetch); on
-  ``fit(ckpt_path=...)``, ``load_state_dict`` runs before ``train_dataloader()``, so the
+  never injects a ``DistributedSampler``: the stream shards by rank itself.
+- It has no ``len``: the epoch ends when the stream does. Every window gives every rank the
+  same number of micro-batches, so all ranks end the epoch together.
+- Lightning relays ``set_epoch`` to samplers only: :class:`StreamingDataLoader` sets the
+  dataset's epoch in its own ``__iter__``, before the DataLoader pickles it to its workers.
+- On ``fit(ckpt_path=...)``, ``load_state_dict`` runs before ``train_dataloader()``: the
   position is kept pending and applied to the stream when it is built. The stream then starts
   at the saved window without reading anything before it; another world size re-plans the
   rest of the interrupted window (nothing lost, nothing repeated).
-
-Example:
-    >>> import json, tempfile
-    >>> from pathlib import Path
-    >>> from lightning_varbatch.sources.shards import shards_from_files
-    >>> folder = Path(tempfile.mkdtemp())
-    >>> for s, rows in enumerate([[3, 5, 2], [7, 4]]):
-    ...     lines = [json.dumps({"tokens": list(range(1, n + 1))}) for n in rows]
-    ...     _ = (folder / f"part-{s}.jsonl").write_text("\n".join(lines) + "\n")
-    >>> source = shards_from_files(folder, "tokens", cache_dir=None)
-    >>> dm = StreamingDataModule(source, max_tokens=10, window=8)
-    >>> loader = dm.train_dataloader()  # outside a Trainer: rank 0 of 1
-    >>> sorted(int(b["nexamples"]) for b in loader), dm.state_dict()["stream"]["window"]
-    ([1, 2, 2], 0)
 """
 
 from __future__ import annotations
@@ -80,21 +60,17 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
     """Token-budget training micro-batches streamed from shards; map-style validation and test.
 
     The same contract as :class:`~lightning_varbatch.TokenBudgetDataModule` wherever a stream
-    can keep it (docs/datamodules.md puts the two side by side): the same argument names and
-    meanings for the evaluation splits, budgets, collate, loader settings, planner settings,
-    ``on_resume_mismatch``, ``check()``, a versioned state and a public ``max_tokens``. Swap
-    one for the other by changing the training data argument only::
+    can keep it (docs/datamodules.md puts the two side by side): swap one for the other by
+    changing the training data argument only::
 
         dm = TokenBudgetDataModule(ds, "input_ids", **common)
         dm = StreamingDataModule(shards_from_files(files, "input_ids"), **common)
 
-    Every rank streams the same windows of the shard stream and takes its own micro-batches of
-    each (:class:`StreamingBatches`), so ranks run the same number of micro-batches and
-    optimizer steps however unequal the shards. Rank, world size and
-    ``accumulate_grad_batches`` come from the trainer; the epoch is set at each ``iter()`` of
-    the loader (also in worker processes). ``state_dict`` saves the stream position after the
-    micro-batches *trained* so far; resuming starts there without replaying the stream, also
-    with another world size or accumulation.
+    Every rank streams the same windows and takes its own micro-batches of each, so ranks run
+    the same number of micro-batches however unequal the shards. Rank, world size and
+    ``accumulate_grad_batches`` come from the trainer. ``state_dict`` saves the stream position
+    after the micro-batches *trained* so far; resuming starts there without replaying the
+    stream, also with another world size or accumulation.
 
     Args:
         train_source: the training shards (:func:`~lightning_varbatch.shards_from_files`,
@@ -103,43 +79,25 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         max_tokens: token budget of one training micro-batch on one rank.
         window: examples planned together (see :class:`StreamingBatches`).
         shuffle_shards: read the shards in a new random order each epoch.
-        val_dataset: optional map-style validation dataset (every example evaluated exactly
-            once across ranks).
-        val_lengths: one length per validation item (``(n,)`` or ``(n, 2)``), a callable
-            ``dataset -> lengths``, or for a Hugging Face dataset the name of a length /
-            token-id column (or a pair of them).
-        test_dataset: optional map-style test dataset (for ``trainer.test``).
-        test_lengths: its lengths, as ``val_lengths``.
-        val_max_tokens: budget of validation and test micro-batches (default ``max_tokens``).
-        val_loss_lengths: loss tokens per validation item (default: its length, the target's
-            for pairs, minus ``loss_offset``).
-        test_loss_lengths: the same for ``test_dataset``.
-        collate: turns a micro-batch's items into a batch, for every split (default: the
-            plan's, :func:`~lightning_varbatch.data.pairing.collate_for_plan`, reading the
-            fields the shards' columns name); a library collate that disagrees with the
-            plan's layout is refused.
-        num_workers: DataLoader workers of each loader.
-        pin_memory: pin batches in memory.
+        val_dataset, val_lengths, test_dataset, test_lengths, val_max_tokens,
+            val_loss_lengths, test_loss_lengths, collate, num_workers, pin_memory,
+            loss_offset: as :class:`~lightning_varbatch.TokenBudgetDataModule`'s (the
+            evaluation splits are map-style; the default collate reads the fields the
+            shards' columns name).
         on_resume_mismatch: resuming from a state saved on other shards or plan settings:
             ``"error"`` (default) raises :class:`~lightning_varbatch.errors.
-            ResumeMismatchError` listing what changed; ``"restart_epoch"`` starts the saved
-            epoch afresh on the current shards (the epoch number is kept and the stream reads
-            that epoch from its first window, every example once).
-        loss_offset: loss tokens per example are its length (the target's for pairs) minus
-            this, in training and (by default) in evaluation; 1 for teacher forcing.
-        **plan_settings: other planner settings (``seed``, ``cost``, ``tail``, ``layout``,
-            ``pad_to_multiple_of``, ...), for training; evaluation shares them
-            except ``shuffle=False, tail="spread"``. The map-style DataModule's
+            ResumeMismatchError` listing what changed; ``"restart_epoch"`` reads the saved
+            epoch afresh from its first window on the current shards.
+        **plan_settings: other planner settings, as TokenBudgetDataModule's; its
             ``train_lengths``, ``train_loss_lengths``, ``mixing``, ``weights``,
-            ``temperature`` and ``steps_per_epoch`` are refused (:data:`REFUSED` says why
-            and what to do instead).
+            ``temperature`` and ``steps_per_epoch`` are refused unless at their defaults
+            (:data:`REFUSED` says why and what to do instead).
 
     Raises:
-        SettingTypeError: for a ``train_source`` that is not a :class:`ShardedSource` (a list
-            of DataSource names the alternative), or a setting of the wrong type.
+        SettingTypeError: for a ``train_source`` that is not a :class:`ShardedSource`, a
+            setting of the wrong type, or an unknown planner setting.
         SettingValueError: for a refused or bad setting (``.setting`` names it and
             ``.stage`` the split a planning error came from).
-        TypeError: for unknown planner settings.
 
     Example:
         >>> import numpy as np
@@ -275,13 +233,7 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         return stream.window_plan(0).plan if stream.planner.num_windows else None
 
     def set_rank_shares(self, shares: Sequence[float] | None) -> None:
-        """Refused: a stream's shares are fixed when it is built (``rank_shares=`` works).
-
-        A stream plans window by window; :class:`TokenBudgetDataModule` re-plans its epochs.
-
-        Raises:
-            SettingValueError: always; ``.setting`` is ``rank_shares``.
-        """
+        """Refused (a SettingValueError): a stream's shares are fixed when it is built."""
         raise SettingValueError(
             f"StreamingDataModule cannot change rank shares during a run (got set_rank_shares("
             f"{shares!r})): a stream plans window by window as it reads its shards. Pass fixed "
@@ -295,11 +247,7 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
     # -- planning without a Trainer -------------------------------------------------------
 
     def planner(self, stage: str) -> Any:
-        """The planner of ``stage``, as :meth:`TokenBudgetDataModule.planner`.
-
-        For ``"val"`` and ``"test"`` the split's :class:`~lightning_varbatch.planner.
-        epoch_planner.EpochPlanner` (``num_examples``, ``truncate_to``, ``config``); for
-        ``"train"`` the stream's windowed planner.
+        """The planner of ``stage``, as :meth:`TokenBudgetDataModule.planner` (train: windowed).
 
         Raises:
             SettingValueError: for an unknown stage or one without data.
@@ -316,11 +264,9 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         return self._planners[stage]
 
     def check_state(self, state_dict: Mapping[str, Any]) -> None:
-        """Check that a saved state (:meth:`state_dict`) can continue on these shards.
+        """Check, before training, that a saved state (:meth:`state_dict`) can continue here.
 
-        For a run that resumes from a checkpoint: call it with the checkpoint's state of this
-        DataModule before training; with ``on_resume_mismatch="error"`` it raises what
-        resuming would raise.
+        It raises what resuming with ``on_resume_mismatch="error"`` would raise.
 
         Raises:
             ResumeMismatchError: for a state saved on other shards or plan settings
@@ -359,10 +305,8 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         """The stream position after the micro-batches trained so far this epoch.
 
         Returns ``{"version": 1, "stream": ..., "trained": n}``: the :class:`StreamingBatches`
-        state and the fit loop's count of micro-batches trained this epoch
-        (``batch_progress.current.processed``, which already includes the batch whose
-        ``on_train_batch_end`` saves). A position at the end of an epoch restores as that
-        epoch, finished: the next epoch's ``set_epoch`` starts it.
+        state and the fit loop's count of micro-batches trained this epoch. A position at the
+        end of an epoch restores as that epoch, finished.
         """
         stream = self.stream
         if stream is None:
@@ -412,7 +356,7 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         settings = dict(self.plan_settings)
         if loss is not None:  # given loss lengths take precedence over the loss_offset
             settings.pop("loss_offset", None)
-        # else the planner derives them from loss_offset, after truncation (PlanConfig.loss_tokens)
+        # else the planner derives them from loss_offset, after truncation (lengths.loss_tokens)
         self._planners[stage] = plan_split(
             stage,
             self.val_max_tokens,
@@ -434,10 +378,7 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         return self.loss_offset  # the stream's, whatever the split's loss lengths
 
     def collate_for(self, stage: str) -> Callable[[Any], Any]:
-        """The collate of ``stage``, as :meth:`TokenBudgetDataModule.collate_for`.
-
-        The stream's for training; for an evaluation split the given one, or the plan's
-        default for its columns.
+        """The collate of ``stage``, as :meth:`TokenBudgetDataModule.collate_for` (the stream's).
 
         Raises:
             SettingValueError: for a collate that does not fit the split's plan.

@@ -20,10 +20,8 @@ __all__ = ["StreamingDataLoader"]
 class StreamingDataLoader(DataLoader[Any]):
     """A DataLoader over a :class:`StreamingBatches` that sets the stream's epoch on ``iter()``.
 
-    Lightning relays ``set_epoch`` to samplers only; an ``IterableDataset`` never hears of
-    the epoch. This loader asks ``epoch()`` at every ``iter()`` and calls the dataset's
-    ``set_epoch`` before the DataLoader copies the dataset into its worker processes, so every
-    worker of every rank streams the same epoch's plan.
+    Lightning relays ``set_epoch`` to samplers only: this loader asks ``epoch()`` at every
+    ``iter()`` and sets it on the dataset before the DataLoader copies it into its workers.
 
     Args:
         dataset: the rank's stream of collated micro-batches.
@@ -38,8 +36,7 @@ class StreamingDataLoader(DataLoader[Any]):
             they were started in).
 
     Raises:
-        TypeError: for a dataset that is not a :class:`StreamingBatches`, or a non-callable
-            ``epoch``.
+        TypeError: for a dataset that is not a :class:`StreamingBatches`, or a bad ``epoch``.
         ValueError: for a bad ``num_workers`` or an argument the stream owns.
 
     Example:
@@ -95,11 +92,7 @@ class StreamingDataLoader(DataLoader[Any]):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        """Refused: a stream's epoch ends when its shards do (Lightning counts it as ``inf``).
-
-        Raises:
-            TypeError: always, with what to use instead (Lightning reads it as "no length").
-        """
+        """Refused with a TypeError, which Lightning reads as "no length" (an ``inf`` epoch)."""
         raise TypeError(
             "A StreamingDataLoader has no len(): the stream is planned window by window while "
             "it is read, so its micro-batch count is known only at the epoch's end. Limit "

@@ -1,14 +1,8 @@
 """Token fields of a micro-batch's items, read and checked: ragged rows and other entries.
 
-Items are mappings of 1-D token-id sequences (lists, numpy arrays, LongTensors) or the Arrow
-rows of a Hugging Face dataset (:class:`~lightning_varbatch.data.columnar.ColumnarItems`);
-:func:`ragged_field` reads one field as flat values plus lengths (every row checked, errors
-naming the field and the item), :func:`other_entries` gathers the rest. Both collates read
-their items through these.
-
-Example:
-    >>> ragged_field([{"tokens": [1, 2]}, {"tokens": [3]}], "tokens").values.tolist()
-    [1, 2, 3]
+Both collates read their items through these: :func:`ragged_field` reads one field as flat
+values plus lengths (every row checked, errors naming the field and the item) and
+:func:`other_entries` gathers the rest.
 """
 
 from __future__ import annotations
@@ -33,10 +27,6 @@ HF_TOKENS_KEY = "input_ids"
 
 def check_key(name: str, key: object) -> str:
     """Validate a collate's field-name setting: a non-empty string.
-
-    Raises:
-        SettingTypeError: for a value that is not a string.
-        SettingValueError: for an empty string.
 
     Example:
         >>> check_key("tokens_key", "input_ids")

@@ -4,10 +4,6 @@
 runtime), ``b·B·L`` the activations, ``c·B·L²`` the attention scores. :class:`Probe` is one
 measured shape; :func:`fit_memory_model` fits the three coefficients (none negative) and
 :func:`check_growth` refuses a fit in which memory does not grow with the batch.
-
-Example:
-    >>> fit_memory_model([Probe(1, 8, 180), Probe(4, 8, 420), Probe(2, 16, 676)])
-    (100.0, 2.0, 1.0)
 """
 
 from __future__ import annotations

@@ -5,12 +5,6 @@ synthetic batch of that shape, returning its peak memory in bytes (e.g. the seco
 :func:`~lightning_varbatch.peak_memory.measure_peak`). :func:`run_probe` runs one and checks
 what it returned (an out-of-memory error, one of :data:`OUT_OF_MEMORY`, is a result too);
 :func:`probe_shapes` picks the shapes of the first probes.
-
-Example:
-    >>> run_probe(lambda examples, length: 1000 + examples * length, 4, 16)
-    Probe(examples=4, length=16, peak_bytes=1064.0)
-    >>> probe_shapes(90, [90, 12_000], 4)
-    [(1, 90), (15, 30), (26, 90), (400, 30)]
 """
 
 from __future__ import annotations

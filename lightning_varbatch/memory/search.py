@@ -5,12 +5,6 @@ so far (:mod:`~lightning_varbatch.memory.probes`), picks the largest budget whos
 micro-batches are all predicted to fit (:mod:`~lightning_varbatch.memory.prediction`: from
 the candidates, or by bisection of the bounds) and probes that budget's worst shape; the first
 budget whose probe fits is the :class:`~lightning_varbatch.memory.result.BudgetResult`.
-
-Example:
-    >>> result = find_max_tokens(lambda b, n: 10_000 + 4 * b * n, [30, 60, 90] * 100,
-    ...                          60_000, bounds=(90, 50_000), step=10)
-    >>> result.max_tokens, len(result.probes)
-    (11060, 5)
 """
 
 from __future__ import annotations
@@ -46,23 +40,16 @@ def find_max_tokens(
 ) -> BudgetResult:
     """The largest ``max_tokens`` whose planned micro-batches fit in ``memory_limit_bytes``.
 
-    ``probes`` shapes (alternately the longest length and a third of it, growing from one
-    longest example to the lower quarter of the search range) are run with ``run_batch``;
-    ``a + b·B·L + c·B·L²`` is fitted to their peaks (:func:`fit_memory_model`). Every budget
-    considered is planned (an :class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner`
-    of ``lengths`` and ``plan_settings``, epochs ``0 .. epochs - 1``, ``world_size`` ranks)
-    and its most demanding micro-batch under the model must fit under
-    ``memory_limit_bytes * (1 - margin)``: the largest such candidate (with ``candidates``) or
-    the largest multiple of ``step`` in ``bounds`` found by bisection (which assumes the
-    predicted peak grows with the budget). The choice is verified by probing its worst shape;
-    if that probe exceeds the limit (or runs out of memory), it joins the fit and the search
-    runs again, at most ``rounds`` times (after an out-of-memory probe, below the midpoint
-    between the lowest budget and the failed one).
-
-    Every setting is checked before the first probe runs (the plan settings by
-    :class:`~lightning_varbatch.PlanConfig`, the lengths as the planner checks them), so a bad
-    setting is reported as such, never as "no budget fits". Under ``oversize="error"``
-    budgets below the longest example's own cost are never considered.
+    ``probes`` shapes (alternately the longest length and a third of it, growing to the lower
+    quarter of the search range) are run with ``run_batch`` and ``a + b·B·L + c·B·L²`` is
+    fitted to their peaks. Every budget considered is planned (``lengths``, ``plan_settings``,
+    epochs ``0 .. epochs - 1``, ``world_size`` ranks) and its most demanding micro-batch must
+    be predicted under ``memory_limit_bytes * (1 - margin)``: the largest such candidate, or
+    the largest multiple of ``step`` in ``bounds`` by bisection. The choice is verified by
+    probing its worst shape; a probe over the limit (or out of memory) joins the fit and the
+    search runs again, at most ``rounds`` times. Every setting is checked before the first
+    probe runs; under ``oversize="error"`` budgets below the longest example's own cost are
+    never considered.
 
     Args:
         run_batch: ``run_batch(examples, length)`` runs forward and backward on a synthetic
@@ -91,15 +78,12 @@ def find_max_tokens(
 
     Raises:
         SettingTypeError: for a setting of the wrong type (an unknown plan setting too).
-        SettingValueError: for a setting out of range; for ``candidates``/``bounds`` that
-            all lie below the longest example (under ``oversize="error"``; the message names
-            the example and the smallest budget that holds it); for ``max_tokens`` among
-            the plan settings (it is what is searched).
+        SettingValueError: for a setting out of range, ``candidates``/``bounds`` all below
+            the longest example (under ``oversize="error"``), or ``max_tokens`` among the
+            plan settings (it is what is searched).
         TypeError: when ``run_batch`` returns something other than a number.
-        ValueError: when it returns zero, a negative number, NaN or infinity, or the probes'
-            memory does not grow with the batch (the message names each probe and what it
-            measured); for no budget predicted to fit (the message gives the smallest
-            budget's prediction).
+        ValueError: when it returns zero, a negative number, NaN or infinity, the probes'
+            memory does not grow with the batch, or no budget is predicted to fit.
         RuntimeError: when the chosen budget's worst shape still exceeds the limit after
             ``rounds`` verifications.
 

@@ -34,20 +34,13 @@ __all__ = ["Search", "check_plan_settings", "search_settings"]
 class Search:
     """Checked settings of one budget search and the range they resolve to.
 
+    The arguments of :func:`~lightning_varbatch.memory.find_max_tokens` (``limit`` is its
+    ``memory_limit_bytes``, ``plan_settings`` checked into ``config``), and:
+
     Attributes:
-        lengths: the training lengths, as given.
-        limit: ``memory_limit_bytes``.
-        margin: share of the limit kept free.
         allowed: ``limit * (1 - margin)``: what a predicted peak may reach.
-        probes: initial probes.
-        rounds: verification rounds.
-        epochs: epochs planned per budget.
-        world_size: ranks planned for.
-        plan_settings: the other plan settings, checked.
-        config: a :class:`~lightning_varbatch.PlanConfig` of them.
         grid: the candidates, sorted and distinct (``None``: bisection of ``low .. high``).
-        low: the smallest budget of the range.
-        high: the largest.
+        low, high: the smallest and largest budget of the range.
         step: the resolution of the bisection (``None`` with candidates).
         longest: the longest planning length, padded to ``pad_to_multiple_of``.
         needed: the smallest budget that holds the longest example.
@@ -94,10 +87,7 @@ def search_settings(
     """Check the arguments of :func:`~lightning_varbatch.memory.find_max_tokens`, in order.
 
     Raises:
-        SettingTypeError: for a setting of the wrong type (an unknown plan setting too).
-        SettingValueError: for a setting out of range, ``max_tokens`` among the plan
-            settings, or a range that lies below the longest example under
-            ``oversize="error"``.
+        SettingTypeError, SettingValueError: as :func:`~lightning_varbatch.memory.find_max_tokens`.
     """
     limit = check_count("memory_limit_bytes", memory_limit_bytes, what=" (bytes)")
     _check_run_batch(run_batch)

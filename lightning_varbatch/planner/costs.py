@@ -1,15 +1,9 @@
 """Cost models: how much of the token budget a micro-batch uses.
 
 A cost model is a vectorised function ``cost(num_examples, longest, total) -> cost`` of three
-arrays of equal shape, one entry per candidate micro-batch:
-
-* ``num_examples``: examples in the micro-batch;
-* ``longest``: the padded length of its longest example (already rounded up to
-  ``pad_to_multiple_of``);
-* ``total``: the sum of its examples' lengths (unpadded tokens).
-
-It must be non-decreasing in each argument; the planner checks every planned micro-batch
-against the budget and raises if a user-supplied model breaks that promise.
+arrays, one entry per candidate micro-batch: its examples, the padded length of its longest
+example (rounded up to ``pad_to_multiple_of``) and its unpadded tokens. It must be
+non-decreasing in each argument; the planner checks every micro-batch against the budget.
 
 Built-in models (pass the name as ``cost=``):
 
@@ -21,13 +15,6 @@ name            cost of a micro-batch                            use it for
 ``"quadratic"`` ``num_examples * (longest + c * longest**2)``    attention-dominated models
 ``"packed"``    ``total`` rounded up to ``pad_to_multiple_of``   ``layout="packed"`` (one row)
 ==============  ===============================================  ==============================
-
-Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner.costs import resolve_cost
-    >>> cost = resolve_cost("quadratic", quadratic_coef=1 / 64)
-    >>> float(cost(np.array([4]), np.array([64]), np.array([200]))[0])
-    512.0
 """
 
 from __future__ import annotations
@@ -47,25 +34,13 @@ COST_NAMES: tuple[str, ...] = ("padded", "sum", "quadratic", "packed")
 
 
 def padded_cost(num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
-    """Token slots after padding: ``num_examples * longest``.
-
-    Example:
-        >>> import numpy as np
-        >>> int(padded_cost(np.array([3]), np.array([10]), np.array([25]))[0])
-        30
-    """
+    """Token slots after padding: ``num_examples * longest``."""
     del total
     return np.asarray(num_examples, dtype=np.float64) * longest
 
 
 def sum_cost(num_examples: np.ndarray, longest: np.ndarray, total: np.ndarray) -> np.ndarray:
-    """Unpadded tokens: ``total``.
-
-    Example:
-        >>> import numpy as np
-        >>> int(sum_cost(np.array([3]), np.array([10]), np.array([25]))[0])
-        25
-    """
+    """Unpadded tokens: ``total``."""
     del num_examples, longest
     return np.asarray(total, dtype=np.float64)
 
@@ -76,7 +51,6 @@ def quadratic_cost(
     """Padded tokens plus an attention term: ``n * L + coef * n * L**2``.
 
     Example:
-        >>> import numpy as np
         >>> int(quadratic_cost(np.array([2]), np.array([8]), np.array([9]), coef=0.5)[0])
         80
     """
@@ -91,7 +65,6 @@ def packed_cost(
     """Slots of one packed row: the real tokens rounded up to ``multiple`` (the alignment).
 
     Example:
-        >>> import numpy as np
         >>> int(packed_cost(np.array([3]), np.array([10]), np.array([25]), multiple=8)[0])
         32
     """
@@ -105,20 +78,15 @@ def resolve_cost(
     """Turn a cost name or callable into a vectorised cost function.
 
     Args:
-        cost: ``"padded"``, ``"sum"``, ``"quadratic"`` or a callable
-            ``(num_examples, longest, total) -> cost`` on numpy arrays.
+        cost: a name of :data:`COST_NAMES` or a callable ``(num_examples, longest, total)``.
         quadratic_coef: the coefficient ``c`` of the ``"quadratic"`` model.
         multiple: the row alignment of the ``"packed"`` model (``pad_to_multiple_of``).
-
-    Returns:
-        The cost function.
 
     Raises:
         SettingValueError: for an unknown name or a negative ``quadratic_coef``.
         SettingTypeError: when ``cost`` is neither a name nor callable.
 
     Example:
-        >>> import numpy as np
         >>> resolve_cost("padded")(np.array([2]), np.array([5]), np.array([7])).tolist()
         [10.0]
     """
@@ -186,3 +154,81 @@ def checked_cost(
             value=cost_fn,
         )
     return cost
+
+
+def probe_cost(fn: CostFn) -> None:
+    """Call a custom cost model once on two candidates and check what comes back.
+
+    Raises:
+        SettingValueError: when it fails, returns the wrong shape, or non-finite / negative
+            costs.
+
+    Example:
+        >>> probe_cost(lambda n, longest, total: n * longest)
+    """
+    n, longest, total = np.array([1, 2]), np.array([8, 8]), np.array([8, 16])
+    try:
+        out = np.asarray(fn(n, longest, total), dtype=np.float64)
+    except Exception as err:  # any failure of user code is reported the same way
+        raise SettingValueError(
+            f"cost= raised {type(err).__name__}: {err} when called as cost(num_examples, "
+            "longest, total) on numpy arrays of two candidates; a cost model must work "
+            "elementwise on arrays (e.g. lambda n, longest, total: n * longest).",
+            setting="cost",
+            value=fn,
+        ) from err
+    if out.shape != n.shape or not np.isfinite(out).all() or (out < 0).any():
+        raise SettingValueError(
+            f"cost= returned {out.tolist()!r} (shape {out.shape}) for two candidate "
+            "micro-batches: a cost model must return one finite cost >= 0 per candidate, an "
+            "array shaped like num_examples (e.g. lambda n, longest, total: n * longest).",
+            setting="cost",
+            value=fn,
+        )
+
+
+def check_cost(cost: object, layout: str) -> CostName | CostFn:
+    """The ``cost`` setting, checked against the ``layout``; the cost the planner uses.
+
+    ``layout="packed"`` takes only the ``"packed"`` cost; a callable is probed once.
+
+    Raises:
+        SettingValueError: for an unknown name or a cost the layout cannot use.
+        SettingTypeError: for something neither a name nor a callable.
+
+    Example:
+        >>> check_cost("padded", "packed"), check_cost("sum", "padded")
+        ('packed', 'sum')
+    """
+    if isinstance(cost, str):
+        check_choice(
+            "cost", cost, COST_NAMES, what=" or a callable (num_examples, longest, total) -> cost"
+        )
+    elif not callable(cost):
+        raise SettingTypeError(
+            f"cost must be one of {', '.join(repr(c) for c in COST_NAMES)} or a callable "
+            f"(num_examples, longest, total) -> cost, got {cost!r} ({type(cost).__name__}); "
+            "pass e.g. cost='padded'.",
+            setting="cost",
+            value=cost,
+        )
+    if layout == "packed":
+        if cost not in ("padded", "packed"):
+            raise SettingValueError(
+                f"layout='packed' budgets the real tokens of a packed row itself, so "
+                f"cost={cost!r} cannot apply: leave cost unset with layout='packed' (or use "
+                "layout='padded' for another cost model).",
+                setting="cost",
+                value=cost,
+            )
+        return "packed"
+    if cost == "packed":
+        raise SettingValueError(
+            "cost='packed' is the budget of packed rows: set layout='packed' instead of "
+            "cost='packed' (the collate and the rank balance change with it).",
+            setting="cost",
+            value=cost,
+        )
+    if callable(cost):
+        probe_cost(cost)
+    return cost  # type: ignore[return-value]

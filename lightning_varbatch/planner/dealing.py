@@ -1,12 +1,9 @@
-"""Dealing an optimizer step's micro-batches to the ranks, with balanced loads.
+"""Dealing an optimizer step's micro-batches to the ranks, with balanced loads, and ordering steps.
 
-An optimizer step holds ``world_size * accumulate_grad_batches`` micro-batches; every rank
-must get exactly ``accumulate_grad_batches`` of them, and a step is as slow as its most
-loaded rank. :func:`deal_steps` gives each micro-batch, largest cost first, to the least-loaded
-rank that still has a free slot (LPT scheduling), for all steps at once. Both planners use it:
-:class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner` for its steps, and
-:class:`~lightning_varbatch.planner.mixture.MixturePlanner` for steps that mix datasets
-(``mixing="per_batch"``).
+Every rank gets ``accumulate_grad_batches`` of a step's micro-batches, and a step is as slow as
+its most loaded rank: :func:`deal_steps` balances them (LPT scheduling), :func:`deal_run` forms
+an epoch's run of micro-batches into dealt steps and :func:`order_steps` orders the steps
+(shuffled, then by the length warm-up).
 
 Example:
     >>> import numpy as np
@@ -18,18 +15,27 @@ Example:
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import numpy as np
 
-__all__ = ["deal_steps"]
+from lightning_varbatch.planner.length_warmup import LengthWarmupTrace, light_steps, warmup_order
+from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.sorted_cut import SortedCut
+from lightning_varbatch.planner.warmup_plan import step_longest
+
+__all__ = ["Warm", "deal_run", "deal_steps", "order_steps"]
+
+#: The length warm-up of one plan: scheduled caps, the cap already reached, the epoch's
+#: order of example ids, and the run's step the plan's first step is.
+Warm: TypeAlias = tuple[np.ndarray, int, np.ndarray, int]
 
 
 def deal_steps(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.ndarray:
     """Deal each step's micro-batches to ranks so that the per-rank sums of cost are balanced.
 
-    Largest micro-batch first, each to the least-loaded rank with a free micro-batch slot
-    (LPT scheduling; ties go to the lowest rank), vectorised over steps. With ``acc == 1``
-    each rank gets one micro-batch, in decreasing cost order (the order of ranks does not
-    change the balance).
+    Largest micro-batch first, each to the least-loaded rank with a free slot (LPT; ties go to
+    the lowest rank), vectorised over steps.
 
     Args:
         steps: ``(num_steps, world * acc)`` micro-batch ids, one row per optimizer step.
@@ -61,3 +67,61 @@ def deal_steps(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.
         load[rows, rank] += ranked_cost[:, k]
         used[rows, rank] += 1
     return assign
+
+
+def order_steps(
+    cut: SortedCut,
+    assign: np.ndarray,
+    rng: np.random.Generator,
+    config: PlanConfig,
+    key: np.ndarray,
+    warm: Warm | None,
+) -> tuple[np.ndarray, LengthWarmupTrace | None]:
+    """The steps shuffled, then ordered by the length warm-up (``warm``) when it is on.
+
+    ``key``: every example's planning length (the warm-up caps the longest of each step).
+    """
+    if config.shuffle:
+        assign = assign[rng.permutation(assign.shape[0])]
+    trace = None
+    if warm is not None and assign.shape[0]:  # an empty rest (all dropped) warms nothing
+        caps, floor, order, first = warm
+        longest = step_longest(key, cut.starts, cut.sizes, order, assign)
+        perm, realised = warmup_order(longest, caps, floor, light_steps(cut.cost, assign))
+        assign, longest = assign[perm], longest[perm]
+        trace = LengthWarmupTrace(first, caps[: realised.shape[0]], realised, longest)
+    return assign, trace
+
+
+def deal_run(
+    cut: SortedCut,
+    run: np.ndarray,
+    shape: tuple[int, int],
+    rng: np.random.Generator,
+    config: PlanConfig,
+    key: np.ndarray,
+    warm: Warm | None,
+    *,
+    rotate: bool = False,
+) -> tuple[np.ndarray, LengthWarmupTrace | None]:
+    """``(steps, world, acc)`` micro-batch ids: ``run`` formed into steps, dealt, ordered.
+
+    ``shape``: ``(world, acc)``; ``rotate``: give the ranks each step's micro-batches in a
+    random order (see ``EpochPlanner``'s ``rotate_ranks``).
+    """
+    world, acc = shape
+    if config.layout == "packed":
+        # Packed rows of equal tokens differ in compute (Σ L²): steps take micro-batches
+        # of neighbouring compute, so that dealing can even the ranks out.
+        run = run[np.argsort(-cut.work[run], kind="stable")]
+    assign = deal_steps(run.reshape(-1, world * acc), cut.work, world, acc)
+    assign, trace = order_steps(cut, assign, rng, config, key, warm)
+    if rotate and world > 1:
+        # Dealing gives rank 0 each step's largest micro-batch: over a few steps (a window
+        # of a stream) that skews the ranks' real tokens; a random rank order per step
+        # evens them out (loads per step are unchanged).
+        ranks = rng.permuted(np.tile(np.arange(world), (assign.shape[0], 1)), axis=1)
+        assign = np.take_along_axis(
+            assign, np.broadcast_to(ranks[:, :, None], assign.shape), axis=1
+        )
+    return assign, trace

@@ -1,21 +1,8 @@
 """Plan diagnostics: what an epoch plan will cost, before any GPU hour is spent.
 
-:func:`diagnose` turns an :class:`~lightning_varbatch.planner.epoch_planner.EpochPlan` into a small,
-JSON-friendly :class:`PlanDiagnostics`: padding efficiency, budget fill, the spread of examples
-per micro-batch, per-rank load imbalance under a linear and a quadratic cost, and the counts of
-examples the tail / oversize policies dropped, repeated, skipped or cut. Everything is computed
-on arrays with one entry per micro-batch plus a few passes over the sorted lengths, so millions
-of examples take a fraction of a second.
-
-Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
-    >>> from lightning_varbatch.planner.diagnostics import diagnose
-    >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
-    >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
-    >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=1))
-    >>> round(diag.padding_efficiency, 4), diag.num_micro_batches
-    (0.8667, 2)
+:func:`diagnose` turns an epoch plan into a small, JSON-friendly :class:`PlanDiagnostics`:
+padding efficiency, budget fill, examples per micro-batch, per-rank load imbalance and the
+examples dropped, repeated, skipped or cut; vectorised over micro-batches.
 """
 
 from __future__ import annotations
@@ -60,50 +47,41 @@ class PlanDiagnostics:
         max_tokens: the budget of one micro-batch.
         cost: the planner's cost model (name, or the callable's qualified name).
         real_tokens: summed planning lengths of every run example (``max(src, tgt)`` for pairs).
-        padded_tokens: token slots after padding: per micro-batch, examples × longest padded
-            planning length (``layout="packed"``: the row's tokens rounded up to
-            ``pad_to_multiple_of``).
+        padded_tokens: token slots after padding: examples × longest padded length per
+            micro-batch (a packed row's tokens rounded up to ``pad_to_multiple_of``).
         padding_efficiency: ``real_tokens / padded_tokens``.
-        budget_fill: mean micro-batch cost under the planner's cost model / ``max_tokens``
-            (each micro-batch over its own dataset's budget in a mixture).
+        budget_fill: mean micro-batch cost / its budget (its dataset's and rank's).
         examples_per_batch_min: fewest examples in a micro-batch.
         examples_per_batch_mean: mean examples per micro-batch.
         examples_per_batch_p50: median examples per micro-batch.
         examples_per_batch_p95: 95th percentile of examples per micro-batch.
         examples_per_batch_max: most examples in a micro-batch.
-        imbalance_linear_mean: per optimizer step, the busiest rank's load over the mean rank
-            load, with load = Σ examples × longest padded length; mean over steps (1 = even).
-            With per-rank budgets (``EpochPlan.rank_budget``) each rank's load is divided by
-            its share of the budgets first: the time it takes at the speed the shares assume.
+        imbalance_linear_mean: per step, the busiest rank's load (Σ examples × longest padded
+            length; over its share of the budgets, with per-rank budgets) over the mean rank
+            load; mean over steps (1 = even).
         imbalance_linear_max: the same, worst step.
         imbalance_quadratic_mean: as ``imbalance_linear_mean`` with load
             Σ n·L + c·n·L² (``c = config.quadratic_coef``, 1/64 by default).
         imbalance_quadratic_max: the same, worst step.
-        imbalance_flops_mean: as ``imbalance_linear_mean`` with the compute of
-            :mod:`lightning_varbatch.planner.flops` as load: tokens (slots) plus
-            ``flop_attention`` × Σ L² (n·L² for a padded micro-batch).
+        imbalance_flops_mean: as ``imbalance_linear_mean`` with load: slots plus
+            ``flop_attention`` × Σ L² (:mod:`lightning_varbatch.planner.flops`).
         imbalance_flops_max: the same, worst step.
         num_dropped: examples left out by ``tail="drop"``.
-        num_duplicated: examples repeated by ``tail="pad"`` (or a ``"spread"`` that ran out of
-            examples to split).
+        num_duplicated: examples repeated by ``tail="pad"`` (or a ``"spread"`` short of them).
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
         coverage: distinct examples run / ``num_planned``.
         equal_counts: every rank runs the same number of non-empty micro-batches.
-        num_shapes: distinct ``(rows, padded length)`` shapes run (what ``torch.compile``
-            compiles, one graph each, unless told ``dynamic=True``).
+        num_shapes: distinct ``(rows, padded length)`` shapes run (``torch.compile`` graphs).
         shapes: under a shape budget (``max_shapes``), per shape ``[rows, length,
             micro-batches, real tokens, padded slots]`` by length; empty for free shapes.
 
     Example:
-        >>> import numpy as np
         >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.full(8, 4), PlanConfig(max_tokens=8))
         >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=2))
         >>> diag.padding_efficiency, diag.budget_fill, diag.imbalance_linear_max
         (1.0, 1.0, 1.0)
-        >>> print(diag.format().splitlines()[0])
-        plan: 8 examples (8 planned)
     """
 
     num_examples: int
@@ -140,17 +118,7 @@ class PlanDiagnostics:
     shapes: tuple[tuple[int, int, int, int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as plain Python values (ready for ``json.dumps`` or a logger).
-
-        Example:
-            >>> import json
-            >>> import numpy as np
-            >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
-            >>> planner = EpochPlanner(np.array([3, 5, 2]), PlanConfig(max_tokens=10))
-            >>> d = diagnose(planner, planner.plan(epoch=0)).to_dict()
-            >>> json.loads(json.dumps(d))["num_planned"]
-            3
-        """
+        """All fields as plain Python values (ready for ``json.dumps`` or a logger)."""
         out = asdict(self)
         out["shapes"] = [list(row) for row in self.shapes]  # as JSON gives it back
         return out
@@ -159,7 +127,6 @@ class PlanDiagnostics:
         """A human-readable, multi-line report.
 
         Example:
-            >>> import numpy as np
             >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
             >>> planner = EpochPlanner(np.full(8, 4), PlanConfig(max_tokens=8))
             >>> print(diagnose(planner, planner.plan(epoch=0, world_size=2)).format())
@@ -222,10 +189,9 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
     Args:
         planner: the planner that made ``plan``.
         plan: the epoch plan.
-        model: ``"linear"`` (Σ examples × longest padded length over the rank's micro-batches
-            of the step; a packed row's tokens), ``"quadratic"`` (Σ n·L + c·n·L²,
-            ``c = config.quadratic_coef``) or ``"flops"`` (the same with
-            ``c = config.flop_attention``; a packed row's Σ L²).
+        model: ``"linear"`` (Σ examples × longest padded length; a packed row's tokens),
+            ``"quadratic"`` (+ ``quadratic_coef`` · n·L²) or ``"flops"`` (+ ``flop_attention``
+            · n·L²; a packed row's Σ L²).
 
     Returns:
         ``(num_steps, world_size)`` float64 loads.
@@ -234,7 +200,6 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
         ValueError: for an unknown ``model``.
 
     Example:
-        >>> import numpy as np
         >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
         >>> rank_loads(planner, planner.plan(epoch=0, world_size=2)).tolist()
@@ -300,7 +265,6 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
         The diagnostics.
 
     Example:
-        >>> import numpy as np
         >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
         >>> diag = diagnose(planner, planner.plan(epoch=0, world_size=2))
@@ -313,12 +277,9 @@ def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
     size = micro_batches.size[run]
     real = int(micro_batches.real[run].sum())
     padded = int(micro_batches.slots[run].sum())
-    lin = micro_batch_load(planner, micro_batches, "linear")[plan.assign].sum(axis=2)
-    quad = micro_batch_load(planner, micro_batches, "quadratic")[plan.assign].sum(axis=2)
-    lin_mean, lin_max = _imbalance(lin, plan)
-    quad_mean, quad_max = _imbalance(quad, plan)
-    flops_mean, flops_max = _imbalance(
-        micro_batch_load(planner, micro_batches, "flops")[plan.assign].sum(axis=2), plan
+    (lin_mean, lin_max), (quad_mean, quad_max), (flops_mean, flops_max) = (
+        _imbalance(micro_batch_load(planner, micro_batches, model)[plan.assign].sum(axis=2), plan)
+        for model in ("linear", "quadratic", "flops")
     )
     per_rank = np.count_nonzero(micro_batches.size[plan.assign] > 0, axis=(0, 2))
     cost = cfg.cost if isinstance(cfg.cost, str) else getattr(cfg.cost, "__qualname__", "custom")

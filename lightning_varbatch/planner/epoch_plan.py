@@ -57,8 +57,8 @@ def _warn_renamed(old: str, stacklevel: int = 3) -> None:
 class _Renamed:
     """The old name of an :class:`EpochPlan` attribute or method: reads the new one, warns."""
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.old = name
+    def __init__(self, old: str) -> None:
+        self.old = old
 
     def __get__(self, plan: object, owner: type | None = None) -> Any:
         if plan is None:
@@ -71,12 +71,10 @@ class _Renamed:
 class EpochPlan:
     """Which examples form each micro-batch of each rank in one epoch.
 
-    Micro-batches are contiguous slices of the epoch's example order: micro-batch ``b`` holds
-    ``order[micro_batch_start[b] : micro_batch_start[b] + micro_batch_size[b]]``, and every
-    ``micro_batch_*`` array has one entry per micro-batch id. ``assign[step, rank, micro]`` is
-    the id of the micro-batch that ``rank`` runs in slot ``micro`` of optimizer step ``step``;
-    a rank runs its micro-batches step by step, slot by slot. (The names ``tile_start``,
-    ``rank_tiles``, ... of earlier versions still work and warn: :data:`DEPRECATED_NAMES`.)
+    Micro-batch ``b`` holds ``order[micro_batch_start[b] : micro_batch_start[b] +
+    micro_batch_size[b]]`` (every ``micro_batch_*`` array has one entry per micro-batch id);
+    ``assign[step, rank, micro]`` is the micro-batch ``rank`` runs in slot ``micro`` of
+    ``step``. Earlier versions' names (``tile_start``, ...) warn: :data:`DEPRECATED_NAMES`.
 
     Attributes:
         epoch: the epoch this plan is for.
@@ -85,30 +83,22 @@ class EpochPlan:
         order: example ids in micro-batch order (this epoch's shuffle).
         micro_batch_start: first position of every micro-batch in ``order``.
         micro_batch_size: examples in every micro-batch.
-        micro_batch_cost: every micro-batch's cost under the cost model (at most
-            ``max_tokens``).
+        micro_batch_cost: every micro-batch's cost under the cost model (<= ``max_tokens``).
         assign: ``(num_steps, world_size, accumulate_grad_batches)`` micro-batch ids.
         num_dropped: examples the epoch leaves out (``tail="drop"``).
-        num_duplicated: extra runs of examples the epoch repeats (``tail="pad"``, or
-            ``"spread"`` with fewer examples than a step has micro-batches). For the
-            re-planned rest of an epoch both count the whole epoch, its consumed part
-            included (:mod:`~lightning_varbatch.planner.remainder_guard`).
+        num_duplicated: extra runs of examples the epoch repeats (``tail="pad"``, ...). For
+            the re-planned rest of an epoch both count the whole epoch, consumed part included.
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
-        micro_batch_dataset: the dataset of every micro-batch when several are mixed
-            (:class:`~lightning_varbatch.planner.mixture.MixturePlanner`); ``None`` means dataset 0.
+        micro_batch_dataset: the dataset of every micro-batch of a mixture (``None``: 0).
         micro_batch_work: what ranks were balanced by when it is not the cost
-            (``layout="packed"``: each micro-batch's compute,
-            :mod:`lightning_varbatch.planner.flops`); ``None``: the cost.
+            (``layout="packed"``: each micro-batch's compute); ``None``: the cost.
         micro_batch_shape: ``(m, 2)`` the static ``(rows, length)`` every micro-batch is padded
             to under a shape budget (``PlanConfig.max_shapes``); ``None``: free shapes.
-        rank_budget: ``(world_size,)`` the budget every micro-batch of each rank fits when
-            ranks have their own (``PlanConfig.rank_shares`` / ``rank_max_tokens``,
-            :mod:`lightning_varbatch.planner.rank_lanes`); ``None``: ``max_tokens`` on every
-            rank.
-        consumed_counts: for the re-planned rest of an epoch, how many times each example
-            ran under the epoch's earlier topologies (``None``: a whole epoch's plan); not
-            compared between plans.
+        rank_budget: ``(world_size,)`` the budget each rank's micro-batches fit when ranks
+            have their own (``rank_shares`` / ``rank_max_tokens``); ``None``: ``max_tokens``.
+        consumed_counts: for the re-planned rest of an epoch, the runs of each example under
+            the epoch's earlier topologies (``None``: a whole epoch); not compared.
     """
 
     epoch: int
@@ -130,9 +120,8 @@ class EpochPlan:
     consumed_counts: np.ndarray | None = field(default=None, repr=False, compare=False)
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
-    #: What the length warm-up did (``PlanConfig.length_warmup``), ``None`` without one. Not
-    #: a dataclass field (plans without a warm-up compare and hash as before); the planner
-    #: sets it on the plans it warms up.
+    #: What the length warm-up did, ``None`` without one; not a field (plans compare and hash
+    #: as before), the planner sets it on the plans it warms up.
     length_warmup: ClassVar[LengthWarmupTrace | None] = None
 
     @property
@@ -182,9 +171,7 @@ class EpochPlan:
         Raises:
             ValueError: when ``rank`` is not in ``[0, world_size)``.
         """
-        kind: type[SettingError] = SettingValueError
-        if isinstance(rank, (bool, np.bool_)) or not isinstance(rank, (int, np.integer)):
-            kind = SettingTypeError
+        kind = _index_error(rank)
         if kind is SettingTypeError or not 0 <= rank < self.world_size:
             raise kind(
                 f"rank must be an integer in [0, {self.world_size}) (world_size="
@@ -215,11 +202,7 @@ class EpochPlan:
             ValueError: when ``micro_batches`` is outside ``[0, num_micro_batches_per_rank]``.
         """
         total = self.num_micro_batches_per_rank
-        kind: type[SettingError] = SettingValueError
-        if isinstance(micro_batches, (bool, np.bool_)) or not isinstance(
-            micro_batches, (int, np.integer)
-        ):
-            kind = SettingTypeError
+        kind = _index_error(micro_batches)
         if kind is SettingTypeError or not 0 <= micro_batches <= total:
             raise kind(
                 f"consumed micro-batches must be in [0, {total}] for this epoch, "
@@ -261,19 +244,11 @@ class EpochPlan:
         """
         return self.ids_of_micro_batches(self.consumed_micro_batches(micro_batches)[0])
 
-    # The names of earlier versions (DEPRECATED_NAMES): they read the new ones and warn.
-    tile_start = _Renamed()
-    tile_size = _Renamed()
-    tile_cost = _Renamed()
-    tile_dataset = _Renamed()
-    tile_work = _Renamed()
-    tile_shape = _Renamed()
-    tile_load = _Renamed()
-    tile_tokens = _Renamed()
-    tile_ids = _Renamed()
-    rank_tiles = _Renamed()
-    ids_of_tiles = _Renamed()
-    consumed_tiles = _Renamed()
+
+def _index_error(value: object) -> type[SettingError]:
+    """The error for a bad index: a type error for anything but an integer."""
+    whole = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    return SettingValueError if whole else SettingTypeError
 
 
 def _accept_old_arguments(init: Any) -> Any:
@@ -290,17 +265,15 @@ def _accept_old_arguments(init: Any) -> Any:
 
 
 EpochPlan.__init__ = _accept_old_arguments(EpochPlan.__init__)  # type: ignore[method-assign]
+for _old in DEPRECATED_NAMES:  # the names of earlier versions: they read the new ones and warn
+    setattr(EpochPlan, _old, _Renamed(_old))
 
 
 _SUM_CHUNK = 1 << 20
 
 
 def _micro_batch_sums(values: np.ndarray, order: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """``values[order]`` summed over each micro-batch.
-
-    Gathered a chunk of micro-batches at a time: bounded temporaries instead of an int64 copy of the
-    whole epoch.
-    """
+    """``values[order]`` summed over each micro-batch, a chunk at a time (bounded memory)."""
     out = np.empty(starts.size, dtype=np.int64)
     bounds = np.searchsorted(starts, np.arange(0, order.size, _SUM_CHUNK), side="left")
     bounds = np.unique(np.concatenate((bounds, [starts.size])))

@@ -1,20 +1,9 @@
 """One epoch's plan: optimizer steps × ranks × micro-batches of example ids.
 
-Pure numpy, no torch.distributed and no Lightning: every rank computes the same plan from the
-same ``(lengths, config, epoch, world_size, accumulate_grad_batches)`` and reads its own slice,
-so every rank gets the same number of micro-batches by construction.
-
-How a plan is made (see ``docs/planning.md`` for the reasoning):
-
-1. Examples are sorted by decreasing (bucketed) length once; the sorted order is cut greedily
-   into micro-batches that fit ``max_tokens`` (:mod:`lightning_varbatch.planner.sorted_cut`).
-   This depends only on the lengths, so it is cached and reused every epoch.
-2. Each epoch, examples of equal bucket are shuffled among themselves (batch composition
-   changes, padding does not), the tail policy (:mod:`lightning_varbatch.planner.tail`) makes
-   the number of micro-batches a multiple of ``world_size * accumulate_grad_batches``,
-   consecutive micro-batches form one optimizer step (similar shapes on every rank: no
-   stragglers), a step's micro-batches are dealt to ranks largest first to the least-loaded
-   rank (balanced load, :mod:`lightning_varbatch.planner.dealing`), and the steps are shuffled.
+Every rank computes the same plan and reads its own slice: equal micro-batch counts by
+construction. The sorted order is cut once to the budget (:mod:`~.sorted_cut`); each epoch
+shuffles within buckets, applies the tail policy (:mod:`~.tail`), forms and deals the steps
+(:mod:`~.dealing`) and shuffles them (``docs/planning.md``).
 
 Example:
     >>> import numpy as np
@@ -33,38 +22,23 @@ import numpy as np
 import numpy.typing as npt
 
 from lightning_varbatch.checks import check_count
-from lightning_varbatch.errors import SettingTypeError, SettingValueError
-from lightning_varbatch.planner.dealing import deal_steps
+from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.planner.dealing import deal_run, order_steps
 from lightning_varbatch.planner.epoch_plan import EpochPlan
-from lightning_varbatch.planner.length_warmup import LengthWarmupTrace, light_steps, warmup_order
+from lightning_varbatch.planner.epoch_resume import EpochResume
+from lightning_varbatch.planner.lane_budgets import lane_budgets, single_example_cost
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
-from lightning_varbatch.planner.rank_lanes import (
-    Lane,
-    lane_budgets,
-    lane_config,
-    lane_cuts,
-    lane_plan,
-    single_example_cost,
-    uniform,
-)
-from lightning_varbatch.planner.remainder_guard import guard_remainder
-from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
-from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
-from lightning_varbatch.planner.shape_budget import ShapeBudget
+from lightning_varbatch.planner.rank_lanes import Lane, lane_config, lane_cuts, lane_plan
+from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_config
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import effective_tail, select_micro_batches, tail_cut
-from lightning_varbatch.planner.warmup_plan import (
-    check_warmup_acts,
-    step_longest,
-    warmup_caps,
-    warmup_position,
-)
+from lightning_varbatch.planner.warmup_plan import check_warmup_acts, warmup_caps
 
 __all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
 
 
-class EpochPlanner(ShapeBudget):
+class EpochPlanner(EpochResume):
     """Plans epochs over fixed lengths, caching the sort and the cut between epochs.
 
     Args:
@@ -73,15 +47,13 @@ class EpochPlanner(ShapeBudget):
         config: the planner settings.
         loss_lengths: loss tokens per example, when they are not the lengths (1-D) or the
             target column (pairs).
-        rotate_ranks: give the ranks each step's micro-batches in a random order (a plan of
-            few steps, such as a window of a stream, would otherwise give rank 0 the largest
-            micro-batch of every step). Off by default: it changes the plan.
+        rotate_ranks: give the ranks each step's micro-batches in a random order (for plans of
+            few steps, such as a stream's windows). Off by default: it changes the plan.
 
     Raises:
         ValueError: for bad lengths or an example over the budget (see :class:`PlanConfig`).
 
     Example:
-        >>> import numpy as np
         >>> planner = EpochPlanner(np.array([[3, 4], [9, 2], [5, 5]]), PlanConfig(max_tokens=12))
         >>> plan = planner.plan(epoch=0, world_size=1)
         >>> int(plan.step_tokens.sum())  # target tokens of the whole epoch
@@ -96,15 +68,7 @@ class EpochPlanner(ShapeBudget):
         *,
         rotate_ranks: bool = False,
     ) -> None:
-        if not isinstance(config, PlanConfig):
-            raise SettingTypeError(
-                f"config must be a PlanConfig, got {type(config).__name__} {config!r:.60}; "
-                "pass config=PlanConfig(max_tokens=...) (e.g. PlanConfig(**settings) for a "
-                "dict).",
-                setting="config",
-                value=config,
-            )
-        self.config = config
+        self.config = config = check_config(config)
         self.rotate_ranks = bool(rotate_ranks)
         self.prepared: PreparedLengths = prepare_lengths(lengths, config, loss_lengths)
         if config.layout == "packed" and self.prepared.pairs:
@@ -117,9 +81,8 @@ class EpochPlanner(ShapeBudget):
                 value=config.layout,
             )
         if config.length_warmup is not None and self.num_planned:
-            kept = self.prepared.kept
-            key = self.prepared.key if kept is None else self.prepared.key[kept]
-            check_warmup_acts(config, [int(key.max())], [config.length_warmup_min], ["data"])
+            longest = int(self.prepared.planned_key.max())
+            check_warmup_acts(config, [longest], [config.length_warmup_min], ["data"])
         self._exact_totals = (
             not self.prepared.pairs
             and loss_lengths is None
@@ -149,9 +112,8 @@ class EpochPlanner(ShapeBudget):
     def num_micro_batches(self) -> int:
         """Micro-batches of one pass before the tail policy (the data's size in budgets).
 
-        With packed rows over buckets wider than 1, each epoch cuts its own rows
-        (:mod:`~lightning_varbatch.planner.packed_rows`): this is the count of the sorted
-        order's, which an epoch's may differ from by a few.
+        Packed rows over buckets wider than 1 are cut each epoch: an epoch's count may differ
+        from this (the sorted order's) by a few.
         """
         return self._cut().num_micro_batches
 
@@ -234,19 +196,17 @@ class EpochPlanner(ShapeBudget):
             epoch: the epoch (the plan depends only on ``config.seed``, ``epoch`` and ``salt``).
             world_size: number of ranks.
             accumulate_grad_batches: micro-batches per rank per optimizer step.
-            exclude: boolean mask over all examples; ``True`` ones are left out (resume with
-                another world size re-plans what an interrupted epoch has not consumed).
+            exclude: boolean mask over all examples; ``True`` ones are left out (a re-plan of
+                what an interrupted epoch has not consumed).
             salt: extra randomness for re-plans, so they differ from the original plan.
-            first_step: the run's optimizer step the plan's first step is (a re-planned
-                remainder of epoch 0 continues the length warm-up there).
+            first_step: the run's optimizer step the plan's first step is (the length warm-up
+                continues there).
             cap_floor: the length warm-up's cap already reached before ``first_step``.
             rank_budgets: each rank's micro-batch budget (``None``: the config's,
-                :meth:`PlanConfig.rank_budgets`, which is ``max_tokens`` on every rank unless
-                ``rank_shares`` / ``rank_max_tokens`` are set); unequal budgets plan in lanes
+                :meth:`PlanConfig.rank_budgets`); unequal budgets plan in lanes
                 (:mod:`~lightning_varbatch.planner.rank_lanes`).
-            remainder: these lengths are the rest of an epoch (a mixture's re-plan), as with
-                ``exclude``: the tail policy's rule for re-plans applies
-                (:func:`~lightning_varbatch.planner.tail.effective_tail`).
+            remainder: these lengths are the rest of an epoch (a mixture's re-plan): the tail
+                policy's rule for re-plans applies, as with ``exclude``.
 
         Returns:
             The plan.
@@ -274,55 +234,54 @@ class EpochPlanner(ShapeBudget):
         budgets = lane_budgets(cfg, world, rank_budgets, lambda: self.longest_cost)
         caps = warmup_caps(cfg, self.prepared, epoch, first_step)
         floor = check_count("cap_floor", cap_floor, minimum=0)
+        key, shapes = self.prepared.key, None
         if budgets is not None and len(set(budgets)) > 1:
-            lanes = lane_plan(
-                self._lanes(groups, order, budgets, replanned, acc),
-                order,
-                cfg,
-                acc,
-                tail,
-                rng,
-                replanned,
-            )
-            warm = None if caps is None else (caps, floor, lanes.order, first_step)
-            assign, trace = self._order_steps(lanes.cut, lanes.steps(acc), rng, warm)
-            return self._epoch_plan(
-                epoch,
-                world,
-                acc,
-                lanes.order,
-                lanes.cut,
-                assign,
-                trace,
-                dropped=lanes.num_dropped,
-                duplicated=lanes.num_duplicated,
-                rank_budget=np.asarray(budgets, dtype=np.int64),
-            )
-        budget = 0 if budgets is None else budgets[0]  # one budget below max_tokens: no lanes
-        cut_config = cfg if not budget else lane_config(cfg, budget)
-        if cuts_each_epoch(cfg):  # packed rows cut on this epoch's exact lengths
-            groups = exact_groups(order, self.prepared.key)
-            cut = tail_cut(packed_cut(groups, cut_config), groups, tail, wa, cut_config)
-        elif replanned:
-            cut = tail_cut(SortedCut.build(groups, cut_config), groups, tail, wa, cut_config)
+            lanes = self._lanes(groups, order, budgets, replanned, acc)
+            planned = lane_plan(lanes, order, cfg, acc, tail, rng, replanned)
+            order, cut = planned.order, planned.cut
+            warm = None if caps is None else (caps, floor, order, first_step)
+            assign, trace = order_steps(cut, planned.steps(acc), rng, cfg, key, warm)
+            dropped, duplicated = planned.num_dropped, planned.num_duplicated
         else:
-            cut = self._cut(tail, wa, budget)
-        selected = select_micro_batches(cut, tail, world, acc, rng, cfg, replanned)
-        warm = None if caps is None else (caps, floor, order, first_step)
-        assign, trace = self._deal(cut, selected.micro_batches, world, acc, rng, warm)
-        return self._epoch_plan(
-            epoch,
-            world,
-            acc,
-            order,
-            cut,
-            assign,
-            trace,
-            dropped=selected.num_dropped,
-            duplicated=selected.num_duplicated,
-            shapes=self._micro_batch_shapes(groups, cut),
+            budget = 0 if budgets is None else budgets[0]  # one budget below max_tokens: no lanes
+            cut_config = cfg if not budget else lane_config(cfg, budget)
+            if cuts_each_epoch(cfg):  # packed rows cut on this epoch's exact lengths
+                groups = exact_groups(order, key)
+                cut = tail_cut(packed_cut(groups, cut_config), groups, tail, wa, cut_config)
+            elif replanned:
+                cut = tail_cut(SortedCut.build(groups, cut_config), groups, tail, wa, cut_config)
+            else:
+                cut = self._cut(tail, wa, budget)
+            selected = select_micro_batches(cut, tail, world, acc, rng, cfg, replanned)
+            warm = None if caps is None else (caps, floor, order, first_step)
+            run = selected.micro_batches
+            assign, trace = deal_run(
+                cut, run, (world, acc), rng, cfg, key, warm, rotate=self.rotate_ranks
+            )
+            dropped, duplicated = selected.num_dropped, selected.num_duplicated
+            shapes = self._micro_batch_shapes(groups, cut)
+        plan = EpochPlan(
+            epoch=epoch,
+            world_size=world,
+            accumulate_grad_batches=acc,
+            order=order,
+            micro_batch_start=cut.starts,
+            micro_batch_size=cut.sizes,
+            micro_batch_cost=cut.cost,
+            micro_batch_work=cut.work if cfg.layout == "packed" else None,
+            micro_batch_shape=shapes,
+            assign=assign,
+            num_dropped=dropped,
+            num_duplicated=duplicated,
+            num_skipped=self.prepared.num_skipped,
+            num_truncated=self.prepared.num_truncated,
             rank_budget=None if budgets is None else np.asarray(budgets, dtype=np.int64),
+            _loss=self.prepared.loss,
+            _exact_tokens=cut.total if self._exact_totals else None,
         )
+        if trace is not None:
+            object.__setattr__(plan, "length_warmup", trace)
+        return plan
 
     def _lanes(
         self,
@@ -346,200 +305,6 @@ class EpochPlanner(ShapeBudget):
         if self._longest_cost is None:
             self._longest_cost = single_example_cost(self.prepared, self.config)
         return self._longest_cost
-
-    def _epoch_plan(
-        self,
-        epoch: int,
-        world: int,
-        acc: int,
-        order: np.ndarray,
-        cut: SortedCut,
-        assign: np.ndarray,
-        trace: LengthWarmupTrace | None,
-        *,
-        dropped: int,
-        duplicated: int,
-        shapes: np.ndarray | None = None,
-        rank_budget: np.ndarray | None = None,
-    ) -> EpochPlan:
-        prep = self.prepared
-        plan = EpochPlan(
-            epoch=epoch,
-            world_size=world,
-            accumulate_grad_batches=acc,
-            order=order,
-            micro_batch_start=cut.starts,
-            micro_batch_size=cut.sizes,
-            micro_batch_cost=cut.cost,
-            micro_batch_work=cut.work if self.config.layout == "packed" else None,
-            micro_batch_shape=shapes,
-            assign=assign,
-            num_dropped=dropped,
-            num_duplicated=duplicated,
-            num_skipped=prep.num_skipped,
-            num_truncated=prep.num_truncated,
-            rank_budget=rank_budget,
-            _loss=prep.loss,
-            _exact_tokens=cut.total if self._exact_totals else None,
-        )
-        if trace is not None:
-            object.__setattr__(plan, "length_warmup", trace)
-        return plan
-
-    def _groups_without(self, exclude: np.ndarray) -> SortedGroups:
-        """The sorted order of the planned examples that ``exclude`` does not mark."""
-        exclude = check_exclude(exclude, self.num_examples)
-        kept = self.prepared.kept
-        keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
-        return SortedGroups.build(
-            self.prepared.key, keep, self.config.bucket_width, self.shape_lengths
-        )
-
-    def _deal(
-        self,
-        cut: SortedCut,
-        run: np.ndarray,
-        world: int,
-        acc: int,
-        rng: np.random.Generator,
-        warm: tuple[np.ndarray, int, np.ndarray, int] | None = None,
-    ) -> tuple[np.ndarray, LengthWarmupTrace | None]:
-        """``(steps, world, acc)`` micro-batch ids: ``run`` formed into steps, dealt, ordered.
-
-        ``warm`` (the length warm-up: scheduled caps, the cap already reached, the epoch's
-        order, the first step) reorders the steps after the shuffle (:func:`warmup_order`).
-        """
-        if self.config.layout == "packed":
-            # Packed rows of equal tokens differ in compute (Σ L²): steps take micro-batches
-            # of neighbouring compute, so that dealing can even the ranks out.
-            run = run[np.argsort(-cut.work[run], kind="stable")]
-        assign = deal_steps(run.reshape(-1, world * acc), cut.work, world, acc)
-        assign, trace = self._order_steps(cut, assign, rng, warm)
-        if self.rotate_ranks and world > 1:
-            # Dealing gives rank 0 each step's largest micro-batch: over a few steps (a window
-            # of a stream) that skews the ranks' real tokens; a random rank order per step
-            # evens them out (loads per step are unchanged).
-            ranks = rng.permuted(np.tile(np.arange(world), (assign.shape[0], 1)), axis=1)
-            assign = np.take_along_axis(
-                assign, np.broadcast_to(ranks[:, :, None], assign.shape), axis=1
-            )
-        return assign, trace
-
-    def _order_steps(
-        self,
-        cut: SortedCut,
-        assign: np.ndarray,
-        rng: np.random.Generator,
-        warm: tuple[np.ndarray, int, np.ndarray, int] | None,
-    ) -> tuple[np.ndarray, LengthWarmupTrace | None]:
-        """The steps shuffled, then ordered by the length warm-up (``warm``) when it is on."""
-        if self.config.shuffle:
-            assign = assign[rng.permutation(assign.shape[0])]
-        trace = None
-        if warm is not None:
-            caps, floor, order, first = warm
-            longest = step_longest(self.prepared.key, cut.starts, cut.sizes, order, assign)
-            perm, realised = warmup_order(longest, caps, floor, light_steps(cut.cost, assign))
-            assign, longest = assign[perm], longest[perm]
-            trace = LengthWarmupTrace(first, caps[: realised.shape[0]], realised, longest)
-        return assign, trace
-
-    def plan_resumed(
-        self,
-        epoch: int,
-        world_size: int,
-        accumulate_grad_batches: int,
-        history: Sequence[tuple[Any, ...]] = (),
-        *,
-        rank_budgets: Sequence[int] | None = None,
-    ) -> EpochPlan:
-        """Plan what is left of ``epoch`` after topology changes.
-
-        Args:
-            epoch: the epoch.
-            world_size: the current number of ranks.
-            accumulate_grad_batches: the current accumulation.
-            history: ``(world_size, accumulate_grad_batches, consumed micro-batches per rank)``
-                of each earlier topology of this epoch, oldest first, each optionally with a
-                fourth item: the ranks' budgets its plan was made with (``None``: the
-                config's).
-            rank_budgets: the ranks' budgets for the rest of the epoch (``None``: the
-                config's; see :meth:`plan`).
-
-        Returns:
-            The plan of the examples the earlier topologies did not consume (the whole epoch
-            when ``history`` is empty).
-        """
-        history = check_history(history)
-        given = self.config.rank_budgets(world_size) if rank_budgets is None else rank_budgets
-        budgets = None if given is None else tuple(int(b) for b in given)
-        if budgets is not None and uniform(budgets, self.config.max_tokens):
-            budgets = None  # one key for equal budgets, given or not
-        key = (epoch, world_size, accumulate_grad_batches, tuple(history), budgets)
-        if self._last is not None and self._last[0] == key:
-            # Every rank's sampler plans the same epoch: in one process (tests, simulations,
-            # a DataModule's check) they share the plan instead of planning it again.
-            return self._last[1]
-        plan = self._plan_rest(epoch, world_size, accumulate_grad_batches, history, budgets)
-        self._last = (key, plan)  # the sampler holds the same plan: no extra memory
-        return plan
-
-    def _plan_rest(
-        self,
-        epoch: int,
-        world_size: int,
-        accumulate_grad_batches: int,
-        history: list[tuple[Any, ...]],
-        rank_budgets: tuple[int, ...] | None,
-    ) -> EpochPlan:
-        """:meth:`plan_resumed` without its cache."""
-        exclude: np.ndarray | None = None
-        counts = np.zeros(self.num_examples, dtype=np.int32)  # runs of each example so far
-        first, floor = 0, 0  # where the length warm-up stands
-        for depth, (world, acc, consumed, *budgets) in enumerate(history):
-            done = self.plan(
-                epoch,
-                world,
-                acc,
-                exclude=exclude,
-                salt=depth,
-                first_step=first,
-                cap_floor=floor,
-                rank_budgets=budgets[0] if budgets else None,
-            )
-            ids = done.consumed_ids(consumed)
-            np.add.at(counts, ids, 1)
-            exclude = counts > 0
-            first, floor = warmup_position(done, consumed, first, floor)
-        plan = self.plan(
-            epoch,
-            world_size,
-            accumulate_grad_batches,
-            exclude=exclude,
-            salt=len(history),
-            first_step=first,
-            cap_floor=floor,
-            rank_budgets=rank_budgets,
-        )
-        if history:
-            guard_remainder(self, plan, consumed=counts)
-        return plan
-
-    def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:
-        empty = np.zeros(0, dtype=np.int64)
-        return EpochPlan(
-            epoch=epoch,
-            world_size=world,
-            accumulate_grad_batches=acc,
-            order=empty.astype(np.int32),
-            micro_batch_start=empty,
-            micro_batch_size=empty,
-            micro_batch_cost=empty.astype(np.float64),
-            assign=np.zeros((0, world, acc), dtype=np.int64),
-            micro_batch_shape=None if self.shapes is None else np.zeros((0, 2), dtype=np.int64),
-            num_skipped=self.prepared.num_skipped,
-            num_truncated=self.prepared.num_truncated,
-        )
 
 
 def plan_epoch(
@@ -567,7 +332,6 @@ def plan_epoch(
         The plan.
 
     Example:
-        >>> import numpy as np
         >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
         >>> plan.micro_batch_size[plan.rank_micro_batches(0)].tolist()
         [2]

@@ -1,20 +1,9 @@
 """The compute of a micro-batch: a linear term per token plus an attention term per (query, key).
 
-Packed rows with the same number of tokens can carry very different compute: a row of one
-4096-token document does ``4096²`` attention pairs, a row of sixteen 256-token documents
-``16 · 256²``, sixteen times fewer. Ranks that get equal *tokens* then wait on each other. The
-planner therefore deals packed micro-batches to ranks by
-
-    work = Σ L + flop_attention · Σ L²
-
-per micro-batch (``L``: each example's length), where ``flop_attention`` is the compute of one
-(query, key) pair relative to one token through the linear layers.
-:func:`transformer_flops` derives it from a model's shape.
-
-Example:
-    >>> model = transformer_flops(d_model=1024, num_layers=24)
-    >>> round(1 / model.flop_attention)
-    12288
+Packed rows of equal tokens can differ in compute (one 4096-token document: ``4096²``
+attention pairs; sixteen of 256: sixteen times fewer), so the planner deals them to ranks by
+``work = Σ L + flop_attention · Σ L²`` (:func:`work`); :func:`transformer_flops` derives
+``flop_attention`` from a model's shape.
 """
 
 from __future__ import annotations
@@ -67,12 +56,9 @@ def transformer_flops(
 ) -> FlopModel:
     """The FLOP model of a standard Transformer stack (multiply-adds count 2).
 
-    Per token and layer, the linear layers do ``2·(2·d² + 2·d·kv + 2·d·ffn)`` FLOPs (query
-    and output projections, key and value projections, the two MLP matrices); per (query,
-    key) pair and layer, attention does ``4·d`` (``Q·Kᵀ`` and the weighted sum of ``V``),
-    half of that when causal (kernels skip the masked half). The embedding and the output
-    layer are per-token costs too but outside the stack; add them to ``per_token`` if your
-    vocabulary is large.
+    Per token and layer the linear layers do ``2·(2·d² + 2·d·kv + 2·d·ffn)`` FLOPs; per
+    (query, key) pair attention does ``4·d``, half when causal. The embedding and output
+    layers are outside the stack (add them to ``per_token`` for a large vocabulary).
 
     Args:
         d_model: the model width.
@@ -104,11 +90,6 @@ def transformer_flops(
 def work(total: np.ndarray, squares: np.ndarray, flop_attention: float) -> np.ndarray:
     """Relative compute of micro-batches: ``total + flop_attention * squares``.
 
-    Args:
-        total: the tokens of each micro-batch (slots, for a padded one).
-        squares: ``Σ L²`` of each micro-batch (``n · L²`` for a padded one).
-        flop_attention: see :class:`FlopModel`.
-
     Example:
         >>> work(np.array([8, 8]), np.array([64, 16]), 0.5).tolist()
         [40.0, 16.0]
@@ -123,19 +104,8 @@ def attention_term(
 ) -> np.ndarray:
     """The attention term of micro-batches: the (query, key) pairs attention computes.
 
-    A packed row attends within each example: ``Σ L²`` (``squares``). A padded batch attends
-    over its padded length on every row, masked rows and padding included: ``rows · longest²``.
-    This is the quadratic part of :func:`work`, of the ``"quadratic"`` load of the diagnostics
-    and of the memory model; compute it here, not again.
-
-    Args:
-        rows: rows of each micro-batch (its examples, or its shape's rows).
-        longest: each micro-batch's padded length.
-        squares: ``Σ L²`` of each micro-batch's examples.
-        packed: whether the micro-batches are packed rows (``layout="packed"``).
-
-    Returns:
-        float64 pairs, one per micro-batch.
+    A packed row attends within each example: ``Σ L²`` (``squares``); a padded batch over
+    its padded length on every row: ``rows · longest²``. The one place this is computed.
 
     Example:
         >>> rows, longest, squares = np.array([2, 1]), np.array([8, 16]), np.array([80, 100])

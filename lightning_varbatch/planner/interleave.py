@@ -1,14 +1,8 @@
 """Composing a mixture's epoch: the datasets' units interleaved evenly into one plan.
 
-:class:`~lightning_varbatch.planner.mixture.MixturePlanner` plans each dataset on its own
-(:class:`Part`: a pass over the dataset, a window of its stream of passes, or a re-planned
-remainder) and :func:`compose_parts` joins them into one
-:class:`~lightning_varbatch.planner.epoch_plan.EpochPlan`: the parts' micro-batches
-are renumbered globally and their *units* (whole optimizer steps under ``mixing="per_step"``,
-single micro-batches under ``"per_batch"``) are spread along the epoch by
-:func:`interleave`, a stratified random interleaving: every dataset's share holds along the
-whole epoch, not only at its end. Under ``"per_batch"`` the interleaved micro-batches are then
-dealt to ranks step by step (:func:`~lightning_varbatch.planner.dealing.deal_steps`).
+:func:`compose_parts` renumbers the datasets' plans (:class:`Part`) globally and spreads their
+*units* (steps, or micro-batches under ``mixing="per_batch"``, then dealt to ranks) along the
+epoch (:func:`interleave`): every dataset's share holds along the epoch, not only at its end.
 
 Example:
     >>> import numpy as np
@@ -80,21 +74,13 @@ def compose_parts(
     num_skipped: int,
     num_truncated: int,
     dropped: int | None = None,
+    rank_budget: np.ndarray | None = None,
 ) -> EpochPlan:
     """One plan from the parts: global micro-batches, units interleaved evenly by dataset.
 
-    Args:
-        parts: the datasets' parts, in any order.
-        epoch: the epoch.
-        world: number of ranks.
-        acc: micro-batches per rank per optimizer step.
-        mixing: ``"per_step"`` (units are whole steps) or ``"per_batch"`` (micro-batches,
-            dealt to ranks after interleaving).
-        rng: the interleaving's random stream.
-        num_examples: examples of all datasets (the id dtype: int32 below ``2**31``).
-        num_skipped: examples left out by ``oversize="skip"``, all datasets.
-        num_truncated: examples cut by ``oversize="truncate"``, all datasets.
-        dropped: examples dropped by the tail policy; ``None``: the parts' sum.
+    ``num_examples``, ``num_skipped``, ``num_truncated``: of all datasets (the first sets the
+    id dtype); ``dropped``: by the tail policy (``None``: the parts' sum); ``rank_budget``: the
+    ranks' budgets the parts were planned with (``None``: equal).
     """
     orders, starts, micro_ds, units, unit_ds = [], [], [], [], []
     order_base = micro_base = 0
@@ -139,5 +125,6 @@ def compose_parts(
         micro_batch_dataset=cat(micro_ds) if micro_ds else np.zeros(0, dtype=np.int64),
         micro_batch_work=load if packed else None,
         micro_batch_shape=cat(shaped) if shaped and len(shaped) == len(plans) else None,
+        rank_budget=rank_budget,
         _exact_tokens=cat([p.micro_batch_tokens for p in plans]) if plans else np.zeros(0, int),
     )

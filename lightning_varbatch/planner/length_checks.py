@@ -55,10 +55,8 @@ def as_int_lengths(
 ) -> np.ndarray:
     """``lengths`` (``(n,)`` or ``(n, 2)``) as an integer array, or an error naming ``name``.
 
-    ``minimum`` is the smallest allowed value (0 for loss lengths: an example may carry no
-    loss token, e.g. a one-token document under next-token prediction). ``name`` is how the
-    message names the lengths (``"train_lengths (column 'n')"``); ``setting`` is the setting
-    the error carries as ``.setting`` (default: ``name``; e.g. ``"train_lengths"``).
+    ``minimum``: the smallest allowed value (0 for loss lengths); ``name``: how the message
+    names the lengths; ``setting``: the error's ``.setting`` (default: ``name``).
 
     Raises:
         SettingTypeError: for something that is not an array of numbers (``.setting`` is

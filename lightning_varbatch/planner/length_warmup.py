@@ -1,22 +1,11 @@
 """Sequence-length warm-up: a length curriculum at a constant token budget, nothing cut.
 
-Over the first ``length_warmup`` optimizer steps of the run (epoch 0), the longest example a
-step may hold (its *cap*) grows from ``length_warmup_min`` to ``length_warmup_max`` (the
-longest example when unset) along a schedule; afterwards there is no cap. The cap bounds the
-planning key: ``max(source, target)`` for pairs, the document length for packed rows.
-
-It is a policy of the one planner, not a second planner: micro-batches are cut and formed into
-optimizer steps exactly as without it (every micro-batch within the budget, steps of
-``world_size × accumulate_grad_batches`` micro-batches dealt to balance the ranks, the tail
-policy unchanged), and only the *order of the steps* changes. Position ``s`` of the warm-up
-takes the first step of the ordinary (shuffled) order that has not run yet and whose longest
-example is within ``cap(s)``. So every step still holds about ``max_tokens × world_size ×
-accumulate_grad_batches`` tokens (early steps many short examples, later ones few long ones),
-every example runs exactly once, ranks get equal counts, and the plan is a function of
-``(seed, epoch)``. When no step left fits under the cap (too few short examples), the schedule
-*advances*: the cap jumps to the shortest step left, which the plan records
-(:class:`LengthWarmupTrace`) and the plan report shows. Steps after the warm-up follow in the
-ordinary order, so the plan of the rest of the run is what it is without the warm-up.
+Over the first ``length_warmup`` optimizer steps of the run, the longest example a step may
+hold (its *cap*) grows from ``length_warmup_min`` to ``length_warmup_max``
+(:func:`scheduled_caps`). Only the *order of the steps* changes (:func:`warmup_order`); where no
+step left fits its cap the schedule *advances*, which the plan records
+(:class:`LengthWarmupTrace`). Every step keeps its budget, every example runs once
+(``docs/length-warmup.md``).
 
 Example:
     >>> import numpy as np
@@ -208,9 +197,8 @@ def check_schedule(fn: ScheduleFn) -> None:
 def schedule_values(schedule: ScheduleName | ScheduleFn, warmup: int | None) -> str:
     """What a schedule is, for a settings fingerprint: a name, or a callable by its values.
 
-    A callable is evaluated at the progress of every warm-up step (``s / warmup``), the only
-    points the planner reads it at: two callables of equal values are the same schedule, and
-    one replaced by another of other values (two lambdas, one function edited) is not.
+    A callable by its values at every warm-up step's progress (``s / warmup``), the only points
+    the planner reads: a replaced schedule of other values is told apart.
 
     Example:
         >>> schedule_values("root", 10)
@@ -230,11 +218,9 @@ def scheduled_caps(
 ) -> np.ndarray:
     """The scheduled cap of warm-up steps ``first, ..., warmup - 1`` of the run.
 
-    Step ``s`` is at progress ``p = s / warmup``. ``"linear"``: ``low + p (high - low)``;
-    ``"root"`` (Li et al. 2022, DeepSpeed's ``fixed_root`` of degree 2): ``low + √p (high -
-    low)``; ``"step"``: the cap doubles in equal stages, ``low · 2^⌊p k⌋`` with ``k`` stages
-    to reach ``high`` (OLMo-core's power-of-two lengths); a callable: ``low + f(p) (high -
-    low)``. Caps are whole tokens, at least ``low`` and at most ``high``.
+    Step ``s`` is at progress ``p = s / warmup``: ``"linear"`` ``low + p (high - low)``,
+    ``"root"`` ``low + √p (high - low)`` (Li et al. 2022), ``"step"`` ``low · 2^⌊p k⌋`` in ``k``
+    stages to ``high``, a callable ``low + f(p) (high - low)``; whole tokens in ``[low, high]``.
 
     Returns:
         ``int64`` caps, one per remaining warm-up step (empty when ``first >= warmup``).
@@ -262,15 +248,17 @@ def scheduled_caps(
 
 
 def light_steps(micro_batch_cost: np.ndarray, assign: np.ndarray) -> np.ndarray:
-    """Steps under 90 % of the median step's cost (the tail's partial step, long examples).
-
-    They run after the warm-up, at the end of the epoch, so that no warm-up step runs short.
+    """Steps under 90 % of the median step's cost: they run last, so no warm-up step is short.
 
     Example:
         >>> light_steps(np.array([10.0, 10.0, 1.0]), np.array([[[0]], [[1]], [[2]]])).tolist()
         [False, False, True]
     """
-    cost = micro_batch_cost[assign].reshape(assign.shape[0], -1).sum(axis=1)
+    cost = (
+        micro_batch_cost[assign]
+        .reshape(assign.shape[0], int(np.prod(assign.shape[1:])))
+        .sum(axis=1)
+    )
     if cost.size == 0:
         return np.zeros(0, dtype=bool)
     return np.asarray(cost < 0.9 * np.median(cost))
@@ -285,15 +273,12 @@ def warmup_order(
         step_longest: the longest example of every step, in the ordinary order.
         caps: the scheduled cap of each warm-up position (non-decreasing).
         floor: the cap already reached before the first position (a resumed remainder).
-        light: steps far below the budget (the tail's partial step, :func:`light_steps`):
-            they go last in the epoch, so that no warm-up step runs nearly empty.
+        light: steps far below the budget (:func:`light_steps`): they go last.
 
     Returns:
         ``(perm, realised)``: ``perm`` indexes the ordinary order (the warm-up positions first,
-        then the other steps in their ordinary order, light ones last); ``realised[s]`` is the
-        cap position ``s`` ran under: ``max(scheduled, earlier caps)``, or the shortest step
-        left when none fitted (the schedule advanced). Non-decreasing;
-        ``step_longest[perm[s]] <= realised[s]``.
+        then the others, light ones last); ``realised[s]`` is the cap position ``s`` ran under
+        (non-decreasing, above the schedule where it advanced).
     """
     if light is not None and light.any() and not light.all():
         full, last = np.flatnonzero(~light), np.flatnonzero(light)
@@ -328,19 +313,14 @@ class LengthWarmupTrace:
     """What the length warm-up did to one plan (``plan.length_warmup``).
 
     Attributes:
-        first_step: the run's optimizer step this plan's step 0 is (a resumed remainder
-            starts past 0).
+        first_step: the run's optimizer step this plan's step 0 is.
         scheduled: the scheduled cap of each warm-up step of this plan, in plan order.
-        realised: the cap each warm-up step ran under (``>= scheduled``; above it where the
-            schedule advanced because no step left fitted).
+        realised: the cap each warm-up step ran under (above ``scheduled`` where it advanced).
         step_longest: the longest example (planning key) of every step of the plan.
-        levels: a mixture's warm-up only: the run's step whose caps each warm-up step ran
-            under (``>=`` its own step; above it where the schedule advanced). A resumed
-            remainder continues from the highest level reached.
-        dataset_scheduled: a mixture's warm-up only: ``(datasets, steps)`` scheduled caps of
-            every dataset (each dataset's cap grows to its own maximum); ``scheduled`` and
-            ``realised`` are then the largest over the datasets.
-        dataset_realised: a mixture's warm-up only: ``(datasets, steps)`` realised caps.
+        levels: a mixture's only: the run's step whose caps each warm-up step ran under.
+        dataset_scheduled: a mixture's only: ``(datasets, steps)`` scheduled caps
+            (``scheduled`` and ``realised`` are then the largest over the datasets).
+        dataset_realised: a mixture's only: ``(datasets, steps)`` realised caps.
 
     Example:
         >>> t = LengthWarmupTrace(0, np.array([8, 16]), np.array([8, 20]), np.array([8, 20, 9]))

@@ -31,8 +31,7 @@ class PreparedLengths:
         key: planning length of every example (``max(src, tgt)`` for pairs, fairseq's rule),
             after truncation; unsigned 16-bit when it fits, else 32-bit.
         loss: loss tokens of every example (the target column for pairs), after truncation.
-        kept: ids of the examples that take part in the plan, ``None`` when all do (nothing
-            was skipped).
+        kept: ids of the examples that take part in the plan (``None``: all).
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
         truncate_to: the length examples were cut to (``None`` when nothing was cut).
@@ -51,6 +50,11 @@ class PreparedLengths:
     def num_examples(self) -> int:
         """Number of examples in the dataset (skipped ones included)."""
         return int(self.key.shape[0])
+
+    @property
+    def planned_key(self) -> np.ndarray:
+        """The planning lengths of the examples that take part (all but the skipped ones)."""
+        return self.key if self.kept is None else self.key[self.kept]
 
     @classmethod
     def concat(cls, preps: list[PreparedLengths], truncate_to: int | None) -> PreparedLengths:
@@ -97,10 +101,7 @@ def single_cost(config: PlanConfig, length: int) -> float:
 
 
 def largest_fitting_length(config: PlanConfig, upper: int) -> int:
-    """Longest length ``<= upper`` whose single example fits the budget (0 if none).
-
-    Bisection, so any length a budget can hold is allowed (the cost is assumed
-    non-decreasing in the length, as :mod:`lightning_varbatch.planner.costs` requires).
+    """Longest length ``<= upper`` whose single example fits the budget (0 if none), bisected.
 
     Example:
         >>> largest_fitting_length(PlanConfig(max_tokens=20, pad_to_multiple_of=8), 100)
@@ -131,13 +132,10 @@ def prepare_lengths(
     Raises:
         SettingValueError: for empty, negative, zero, NaN, non-integer or mis-shaped lengths
             (``.setting``: ``"lengths"`` or ``"loss_lengths"``), and for an example over the
-            budget under ``oversize="error"`` (``.setting``: ``"max_tokens"``); the message
-            names the example, its length, the budget and the setting to change.
+            budget under ``oversize="error"`` (``"max_tokens"``), naming the example.
         SettingTypeError: for a non-numeric array.
 
     Example:
-        >>> import numpy as np
-        >>> from lightning_varbatch.planner.settings import PlanConfig
         >>> p = prepare_lengths(np.array([5, 50]), PlanConfig(max_tokens=20, oversize="skip"))
         >>> p.kept.tolist(), p.num_skipped
         ([0], 1)
@@ -149,7 +147,7 @@ def prepare_lengths(
     if loss_lengths is None:
         loss = target
     else:
-        config.check_loss_lengths(loss_lengths)  # not both: loss_offset derives them
+        check_loss_lengths(config, loss_lengths)  # not both: loss_offset derives them
         loss = as_int_lengths(loss_lengths, "loss_lengths", minimum=0)
         if loss.shape != key.shape:
             raise SettingValueError(
@@ -170,9 +168,7 @@ def prepare_lengths(
                 setting="loss_lengths",
                 value=loss_lengths,
             )
-    p = config.pad_to_multiple_of
-    kmax = int(key.max())
-    fit_len = largest_fitting_length(config, kmax)
+    fit_len = largest_fitting_length(config, int(key.max()))
     over = key > fit_len
     num_skipped = num_truncated = 0
     truncate_to: int | None = None
@@ -180,8 +176,7 @@ def prepare_lengths(
     if over.any():
         i = int(np.flatnonzero(over)[0])
         if config.oversize == "error" or fit_len == 0:
-            longest = np.array([-(-int(key[i]) // p) * p])
-            single = float(config.cost_fn(np.ones(1), longest, key[i : i + 1])[0])
+            single = single_cost(config, int(key[i]))
             raise SettingValueError(
                 f"Example {i} has length {int(key[i])} (cost {single:g} on its own) but the "
                 f"budget is max_tokens={config.max_tokens}: raise max_tokens, or set "
@@ -201,7 +196,7 @@ def prepare_lengths(
             key = np.minimum(key, fit_len)
             loss = np.minimum(loss, fit_len)
     if config.loss_offset and loss_lengths is None:  # derived exactly, after truncation
-        loss = config.loss_tokens(target, truncate_to)
+        loss = loss_tokens(config, target, truncate_to)
     return PreparedLengths(
         key=_compact(key, np.uint16 if int(key.max()) < 2**16 else np.int32),
         loss=_compact(loss, np.int32),
@@ -214,12 +209,7 @@ def prepare_lengths(
 
 
 def _check_oversize_share(config: PlanConfig, key: np.ndarray, num_over: int, fit: int) -> None:
-    """The one place that decides whether skipping / truncating over-budget examples is sane.
-
-    Any example skipped or truncated gives a :class:`UserWarning` with the counts; more than
-    :data:`MAX_OVERSIZE_FRACTION` of the examples, or all of them, is refused: the budget is
-    then wrong, not the data.
-    """
+    """Warn with the counts skipped or cut; refuse more than :data:`MAX_OVERSIZE_FRACTION`."""
     n = int(key.shape[0])
     action = "left out" if config.oversize == "skip" else f"cut to length {fit}"
     counts = (
@@ -263,3 +253,60 @@ def _compact(arr: np.ndarray, dtype: type[np.integer]) -> np.ndarray:
         if arr.dtype == dtype or dtype is np.int32:
             return arr
     return arr.astype(dtype)
+
+
+def loss_tokens(
+    config: PlanConfig, target: np.ndarray, truncate_to: int | None = None
+) -> np.ndarray:
+    """Every example's loss tokens, derived from its length with ``loss_offset``.
+
+    The rule the collates count by: padded batches cut to ``truncate_to`` first, then
+    predict all but ``loss_offset`` tokens, ``max(min(L, T) - k, 0)``; packed rows label
+    each kept token with the next of the *whole* example, ``max(min(L - k, T), 0)``.
+
+    Args:
+        config: the planner settings (``loss_offset``, ``layout``).
+        target: every example's loss-side length (the target's), before truncation.
+        truncate_to: the length over-budget examples are cut to (``None``: none cut).
+
+    Returns:
+        ``int64`` loss tokens, one per example.
+
+    Example:
+        >>> lengths = np.array([1, 5, 9])
+        >>> loss_tokens(PlanConfig(8, loss_offset=1), lengths, truncate_to=6).tolist()
+        [0, 4, 5]
+        >>> loss_tokens(PlanConfig(8, loss_offset=1, layout="packed"), lengths, 6).tolist()
+        [0, 4, 6]
+    """
+    length = np.asarray(target).astype(np.int64)
+    k = config.loss_offset
+    if truncate_to is None:
+        return np.maximum(length - k, 0)
+    if config.layout == "packed":
+        return np.maximum(np.minimum(length - k, truncate_to), 0)
+    return np.maximum(np.minimum(length, truncate_to) - k, 0)
+
+
+def check_loss_lengths(config: PlanConfig, loss_lengths: object) -> None:
+    """Refuse explicit ``loss_lengths`` together with a ``loss_offset``.
+
+    Both at once would subtract the offset twice, or disagree with the collate.
+
+    Raises:
+        SettingValueError: (``.setting``: ``"loss_offset"``) when both are given.
+
+    Example:
+        >>> check_loss_lengths(PlanConfig(8, loss_offset=1), None)  # derived: fine
+    """
+    if loss_lengths is None or not config.loss_offset:
+        return
+    raise SettingValueError(
+        f"loss_offset={config.loss_offset} derives every example's loss tokens from its "
+        "length (after truncation), but loss_lengths were given too: pass one of them. "
+        "For teacher forcing drop loss_lengths (e.g. lengths - 1) and keep "
+        f"loss_offset={config.loss_offset}; for loss tokens counted another way keep "
+        "loss_lengths and leave loss_offset=0.",
+        setting="loss_offset",
+        value=config.loss_offset,
+    )

@@ -1,18 +1,7 @@
 """Per-micro-batch figures of a plan: examples, longest length, tokens, Σ L², slots, load.
 
-One entry per micro-batch of an :class:`~lightning_varbatch.planner.epoch_plan.EpochPlan`
-(run or not), computed from the plan's order and the planner's lengths in a few vectorised
-passes. :mod:`~lightning_varbatch.planner.diagnostics` sums them over ranks and steps; the
-worst-batch check and the memory-budget finder read them to find the most demanding
-micro-batches.
-
-Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
-    >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
-    >>> figures = micro_batch_figures(planner, planner.plan(epoch=0))
-    >>> figures.size.tolist(), figures.attention.tolist()  # 2 x 9², 3 x 4²
-    ([2, 3], [162.0, 48.0])
+One entry per micro-batch of a plan (run or not), in a few vectorised passes; the diagnostics
+sum them over ranks and steps, the worst-batch check and the memory-budget finder read them.
 """
 
 from __future__ import annotations
@@ -82,7 +71,6 @@ def micro_batch_figures(planner: Planner, plan: EpochPlan) -> MicroBatchFigures:
     """Examples, longest length, real tokens, Σ L² and slots of every micro-batch of ``plan``.
 
     Example:
-        >>> import numpy as np
         >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
         >>> figures = micro_batch_figures(planner, planner.plan(epoch=0))
@@ -110,9 +98,7 @@ def micro_batch_figures(planner: Planner, plan: EpochPlan) -> MicroBatchFigures:
     p = planner.config.pad_to_multiple_of
     longest = -(-longest // p) * p
     rows = size
-    if (
-        plan.micro_batch_shape is not None
-    ):  # a shape budget: every micro-batch runs at its static shape
+    if plan.micro_batch_shape is not None:  # a shape budget: each runs at its static shape
         rows, longest = (plan.micro_batch_shape[:, i].astype(np.int64) for i in (0, 1))
     packed = planner.config.layout == "packed"
     slots = -(-real // p) * p if packed else rows * longest
@@ -134,7 +120,6 @@ def micro_batch_load(planner: Planner, figures: MicroBatchFigures, model: LoadMo
         ValueError: for an unknown ``model``.
 
     Example:
-        >>> import numpy as np
         >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.array([2, 9, 9, 4, 2]), PlanConfig(max_tokens=18))
         >>> figures = micro_batch_figures(planner, planner.plan(epoch=0))

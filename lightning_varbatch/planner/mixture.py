@@ -1,37 +1,10 @@
 """Several datasets in one run: per-step or per-micro-batch mixing, weighted, resumable.
 
-Each dataset gets its own :class:`~lightning_varbatch.EpochPlanner` (its own lengths and,
-optionally, its own ``max_tokens`` / ``max_examples``), so every micro-batch comes from one
-dataset and keeps homogeneous shapes. The datasets' plans are then interleaved:
-
-* ``mixing="per_step"``: every optimizer step, all its micro-batches on all ranks, comes from
-  one dataset (a dataset's plan is made with the run's ``world_size`` and accumulation, so each
-  of its steps is already dealt to the ranks with balanced loads);
-* ``mixing="per_batch"``: micro-batches of different datasets share a step; a step's
-  micro-batches are dealt to the ranks largest first to the least-loaded rank.
-
-How much of each dataset an epoch holds:
-
-* ``steps_per_epoch=None`` (default): one pass over everything, every example exactly once
-  (up to the tail policy, counted); each dataset's share is its size. Explicit ``weights``
-  need a fixed epoch length, since one pass fixes the shares.
-* ``steps_per_epoch=N``: N optimizer steps, split between the datasets by ``weights``
-  (``"size"``, explicit, and/or ``temperature``-scaled) with largest-remainder rounding: a
-  dataset's realised share of steps (per_step) or micro-batches (per_batch) is within one
-  unit of its weight. Each dataset is read as an endless stream of passes (pass ``k`` is its
-  planner's epoch ``k``): a small dataset is upsampled (several passes in one epoch), a large
-  one continues next epoch where this one stopped. Repeats within the epoch are counted in
-  ``plan.num_duplicated``.
-
-Within the epoch each dataset's units (steps or micro-batches) are spread evenly (stratified
-random interleaving, :mod:`lightning_varbatch.planner.interleave`), so the shares hold along
-the whole epoch, not only at its end. Every rank computes the same plan: equal micro-batch
-counts by construction. A re-planned remainder (resume with another topology) follows the
-tail policy's rule for re-plans (:func:`~lightning_varbatch.planner.tail.effective_tail`).
-
-A length warm-up (``PlanConfig.length_warmup``) reorders the whole steps of the mixture's
-epoch 0, each dataset's cap growing to its own longest example unless bounds are set
-(:func:`~lightning_varbatch.planner.warmup_plan.warm_mixture`, ``docs/length-warmup.md``).
+Each dataset gets its own :class:`~lightning_varbatch.EpochPlanner`, so every micro-batch comes
+from one dataset; their plans are interleaved evenly along the epoch (:mod:`~.interleave`).
+``mixing="per_step"``: every optimizer step comes from one dataset; ``"per_batch"``: a step may
+mix them. ``steps_per_epoch=None``: one pass over everything; ``N``: ``N`` steps shared by
+``weights`` (and ``temperature``), each dataset an endless stream of passes (``docs/mixing.md``).
 
 Example:
     >>> import numpy as np
@@ -55,14 +28,13 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from lightning_varbatch.checks import check_choice, check_count
-from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
-from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
+from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.planner.epoch_planner import EpochPlan
 from lightning_varbatch.planner.interleave import MIX_TAG, Part, compose_parts
 from lightning_varbatch.planner.lengths import PreparedLengths
 from lightning_varbatch.planner.mixture_datasets import (
@@ -72,27 +44,22 @@ from lightning_varbatch.planner.mixture_datasets import (
     Weights,
     as_sources,
     check_dataset_index,
+    dataset_errors,
     dataset_planner,
     fit_units,
     mixture_probabilities,
-    mixture_warmup_caps,
     share_shape_lengths,
     source_names,
 )
-from lightning_varbatch.planner.rank_lanes import check_budgets_hold, uniform
-from lightning_varbatch.planner.rank_shares import apportion, scaled_budgets
-from lightning_varbatch.planner.remainder_guard import guard_remainder
-from lightning_varbatch.planner.resume_inputs import check_history
-from lightning_varbatch.planner.settings import PlanConfig
-from lightning_varbatch.planner.warmup_plan import (
-    warm_mixture,
-    warmup_position,
-)
+from lightning_varbatch.planner.mixture_topology import MixtureTopology
+from lightning_varbatch.planner.mixture_warmup import mixture_warmup_caps, warm_mixture
+from lightning_varbatch.planner.rank_shares import apportion
+from lightning_varbatch.planner.settings import PlanConfig, check_config
 
 __all__ = ["DataSource", "MixturePlanner"]
 
 
-class MixturePlanner:
+class MixturePlanner(MixtureTopology):
     """Plans epochs over several datasets (see the module docstring for the policies).
 
     Global example ids number the datasets one after another (dataset 1's first example is
@@ -101,12 +68,11 @@ class MixturePlanner:
     Args:
         sources: the datasets (:class:`DataSource`, or plain lengths arrays).
         config: the common planner settings; a source's ``max_tokens`` / ``max_examples``
-            override them for that dataset. Each dataset's shuffle uses its own stream derived
-            from ``config.seed``.
+            override them for that dataset.
         mixing: ``"per_step"`` (default) or ``"per_batch"``.
-        weights: ``"size"`` (default: each dataset's micro-batches in one pass) or one
-            non-negative weight per dataset; anything but ``"size"`` needs ``steps_per_epoch``.
-        temperature: shares ``∝ weight ** (1 / temperature)``; not 1 needs ``steps_per_epoch``.
+        weights: ``"size"`` (default) or one non-negative weight per dataset (which needs
+            ``steps_per_epoch``).
+        temperature: shares ``∝ weight ** (1 / temperature)`` (not 1: ``steps_per_epoch``).
         steps_per_epoch: ``None`` for one pass over everything, else the optimizer steps of
             an epoch, sampled by weight.
 
@@ -115,7 +81,6 @@ class MixturePlanner:
             weights, or weights without ``steps_per_epoch``.
 
     Example:
-        >>> import numpy as np
         >>> planner = MixturePlanner(
         ...     [np.full(90, 8), np.full(4, 8)], PlanConfig(max_tokens=16),
         ...     weights=[1, 1], steps_per_epoch=10)
@@ -136,13 +101,7 @@ class MixturePlanner:
         temperature: float = 1.0,
         steps_per_epoch: int | None = None,
     ) -> None:
-        if not isinstance(config, PlanConfig):
-            raise SettingTypeError(
-                f"config must be a PlanConfig, got {type(config).__name__}; pass "
-                "config=PlanConfig(max_tokens=...).",
-                setting="config",
-                value=config,
-            )
+        config = check_config(config)
         check_choice("mixing", mixing, MIXING_POLICIES)
         mixture_probabilities(np.ones(1), "size", temperature)  # validates the temperature
         if steps_per_epoch is not None:
@@ -161,7 +120,9 @@ class MixturePlanner:
         self.mixing: MixingPolicy = mixing
         self.steps_per_epoch = steps_per_epoch
         self.names = source_names(self.sources)
-        self.planners = [self._source_planner(i, s) for i, s in enumerate(self.sources)]
+        self.planners = [
+            dataset_planner(config, s, i, self._which(i)) for i, s in enumerate(self.sources)
+        ]
         if config.max_shapes is not None:
             share_shape_lengths(self.planners, self.sources, self.names, config)
         sizes = np.array([p.num_examples for p in self.planners], dtype=np.int64)
@@ -175,68 +136,13 @@ class MixturePlanner:
         self.warmup_caps = mixture_warmup_caps(config, self.sources, self.planners, self.names)
         self.refuse_lanes()
 
-    def refuse_lanes(self, given: bool = False) -> None:
-        """Refuse ranks of their own budgets with ``mixing="per_batch"``.
-
-        ``given``: budgets are asked for other than by the config (a run's shares).
-
-        Each rank's micro-batches are cut in a lane of its own
-        (:mod:`~lightning_varbatch.planner.rank_lanes`); whole steps of each dataset keep
-        them (``"per_step"``), while ``"per_batch"`` re-deals single micro-batches of several
-        datasets over the ranks, which would give a rank micro-batches cut for another.
-        """
-        config = self.config
-        own = given or config.rank_shares is not None or config.rank_max_tokens is not None
-        if self.mixing != "per_batch" or not own:
-            return
-        raise SettingValueError(
-            "rank_shares / rank_max_tokens cut each rank's micro-batches to its own budget, "
-            "which mixing='per_batch' would re-deal over the ranks: use mixing='per_step' "
-            "with per-rank budgets, or unset them.",
-            setting="mixing",
-            value=self.mixing,
-        )
-
-    @property
-    def longest_cost(self) -> int:
-        """The least common-scale budget a rank may have: every dataset's longest must fit."""
-        common = self.config.max_tokens
-        return max(-(-p.longest_cost * common // p.config.max_tokens) for p in self.planners)
-
-    def _budgets(self, world: int, given: Sequence[int] | None) -> tuple[int, ...] | None:
-        """The ranks' common-scale budgets: ``given``, else the config's (``None``: equal)."""
-        budgets = self.config.rank_budgets(world) if given is None else tuple(map(int, given))
-        if uniform(budgets, self.config.max_tokens):
-            return None
-        self.refuse_lanes(given=True)
-        assert budgets is not None
-        check_budgets_hold(budgets, self.longest_cost, self.config)  # named in common terms
-        return budgets
-
-    def _dataset_budgets(
-        self, dataset: int, budgets: tuple[int, ...] | None
-    ) -> tuple[int, ...] | None:
-        """The ranks' budgets in dataset ``dataset``'s own budget (:func:`scaled_budgets`)."""
-        if budgets is None:
-            return None
-        own = self.planners[dataset].config.max_tokens
-        return scaled_budgets(budgets, own, self.config.max_tokens)
-
     def _which(self, index: int) -> str:
         """How error messages name a dataset."""
         return f"Dataset {self.names[index]!r} (index {index})"
 
-    def _source_planner(self, index: int, source: DataSource) -> EpochPlanner:
-        return dataset_planner(self.config, source, index, self._which(index))
-
-    # -- the planner interface the sampler uses -------------------------------------------
-
     @property
     def shapes(self) -> np.ndarray | None:
-        """``(k, 2)`` ``(rows, length)`` of every static shape (``None``: free shapes).
-
-        The datasets share one set of lengths and one budget, hence these shapes.
-        """
+        """``(k, 2)`` ``(rows, length)`` of the datasets' shared static shapes (``None``: free)."""
         return self.planners[0].shapes if self.planners else None
 
     @property
@@ -302,8 +208,6 @@ class MixturePlanner:
         """All datasets' planning and loss lengths, concatenated in global id order."""
         return PreparedLengths.concat([p.prepared for p in self.planners], self.truncate_to)
 
-    # -- planning ------------------------------------------------------------------------
-
     def plan(
         self,
         epoch: int,
@@ -326,8 +230,7 @@ class MixturePlanner:
             The plan; ``plan.micro_batch_dataset`` says which dataset each micro-batch is from.
 
         Raises:
-            ValueError: when a dataset cannot give every rank a micro-batch (the message
-                names the dataset).
+            ValueError: when a dataset cannot give every rank a micro-batch (naming it).
         """
         epoch = check_count("epoch", epoch, minimum=0)
         world = check_count("world_size", world_size)
@@ -356,44 +259,6 @@ class MixturePlanner:
         unique = int(np.count_nonzero(np.bincount(run, minlength=self.num_examples)))
         return self._warm(replace(plan, num_duplicated=int(run.size) - unique), 0, 0)
 
-    def plan_resumed(
-        self,
-        epoch: int,
-        world_size: int,
-        accumulate_grad_batches: int,
-        history: Sequence[tuple[Any, ...]] = (),
-        *,
-        rank_budgets: Sequence[int] | None = None,
-    ) -> EpochPlan:
-        """Plan what is left of ``epoch`` after topology changes.
-
-        As :meth:`EpochPlanner.plan_resumed`: the micro-batches the earlier topologies did
-        not run are re-planned per dataset for the new one (repeats included, so upsampling
-        survives the change); the shares of the rest of the epoch stay what they were. A
-        history entry may carry the ranks' budgets its plan was made with (a fourth item);
-        ``rank_budgets`` are the current topology's (see :meth:`plan`).
-        """
-        history = check_history(history)
-        if not history:
-            return self.plan(epoch, world_size, accumulate_grad_batches, rank_budgets=rank_budgets)
-        world, acc, consumed, *budgets = history[0]
-        plan = self.plan(epoch, world, acc, rank_budgets=budgets[0] if budgets else None)
-        counts = np.zeros(self.num_examples, dtype=np.int32)  # runs of each example so far
-        first, floor = 0, 0  # where the length warm-up stands (the run's step, its level)
-        later = [*history[1:], (world_size, accumulate_grad_batches, 0, rank_budgets)]
-        for depth, (world, acc, next_consumed, *budgets) in enumerate(later, start=1):
-            done, left = plan.consumed_micro_batches(consumed)
-            np.add.at(counts, plan.ids_of_micro_batches(done), 1)
-            first, floor = warmup_position(plan, consumed, first, floor)
-            given = budgets[0] if budgets else None
-            plan = self._plan_remainder(
-                plan, left, epoch, world, acc, salt=depth, budgets=given, consumed=counts
-            )
-            plan = self._warm(plan, first, floor)
-            consumed = next_consumed
-        guard_remainder(self, plan, consumed=counts)
-        return plan
-
     def _warm(self, plan: EpochPlan, first: int, floor: int) -> EpochPlan:
         """``plan`` with the length warm-up applied from the run's step ``first`` (epoch 0)."""
         if self.warmup_caps is None or plan.epoch != 0:
@@ -410,14 +275,11 @@ class MixturePlanner:
         salt: int = 0,
         budgets: tuple[int, ...] | None = None,
     ) -> EpochPlan:
-        try:
-            return self.planners[dataset].plan(
+        with dataset_errors(self._which(dataset)):
+            plan = self.planners[dataset].plan(
                 k, world, acc, salt=salt, rank_budgets=self._dataset_budgets(dataset, budgets)
             )
-        except SettingError as error:
-            raise error.renamed(error.setting, f"{self._which(dataset)}: {error}") from error
-        except ValueError as error:
-            raise ValueError(f"{self._which(dataset)}: {error}") from error
+        return plan
 
     def _part(self, dataset: int, plan: EpochPlan, ids: np.ndarray | int) -> Part:
         units = plan.assign if self.mixing == "per_step" else plan.assign.reshape(-1)
@@ -434,8 +296,7 @@ class MixturePlanner:
     ) -> tuple[list[Part], int]:
         """Units ``[epoch * count, (epoch + 1) * count)`` of the dataset's stream of passes.
 
-        Returns the parts and the examples dropped (``tail="drop"``) by passes that end in
-        this window.
+        Also returns the examples dropped (``tail="drop"``) by passes ending in this window.
         """
         first = self._pass(dataset, 0, world, acc, budgets=budgets)
         length = self._part(dataset, first, 0).units.shape[0]
@@ -457,54 +318,6 @@ class MixturePlanner:
                 dropped += plan.num_dropped + int(plan.micro_batch_size[extra].sum())
         return parts, dropped
 
-    def _plan_remainder(
-        self,
-        plan: EpochPlan,
-        micro_batches: np.ndarray,
-        epoch: int,
-        world: int,
-        acc: int,
-        salt: int,
-        budgets: Sequence[int] | None = None,
-        consumed: np.ndarray | None = None,
-    ) -> EpochPlan:
-        """Re-plan the rest of the epoch for a new topology.
-
-        An epoch of one pass re-plans every planned example the epoch has not ``consumed``
-        (as :meth:`EpochPlanner.plan_resumed`: the earlier plan's tail drops and repeats
-        are its own); a sampled epoch (``steps_per_epoch``) re-plans the examples of the
-        earlier plan's ``micro_batches`` not run yet, repeats kept.
-        """
-        common = self._budgets(world, budgets)
-        if self.steps_per_epoch is None and consumed is not None:
-            kept = self.prepared.kept
-            ids = np.flatnonzero(consumed == 0) if kept is None else kept[consumed[kept] == 0]
-        else:
-            ids = plan.ids_of_micro_batches(micro_batches).astype(np.int64)
-        owner = np.searchsorted(self.offsets, ids, side="right") - 1
-        parts = []
-        for i in np.unique(owner).tolist():
-            occ = ids[owner == i]
-            local = occ - int(self.offsets[i])
-            prep, cfg = self.planners[i].prepared, self.planners[i].config
-            # the loss tokens are counted already: no offset to derive them again
-            sub = EpochPlanner(
-                prep.key[local], replace(cfg, loss_offset=0), loss_lengths=prep.loss[local]
-            )
-            shape_lengths = self.planners[i].shape_lengths
-            if shape_lengths is not None:
-                sub.use_shape_lengths(shape_lengths)  # the epoch's shapes, not the rest's
-            sub_plan = sub.plan(
-                epoch,
-                world,
-                acc,
-                salt=salt,
-                rank_budgets=self._dataset_budgets(i, common),
-                remainder=True,
-            )
-            parts.append(self._part(i, sub_plan, occ))
-        return self._compose(parts, epoch, world, acc, salt=salt, budgets=common)
-
     def _compose(
         self,
         parts: list[Part],
@@ -516,12 +329,8 @@ class MixturePlanner:
         dropped: int | None = None,
         budgets: tuple[int, ...] | None = None,
     ) -> EpochPlan:
-        """One plan of the parts, interleaved by dataset (see :mod:`.interleave`).
-
-        ``budgets``: the ranks' common-scale budgets the parts were planned with
-        (``EpochPlan.rank_budget``; ``None``: equal).
-        """
-        plan = compose_parts(
+        """One plan of the parts, interleaved (``budgets``: the ranks' common-scale ones)."""
+        return compose_parts(
             parts,
             epoch=epoch,
             world=world,
@@ -532,7 +341,5 @@ class MixturePlanner:
             num_skipped=self.num_skipped,
             num_truncated=self.num_truncated,
             dropped=dropped,
+            rank_budget=None if budgets is None else np.asarray(budgets, dtype=np.int64),
         )
-        if budgets is None:
-            return plan
-        return replace(plan, rank_budget=np.asarray(budgets, dtype=np.int64))

@@ -14,7 +14,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeAlias
 
@@ -27,7 +28,6 @@ from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.shapes import choose_shape_lengths
-from lightning_varbatch.planner.warmup_plan import check_warmup_acts, dataset_warmup_caps
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
 MIXING_POLICIES: tuple[str, ...] = ("per_step", "per_batch")
@@ -40,11 +40,11 @@ __all__ = [
     "Weights",
     "as_sources",
     "check_dataset_index",
+    "dataset_errors",
     "dataset_planner",
     "fit_units",
     "item_count",
     "mixture_probabilities",
-    "mixture_warmup_caps",
     "share_shape_lengths",
     "source_config",
     "source_names",
@@ -59,8 +59,7 @@ class DataSource:
         lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths, one per item.
         dataset: the map-style dataset (needed by
             :class:`~lightning_varbatch.TokenBudgetDataModule`, not by the planner).
-        max_tokens: this dataset's budget of one micro-batch (default: the common
-            ``max_tokens``).
+        max_tokens: this dataset's budget of one micro-batch (default: the common one).
         max_examples: this dataset's cap on examples per micro-batch (default: the common one).
         loss_lengths: loss tokens per item when they are not the lengths / target column.
         name: a label for logs and reports (default: the dataset's index).
@@ -70,7 +69,6 @@ class DataSource:
             common ``length_warmup_max``, else the dataset's own longest example).
 
     Example:
-        >>> import numpy as np
         >>> DataSource(np.array([[3, 4], [5, 2]]), max_tokens=4096).max_tokens
         4096
     """
@@ -247,10 +245,8 @@ def source_names(sources: Sequence[DataSource]) -> list[str]:
 def source_config(common: PlanConfig, source: DataSource, index: int) -> PlanConfig:
     """The settings of dataset ``index``: ``common`` with the source's own budget, if any.
 
-    Each dataset shuffles with its own random stream, derived from ``common.seed`` and its
-    index. A length warm-up is the mixture's (it orders the mixture's steps), so the dataset's
-    own plans are made without it; so are the ranks' budgets (``rank_shares``,
-    ``rank_max_tokens``), which the mixture scales to the dataset's budget at each plan.
+    Each dataset shuffles with a stream of its own; its plans are made without the length
+    warm-up and the ranks' budgets, which are the mixture's.
 
     Raises:
         ValueError: for a source budget :class:`PlanConfig` refuses.
@@ -299,10 +295,7 @@ def share_shape_lengths(
             value=config.max_shapes,
         )
     # One set of shape lengths for all datasets: at most max_shapes lengths in all.
-    keys = [
-        p.prepared.key if p.prepared.kept is None else p.prepared.key[p.prepared.kept]
-        for p in planners
-    ]
+    keys = [p.prepared.planned_key for p in planners]
     lengths = choose_shape_lengths(
         np.concatenate(keys), config.max_shapes, config.pad_to_multiple_of
     )
@@ -323,6 +316,21 @@ def fit_units(units: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     return units[np.arange(length) % units.shape[0]], np.zeros(0, dtype=np.int64)
 
 
+@contextmanager
+def dataset_errors(which: str, *, type_errors: bool = False) -> Iterator[None]:
+    """Prefix the message of a dataset's setting or value error (type error) with ``which``."""
+    try:
+        yield
+    except SettingError as error:
+        raise error.renamed(error.setting, f"{which}: {error}") from error
+    except ValueError as error:
+        raise ValueError(f"{which}: {error}") from error
+    except TypeError as error:
+        if not type_errors:
+            raise
+        raise TypeError(f"{which}: {error}") from error
+
+
 def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: str) -> EpochPlanner:
     """The planner of dataset ``index`` of a mixture, with its own settings (:func:`source_config`).
 
@@ -331,7 +339,7 @@ def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: s
             item count differs from its lengths; the message starts with ``which`` (the
             dataset's name and index).
     """
-    try:
+    with dataset_errors(which, type_errors=True):
         planner = EpochPlanner(
             source.lengths, source_config(common, source, index), source.loss_lengths
         )
@@ -342,13 +350,7 @@ def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: s
                 f"{planner.num_examples} examples: pass one length per item (lengths of "
                 "the same dataset, in the same order)."
             )
-        return planner
-    except SettingError as error:
-        raise error.renamed(error.setting, f"{which}: {error}") from error
-    except ValueError as error:
-        raise ValueError(f"{which}: {error}") from error
-    except TypeError as error:
-        raise TypeError(f"{which}: {error}") from error
+    return planner
 
 
 def check_dataset_index(dataset: object, names: Sequence[str]) -> int:
@@ -369,60 +371,3 @@ def check_dataset_index(dataset: object, names: Sequence[str]) -> int:
             value=dataset,
         )
     return int(dataset)
-
-
-def mixture_warmup_caps(
-    config: PlanConfig,
-    sources: Sequence[DataSource],
-    planners: Sequence[EpochPlanner],
-    names: Sequence[str],
-) -> np.ndarray | None:
-    """Check a mixture's warm-up settings (common and per dataset); its caps, or ``None``.
-
-    Raises:
-        SettingValueError: a ``DataSource`` ``length_warmup_min`` / ``length_warmup_max``
-            without a common ``length_warmup``, or a dataset whose minimum is above its
-            maximum; ``.setting`` names the setting, the message the dataset.
-    """
-    fields = ("length_warmup_min", "length_warmup_max")
-    for source, name in zip(sources, names, strict=True):
-        low, high = (getattr(source, f) for f in fields)
-        if config.length_warmup is None:
-            for field, value in zip(fields, (low, high), strict=True):
-                if value is not None:
-                    raise SettingValueError(
-                        f"DataSource {name!r} has {field}={value}, which has no effect "
-                        "without length_warmup: set length_warmup=<optimizer steps> in the "
-                        f"common settings to warm up, or leave the DataSource's {field} unset.",
-                        setting=field,
-                        value=value,
-                    )
-            continue
-        low = config.length_warmup_min if low is None else low
-        high = config.length_warmup_max if high is None else high
-        if high is not None and low > high:
-            raise SettingValueError(
-                f"Dataset {name!r}: length_warmup_min={low} is above length_warmup_max={high} "
-                "(from its DataSource or the common settings): the cap grows from the "
-                "minimum to the maximum. Lower its length_warmup_min or raise its "
-                "length_warmup_max.",
-                setting="length_warmup_min",
-                value=low,
-            )
-    if config.length_warmup is None:
-        return None
-    longest = []
-    for planner in planners:
-        key, kept = planner.prepared.key, planner.prepared.kept
-        longest.append(int(key.max(initial=0) if kept is None else key[kept].max(initial=0)))
-    lows = [
-        config.length_warmup_min if s.length_warmup_min is None else s.length_warmup_min
-        for s in sources
-    ]
-    check_warmup_acts(config, longest, lows, names)
-    return dataset_warmup_caps(
-        config,
-        longest,
-        [s.length_warmup_min for s in sources],
-        [s.length_warmup_max for s in sources],
-    )

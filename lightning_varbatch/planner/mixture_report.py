@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -119,11 +120,26 @@ def dataset_breakdown(planner: MixturePlanner, plan: EpochPlan) -> list[DatasetS
     return rows
 
 
+#: The breakdown table's columns: each one's header and how a row shows its value.
+_COLUMNS: tuple[tuple[str, Callable[[DatasetShare], str]], ...] = (
+    ("dataset", lambda r: r.name),
+    ("weight", lambda r: f"{r.weight:.3f}"),
+    ("max_tokens", lambda r: f"{r.max_tokens:,}"),
+    ("micro-batches", lambda r: f"{r.micro_batches:,}"),
+    ("share", lambda r: f"{100 * r.batch_share:.1f}%"),
+    ("steps", lambda r: f"{r.steps:,}"),
+    ("tokens share", lambda r: f"{100 * r.token_share:.1f}%"),
+    ("examples", lambda r: f"{r.examples:,}"),
+    ("repeats", lambda r: f"{r.repeats:,}"),
+    ("passes", lambda r: f"{r.passes:.2f}"),
+    ("budget fill", lambda r: f"{100 * r.budget_fill:.1f}%"),
+)
+
+
 def format_breakdown(rows: list[DatasetShare]) -> str:
     """The breakdown as a text table.
 
     Example:
-        >>> import numpy as np
         >>> from lightning_varbatch import MixturePlanner, PlanConfig
         >>> planner = MixturePlanner([np.full(8, 4), np.full(4, 8)], PlanConfig(max_tokens=16))
         >>> print(format_breakdown(dataset_breakdown(planner, planner.plan(epoch=0))))
@@ -135,37 +151,8 @@ def format_breakdown(rows: list[DatasetShare]) -> str:
         1        0.500   16          2              50.0%  2      50.0%         4
             0        1.00    100.0%
     """
-    table = [
-        [
-            "dataset",
-            "weight",
-            "max_tokens",
-            "micro-batches",
-            "share",
-            "steps",
-            "tokens share",
-            "examples",
-            "repeats",
-            "passes",
-            "budget fill",
-        ]
-    ]
-    for r in rows:
-        table.append(
-            [
-                r.name,
-                f"{r.weight:.3f}",
-                f"{r.max_tokens:,}",
-                f"{r.micro_batches:,}",
-                f"{100 * r.batch_share:.1f}%",
-                f"{r.steps:,}",
-                f"{100 * r.token_share:.1f}%",
-                f"{r.examples:,}",
-                f"{r.repeats:,}",
-                f"{r.passes:.2f}",
-                f"{100 * r.budget_fill:.1f}%",
-            ]
-        )
+    table = [[head for head, _ in _COLUMNS]]
+    table += [[show(r) for _, show in _COLUMNS] for r in rows]
     widths = [max(len(row[c]) for row in table) for c in range(len(table[0]))]
     lines = [
         "  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in table

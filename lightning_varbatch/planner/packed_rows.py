@@ -1,21 +1,9 @@
 """Packed rows over wide buckets: each epoch's rows cut on the examples' exact lengths.
 
-With ``layout="packed"`` a micro-batch is one row of whole examples whose real tokens fit
-``max_tokens``; padding does not exist, so the sort only serves to give steps rows of similar
-compute. The padded layout's cut (:mod:`lightning_varbatch.planner.sorted_cut`) is made once
-on the sorted order and reused every epoch while examples of one bucket are reshuffled, so it
-must budget every member of a bucket at the bucket's longest length. For padded batches that
-is the padding the bucket costs anyway; for a packed row it is room left empty: with
-``bucket_width=64`` a 5-token example took 63 tokens of the budget and rows were filled to
-82 % instead of 92 % (lognormal lengths, ``max_tokens=4096``; more with shorter examples).
-
-So with ``layout="packed"`` and ``bucket_width > 1`` the rows are cut each epoch, after the
-shuffle within buckets, on the exact lengths in that epoch's order (:func:`packed_cut`): one
-greedy walk over the cumulative lengths, vectorised except for one step per row. The plan
-stays a pure function of ``(lengths, settings, seed, epoch)``, so every guarantee holds as
-before: no row over the budget, equal counts (the tail policy runs on this cut), balance
-(steps of neighbouring compute, dealt by FLOPs), exact and elastic resume (a re-plan repeats
-the same shuffle and cut). The number of rows may differ by a few from epoch to epoch.
+The reused sorted cut budgets every member of a bucket at its longest length: room left empty
+in a packed row (``bucket_width=64``: rows filled to 82 % instead of 92 %). So with
+``layout="packed"`` and ``bucket_width > 1`` the rows are cut each epoch on the exact lengths
+in that epoch's order (:func:`packed_cut`); their number may differ by a few between epochs.
 
 Example:
     >>> import numpy as np
@@ -37,12 +25,7 @@ __all__ = ["cuts_each_epoch", "exact_groups", "packed_cut"]
 
 
 def cuts_each_epoch(config: PlanConfig) -> bool:
-    """Whether the planner cuts this epoch's rows on exact lengths (:func:`packed_cut`).
-
-    Example:
-        >>> cuts_each_epoch(PlanConfig(max_tokens=64, layout="packed", bucket_width=8))
-        True
-    """
+    """Whether the planner cuts this epoch's rows on exact lengths (:func:`packed_cut`)."""
     return config.layout == "packed" and config.bucket_width > 1
 
 

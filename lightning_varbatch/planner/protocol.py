@@ -1,16 +1,8 @@
 """The contract between the sampler and its planners: what a planner must offer.
 
-:class:`~lightning_varbatch.TokenBudgetBatchSampler`, the DataModule, the loader checks, the
-diagnostics and the plan CLI work with any object that satisfies :class:`Planner`, and use
-nothing else of it. Both planners do:
-:class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner` (one dataset) and
-:class:`~lightning_varbatch.planner.mixture.MixturePlanner` (several).
-Whatever else a planner has (``groups``, ``planners``, ``budget(...)``, ...) is its own
-business; a caller that needs it checks the type first.
-
-A planner must be deterministic: every rank builds its own planner from the same lengths and
-settings and must get the same plan for the same ``(epoch, world_size,
-accumulate_grad_batches)`` (and the same ``history`` on resume).
+The sampler, the DataModule, the loader checks, the diagnostics and the plan CLI use only
+what :class:`Planner` names. A planner must be deterministic: every rank builds its own and
+must get the same plan for the same ``(epoch, world_size, accumulate_grad_batches, history)``.
 
 Example:
     >>> from lightning_varbatch.planner import EpochPlanner, MixturePlanner, PlanConfig

@@ -1,31 +1,10 @@
 """Rank lanes: a plan whose ranks carry different budgets (shares or memory differ).
 
-With one budget for every rank, the sorted order is cut once and each step's micro-batches are
-dealt to the least-loaded rank (:mod:`lightning_varbatch.planner.dealing`). With a budget per
-rank (:func:`~lightning_varbatch.planner.rank_shares.rank_budgets`), rank ``r``'s micro-batches
-must each fit ``b_r`` and together carry ``b_r / Σ b`` of the work, while every rank still runs
-the same number of micro-batches. This module plans that as *lanes*:
-
-1. Every position of the sorted order (longest first) goes to one lane, ``b_r / Σ b`` of the
-   positions to lane ``r``, interleaved with a golden-ratio sequence (``frac(i·φ)``): every run
-   of consecutive positions, so every length range, is split between the lanes in proportion to
-   their budgets, within a few examples.
-2. Each lane is cut greedily at its own budget (the same cut as the one-budget plan, so each of
-   its micro-batches fits ``b_r``). A lane of a smaller budget has fewer examples, so the lanes'
-   micro-batch counts come out nearly equal. Where whole examples fill a budget coarsely (one
-   or two examples a micro-batch) a lane may have fewer examples than another has
-   micro-batches; the lanes are then cut again with sizes in proportion to each lane's
-   examples per micro-batch, which makes the counts equal (nothing repeated).
-3. The tail policy makes them exactly equal, a multiple of ``accumulate_grad_batches``:
-   ``"spread"`` and ``"pad"`` bring every lane up to the largest count (``"spread"`` splits a
-   lane's largest micro-batches, ``"pad"`` repeats random ones), ``"drop"`` takes every lane
-   down to the smallest (random micro-batches, counted).
-4. Step ``s`` gives rank ``r`` the ``s``-th ``accumulate_grad_batches`` micro-batches of lane
-   ``r``: the lanes are in length order, so a step's ranks run micro-batches of similar lengths.
-   The steps are then shuffled (and ordered by the length warm-up) as in the one-budget plan.
-
-Everything else (the epoch's shuffle within buckets, the warm-up, resume by excluding consumed
-examples) is the one planner's; lanes only replace the cut and the dealing.
+Rank ``r``'s micro-batches must each fit its budget ``b_r`` and together carry ``b_r / Σ b``
+of the work, with equal counts on every rank. The sorted positions are dealt to one *lane* per
+rank in proportion to the budgets (:func:`lane_of_positions`), each lane is cut at its budget
+(:func:`lane_cuts`), the tail policy equalises the counts and step ``s`` gives rank ``r`` the
+``s``-th slice of its lane (:func:`lane_plan`; ``docs/mixed-clusters.md``).
 
 Example:
     >>> import numpy as np
@@ -44,46 +23,22 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from lightning_varbatch.errors import SettingValueError
-from lightning_varbatch.planner.costs import checked_cost
-from lightning_varbatch.planner.lengths import PreparedLengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
 from lightning_varbatch.planner.rank_shares import apportion
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import split_micro_batches, too_few_message
 
-__all__ = [
-    "Lane",
-    "LanePlan",
-    "check_budgets_hold",
-    "lane_budgets",
-    "lane_config",
-    "lane_cuts",
-    "lane_of_positions",
-    "lane_plan",
-    "single_example_cost",
-    "uniform",
-]
+__all__ = ["Lane", "LanePlan", "lane_config", "lane_cuts", "lane_of_positions", "lane_plan"]
 
 #: The golden ratio's fractional part: ``frac(i·φ)`` is the most evenly spread sequence.
 _PHI = (math.sqrt(5.0) - 1.0) / 2.0
-
-
-def uniform(budgets: Sequence[int] | None, max_tokens: int) -> bool:
-    """Whether ``budgets`` plan as one budget of ``max_tokens`` (no lanes needed).
-
-    Example:
-        >>> uniform(None, 64), uniform((64, 64), 64), uniform((64, 32), 64)
-        (True, True, False)
-    """
-    return budgets is None or all(int(b) == int(max_tokens) for b in budgets)
 
 
 def lane_of_positions(size: int, budgets: Sequence[float]) -> np.ndarray:
@@ -97,109 +52,6 @@ def lane_of_positions(size: int, budgets: Sequence[float]) -> np.ndarray:
     edges = np.cumsum(weights / weights.sum())[:-1]
     phase = (np.arange(size, dtype=np.float64) * _PHI) % 1.0
     return np.searchsorted(edges, phase, side="right").astype(np.int64)
-
-
-def single_example_cost(prepared: PreparedLengths, config: PlanConfig) -> int:
-    """The cost of a micro-batch holding only the longest planned example.
-
-    Example:
-        >>> from lightning_varbatch.planner.lengths import prepare_lengths
-        >>> config = PlanConfig(max_tokens=64, pad_to_multiple_of=8)
-        >>> single_example_cost(prepare_lengths([3, 13, 5], config), config)
-        16
-    """
-    key = prepared.key if prepared.kept is None else prepared.key[prepared.kept]
-    if key.size == 0:
-        return 0
-    longest = np.array([int(key.max())], dtype=np.int64)
-    p = config.pad_to_multiple_of
-    cost = checked_cost(config.cost_fn, np.ones(1, dtype=np.int64), -(-longest // p) * p, longest)
-    return math.ceil(float(cost[0]))
-
-
-def lane_budgets(
-    config: PlanConfig,
-    world: int,
-    given: Sequence[int] | None,
-    longest_cost: Callable[[], int],
-) -> tuple[int, ...] | None:
-    """The ranks' budgets a plan is cut to, ``None`` when they are ``max_tokens`` on every rank.
-
-    Args:
-        config: the planner settings.
-        world: the number of ranks.
-        given: the budgets asked for (``None``: the config's, ``PlanConfig.rank_budgets``).
-        longest_cost: the cost of the longest example alone (called only when needed).
-
-    Raises:
-        SettingValueError: for budgets of another length than ``world``, outside
-            ``[1, max_tokens]``, or below the longest example (naming the rank).
-
-    Example:
-        >>> lane_budgets(PlanConfig(max_tokens=64), 2, (64, 32), lambda: 10)
-        (64, 32)
-        >>> lane_budgets(PlanConfig(max_tokens=64), 2, None, lambda: 10) is None
-        True
-    """
-    budgets = config.rank_budgets(world) if given is None else tuple(int(b) for b in given)
-    if budgets is not None and len(budgets) != world:
-        raise SettingValueError(
-            f"rank_budgets has {len(budgets)} entries but world_size={world}: give one "
-            "budget per rank.",
-            setting="rank_budgets",
-            value=budgets,
-        )
-    if uniform(budgets, config.max_tokens):
-        return None
-    assert budgets is not None
-    if max(budgets) > config.max_tokens or min(budgets) < 1:
-        raise SettingValueError(
-            f"rank_budgets={budgets} must each be in [1, max_tokens={config.max_tokens}].",
-            setting="rank_budgets",
-            value=budgets,
-        )
-    check_budgets_hold(budgets, longest_cost(), config)
-    return budgets
-
-
-def check_budgets_hold(budgets: Sequence[int], longest_cost: int, config: PlanConfig) -> None:
-    """Refuse budgets of which one cannot hold the longest example, naming the rank.
-
-    Raises:
-        SettingValueError: (``.setting``: ``"rank_shares"`` when shares are set, else
-            ``"rank_max_tokens"``) for the first rank whose budget is too small.
-
-    Example:
-        >>> check_budgets_hold((64, 32), 30, PlanConfig(max_tokens=64))  # both hold 30
-    """
-    for rank, budget in enumerate(budgets):
-        if budget >= longest_cost:
-            continue
-        setting = "rank_shares" if config.rank_shares is not None else "rank_max_tokens"
-        fix = f"raise rank {rank}'s entry of {setting}"
-        memory = config.rank_max_tokens
-        if memory is not None and len(memory) == len(budgets):
-            speed = np.asarray(config.rank_shares or [1.0] * len(memory), dtype=np.float64)
-            limit = int(np.argmin(np.asarray(memory) / (speed / speed.max())))
-            if memory[limit] < longest_cost or config.rank_shares is None:
-                # every budget is scaled so that this rank's fit its memory: raising another
-                # rank's entry changes nothing
-                setting = "rank_max_tokens"
-                fix = (
-                    f"raise rank_max_tokens[{limit}]={memory[limit]} (rank {limit}'s memory "
-                    "sets every rank's budget)"
-                )
-                if config.rank_shares is not None:
-                    fix += f" or rank {rank}'s entry of rank_shares"
-        raise SettingValueError(
-            f"Rank {rank}'s micro-batch budget is {budget} tokens (from rank_shares="
-            f"{config.rank_shares}, rank_max_tokens={config.rank_max_tokens}, max_tokens="
-            f"{config.max_tokens}), which cannot hold the longest example (cost "
-            f"{longest_cost}): {fix}, or shorten the longest examples (oversize='truncate' or "
-            "'skip' with a lower max_tokens).",
-            setting=setting,
-            value=getattr(config, setting),
-        )
 
 
 @dataclass(frozen=True)
@@ -245,27 +97,22 @@ def lane_config(config: PlanConfig, budget: int) -> PlanConfig:
         )
 
 
-def _to_count(
-    m: int, target: int, sizes: np.ndarray, rng: np.random.Generator
-) -> tuple[np.ndarray, int, int]:
-    """``target`` of ``m`` micro-batch ids, sorted: random repeats or drops (and their sizes)."""
+def _to_count(m: int, target: int, rng: np.random.Generator) -> np.ndarray:
+    """``target`` of ``m`` micro-batch ids, sorted: random ones dropped or repeated."""
     seq = np.arange(m, dtype=np.int64)
     if m == target:
-        return seq, 0, 0
+        return seq
     if m > target:
-        keep = np.sort(rng.choice(m, size=target, replace=False))
-        gone = np.setdiff1d(seq, keep)
-        return keep, int(sizes[gone].sum()), 0
+        return np.sort(rng.choice(m, size=target, replace=False))
     extra = rng.choice(m, size=target - m, replace=target - m > m)
-    return np.sort(np.concatenate((seq, extra))), 0, int(sizes[extra].sum())
+    return np.sort(np.concatenate((seq, extra)))
 
 
 def _lane_positions(size: int, weights: Sequence[float]) -> list[np.ndarray]:
     """Each lane's sorted positions: exactly its largest-remainder share of ``size``.
 
-    The golden-ratio interleave (:func:`lane_of_positions`) spreads the lanes over every length
-    range; a few positions then move from lanes over their share to lanes under it, so the
-    counts are exact. Every lane gets at least one position (a repeat when too few examples).
+    A few positions of the golden-ratio interleave move from lanes over their share to lanes
+    under it. Every lane gets at least one position (a repeat when too few examples).
     """
     world = len(weights)
     lane = lane_of_positions(size, weights)
@@ -287,11 +134,7 @@ def _lane_positions(size: int, weights: Sequence[float]) -> list[np.ndarray]:
 
 
 class Lane(NamedTuple):
-    """One rank's lane, cut: its sorted positions, their groups, the cut and its settings.
-
-    For packed rows cut on exact lengths (``cuts_each_epoch``) the groups and the cut are the
-    epoch's; otherwise they depend only on the lengths and the budgets, and are reused.
-    """
+    """One rank's lane, cut: its sorted positions, their groups, the cut and its settings."""
 
     positions: np.ndarray
     groups: SortedGroups
@@ -307,16 +150,11 @@ def lane_cuts(
     config: PlanConfig,
     acc: int = 1,
 ) -> list[Lane]:
-    """Deal the sorted positions to the ranks' lanes and cut each lane at its budget.
+    """Deal the sorted positions (``groups``) to the ranks' lanes, cut each at its budget.
 
-    Args:
-        groups: the sorted order of the planned examples (positions; cuts read only lengths).
-        order: this epoch's example ids at those positions (read only for packed rows cut on
-            exact lengths).
-        key: every example's planning length (for those packed rows).
-        budgets: one budget per rank.
-        config: the planner settings.
-        acc: micro-batches per rank per step (each lane's count becomes a multiple of it).
+    ``order`` (this epoch's ids at those positions) and ``key`` (every example's planning
+    length) are read only for packed rows cut on exact lengths; each lane's count is made a
+    multiple of ``acc``.
     """
 
     def cut(lanes_positions: Sequence[np.ndarray]) -> list[Lane]:
@@ -388,26 +226,15 @@ def lane_plan(
 ) -> LanePlan:
     """The epoch's runs of the lanes (:func:`lane_cuts`): equal counts, ids from ``order``.
 
-    Args:
-        lanes: the lanes, one per rank.
-        order: this epoch's example ids at the sorted positions (shuffled within buckets).
-        config: the planner settings.
-        acc: micro-batches per rank per step.
-        tail: the tail policy in force (:func:`~lightning_varbatch.planner.tail.effective_tail`).
-        rng: the epoch's generator.
-        replanned: the rest of an epoch: ``tail="drop"`` drops every micro-batch when some
-            lane has fewer than one step needs (counted), instead of refusing.
-
-    Returns:
-        The lanes' micro-batches and runs.
+    ``tail`` is the policy in force (:func:`~lightning_varbatch.planner.tail.effective_tail`);
+    for the rest of an epoch (``replanned``) ``"drop"`` drops every micro-batch when some lane
+    has fewer than one step needs (counted), instead of refusing.
 
     Raises:
         ValueError: ``tail="drop"`` when some lane of a whole epoch has fewer micro-batches
             than one step needs.
     """
     world = len(lanes)
-    # a lane beyond the examples holds a repeated one (fewer examples than ranks)
-    repeated = sum(lane.positions.size for lane in lanes) - order.shape[0]
     counts = [lane.cut.num_micro_batches for lane in lanes]
     if tail == "drop":
         target = min(counts) // acc * acc
@@ -417,17 +244,16 @@ def lane_plan(
         target = max(-(-max(counts) // acc) * acc, acc)
     runs = np.empty((world, target), dtype=np.int64)
     parts: list[SortedCut] = []
-    dropped, duplicated, offset, pos = 0, repeated, 0, 0
+    offset, pos = 0, 0
     orders = [order[lane.positions] for lane in lanes]
     for r, (lane, lane_ids) in enumerate(zip(lanes, orders, strict=True)):
         cut = lane.cut
         if tail == "spread" and cut.num_micro_batches < target:
             cut = split_micro_batches(cut, lane.groups, target, lane.config)
-        ids, gone, extra = _to_count(cut.num_micro_batches, target, cut.sizes, rng)
+        ids = _to_count(cut.num_micro_batches, target, rng)
         if config.layout == "packed":  # steps of neighbouring compute, as dealing does
             ids = ids[np.argsort(-cut.work[ids], kind="stable")]
         runs[r] = ids + offset
-        dropped, duplicated = dropped + gone, duplicated + extra
         parts.append(dataclasses.replace(cut, starts=cut.starts + pos))
         offset += cut.num_micro_batches
         pos += lane_ids.shape[0]
@@ -439,4 +265,11 @@ def lane_plan(
         work=np.concatenate([p.work for p in parts]),
     )
     order_out = np.concatenate(orders)
+    # what runs, counted per example (a lane beyond the examples repeats one; the tail
+    # policy drops or repeats micro-batches): dropped never run, repeats run again
+    mbs = runs.reshape(-1)
+    sizes = merged.sizes[mbs]
+    ran = np.repeat(merged.starts[mbs] - (np.cumsum(sizes) - sizes), sizes) + np.arange(sizes.sum())
+    times = np.bincount(order_out[ran], minlength=int(order.max(initial=-1)) + 1)[order]
+    dropped, duplicated = int((times == 0).sum()), int(np.maximum(times - 1, 0).sum())
     return LanePlan(order_out, merged, runs, dropped, duplicated)

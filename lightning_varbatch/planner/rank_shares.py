@@ -1,17 +1,9 @@
 """Ranks of different speed or memory: each rank's share of a step and its own budget.
 
-Two settings describe a mixed cluster (``PlanConfig.rank_shares`` and
-``PlanConfig.rank_max_tokens``, one entry per rank):
-
-* a rank's **share** is its relative speed: the planner gives each rank work in proportion to
-  it, so that a step's ranks finish together;
-* a rank's **memory budget** caps the cost of any micro-batch it runs (default: ``max_tokens``).
-
-Both become one number per rank, the budget every micro-batch of that rank is cut to
-(:func:`rank_budgets`): ``b_r = c · s_r`` with ``s_r`` the shares scaled so that the largest
-is 1, and ``c`` the largest value with every ``b_r`` within its rank's memory budget. Micro-batch
-counts stay equal on every rank; a rank's micro-batches are bigger or smaller instead
-(:mod:`lightning_varbatch.planner.rank_lanes`).
+A rank's **share** (``PlanConfig.rank_shares``) is its relative speed, its **memory budget**
+(``rank_max_tokens``) caps any micro-batch it runs. Both become one budget per rank
+(:func:`rank_budgets`), to which its micro-batches are cut (:mod:`~.rank_lanes`): counts stay
+equal, a rank's micro-batches are bigger or smaller instead (``docs/mixed-clusters.md``).
 
 Example:
     >>> rank_budgets(4096, 2, shares=(2, 1))  # rank 1 is half as fast
@@ -163,17 +155,14 @@ def rank_budgets(
     """Every rank's micro-batch budget from its share and its memory budget.
 
     ``b_r = ⌊c · s_r⌋`` with ``s_r = shares[r] / max(shares)`` and ``c`` the largest value that
-    keeps every ``b_r`` within ``rank_max_tokens[r]`` (default ``max_tokens``), so each rank's
-    work is proportional to its share and no micro-batch exceeds its rank's memory. Equal shares
-    give every rank the smallest memory budget (the step waits for the slowest rank anyway).
+    keeps every ``b_r`` within ``rank_max_tokens[r]`` (default ``max_tokens``).
 
     Args:
         max_tokens: the budget of a rank without its own (``PlanConfig.max_tokens``).
         world_size: the number of ranks.
         shares: relative speeds, one per rank (``None``: all equal).
         rank_max_tokens: memory budgets, one per rank (``None``: all ``max_tokens``).
-        floor: the least budget a rank may get (e.g. the cost of the longest example); a
-            share that would give less is raised to it, as long as the rank's memory allows.
+        floor: the least budget a rank may get (e.g. the cost of the longest example).
 
     Returns:
         One budget per rank.
@@ -197,6 +186,16 @@ def rank_budgets(
     speed = np.ones(world) if shares is None else np.asarray(shares) / max(shares)
     scale = float(np.min(limit / speed))
     budgets = np.minimum(np.floor(scale * speed + 1e-9), limit).astype(np.int64)
+    if floor <= 0 and budgets.min() < 1:  # a share too small for a single token
+        r = int(np.argmin(budgets))
+        assert shares is not None  # equal speeds give every rank its whole limit
+        raise SettingValueError(
+            f"rank_shares[{r}]={shares[r]:g} gives rank {r} a budget of 0 tokens ({speed[r]:.2g} "
+            f"of the largest rank's {scale:g}): every rank needs work. Raise rank {r}'s share "
+            "so that its budget holds the longest example, or leave the rank out of the run.",
+            setting="rank_shares",
+            value=shares,
+        )
     if floor > 0:
         low = np.flatnonzero(limit < floor)
         if low.size:
@@ -216,9 +215,7 @@ def rank_budgets(
 def scaled_budgets(budgets: Sequence[int], own: int, common: int) -> tuple[int, ...]:
     """The ranks' budgets for a dataset of budget ``own`` in a mixture of budget ``common``.
 
-    A mixture's datasets may have budgets of their own (``DataSource.max_tokens``); the ranks'
-    budgets, planned against the common ``max_tokens``, scale with it: ``⌊b_r · own / common⌋``,
-    so every dataset divides its steps between the ranks in the same proportions.
+    ``⌊b_r · own / common⌋``: every dataset divides its steps between the ranks alike.
 
     Example:
         >>> scaled_budgets((4096, 2048), own=2048, common=4096)
@@ -246,8 +243,7 @@ def check_rank_settings(config: RankSettings) -> dict[str, Any]:
     Raises:
         SettingTypeError: for a value that is not a list of numbers.
         SettingValueError: for a bad entry (naming the rank), a memory budget above
-            ``max_tokens``, lists of different lengths, or per-rank budgets with
-            ``max_shapes``.
+            ``max_tokens``, lists of different lengths, or ``max_shapes``.
 
     Example:
         >>> from lightning_varbatch.planner.settings import PlanConfig

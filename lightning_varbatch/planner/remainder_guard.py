@@ -1,21 +1,11 @@
 """The one guard of a partly consumed epoch: the rest is exactly what is left, within budget.
 
-Every path that continues an epoch after part of it ran (a resume on the same topology, an
-elastic re-plan on another world size or accumulation, new per-rank budgets, a stream window's
-remainder) passes through :func:`guard_remainder` before anything is yielded. It checks, from
-the lengths and the plan alone:
-
-* the remainder holds no example the epoch already consumed, and every planned example not
-  consumed yet, except the micro-batches the tail policy drops (``tail="drop"``), counted;
-* it repeats examples only as the plan reports (``tail="pad"``, or ``"spread"`` with fewer
-  examples left than one step has micro-batches);
-* every micro-batch of the remainder costs at most its rank's budget, the cost computed again
-  from the examples' lengths (and its static shape, under ``max_shapes``, fits too).
-
-A violation raises :class:`RemainderError` naming the cause; it never returns a plan. The guard
-also returns the epoch's ledger: a digest of the consumed multiset of ids (order-free, so every
-rank computes the same one), which a saved state carries and a load compares
-(:func:`ids_digest`), and the epoch's dropped and repeated examples, consumed part included.
+Every path that continues a partly run epoch passes through :func:`guard_remainder` before
+anything is yielded: from the lengths and the plan alone, the rest holds exactly the planned
+examples not consumed (but counted drops), repeats only what the plan reports, and keeps every
+micro-batch within its rank's budget; else :class:`RemainderError` names the cause. It returns
+the epoch's ledger (:func:`ids_digest` of the consumed ids), which a saved state carries and a
+load compares (``docs/planning.md``).
 
 Example:
     >>> import numpy as np
@@ -166,30 +156,25 @@ def guard_remainder(
 ) -> EpochLedger:
     """Check the rest of ``plan`` after ``start`` micro-batches per rank; the epoch's ledger.
 
-    What the epoch consumed is what its earlier topologies ran (``consumed``, else
-    ``plan.consumed_counts``; ``None``: nothing) plus every rank's first ``start``
-    micro-batches of ``plan``; the remainder is every rank's micro-batches after them. Over
-    the epoch every planned example must run once, but for the examples the plan reports
-    dropped (``plan.num_dropped``) or repeated (``plan.num_duplicated``, the whole epoch's
-    once the plan is the rest of one); a mixture that samples its epochs
-    (``steps_per_epoch``) is checked for its budgets only.
+    The epoch consumed what its earlier topologies ran (``consumed``, else
+    ``plan.consumed_counts``) plus every rank's first ``start`` micro-batches of ``plan``; over
+    the epoch every planned example must run once, but those the plan reports dropped or
+    repeated. A mixture that samples its epochs (``steps_per_epoch``) is checked for its
+    budgets only.
 
     Args:
-        planner: the planner that made ``plan`` (its lengths, settings and, for a mixture, each
-            dataset's).
+        planner: the planner that made ``plan`` (its lengths and settings).
         plan: the plan of the epoch, or of its re-planned rest.
         start: micro-batches per rank of ``plan`` already consumed.
-        consumed: for a plan its planner has just made as the rest of an epoch, how many
-            times each example ran before it; once checked, they become the plan's
-            ``consumed_counts`` and its ``num_duplicated`` counts the whole epoch's repeats.
+        consumed: for a rest of an epoch just planned, each example's runs before it; once
+            checked, the plan's ``consumed_counts`` (its ``num_duplicated``: the epoch's).
 
     Returns:
         The ledger of the consumed part and the epoch's drops and repeats in all.
 
     Raises:
-        RemainderError: when the remainder repeats an example the earlier topologies consumed,
-            loses one the tail policy does not drop, repeats more than the plan reports, or
-            holds a micro-batch over its rank's budget.
+        RemainderError: when the rest repeats a consumed example, loses one the tail policy
+            does not drop, repeats more than the plan reports, or is over a rank's budget.
     """
     n = planner.num_examples
     done, rest = plan.consumed_micro_batches(start)

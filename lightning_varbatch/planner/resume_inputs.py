@@ -1,9 +1,7 @@
 """The inputs of a re-plan: ``plan_resumed``'s topology history and ``plan``'s exclude mask.
 
-A resume on another topology re-plans what the earlier topologies of the epoch did not
-consume: :meth:`~lightning_varbatch.planner.epoch_planner.EpochPlanner.plan_resumed` takes
-their history and :meth:`~lightning_varbatch.planner.epoch_planner.EpochPlanner.plan` the
-examples to leave out. Both planners check these inputs here, with one message each.
+Both planners check a resume's history (``plan_resumed``) and the examples to leave out
+(``plan(exclude=...)``) here, with one message each.
 
 Example:
     >>> check_history([(2, 1, 5), (4, 2, 0)])
@@ -54,9 +52,8 @@ def check_exclude(exclude: object, num_examples: int) -> np.ndarray:
 def check_history(history: object) -> list[tuple[Any, ...]]:
     """Validate ``plan_resumed``'s history: ``(world_size, accumulation, consumed)`` triples.
 
-    An entry may carry a fourth item, the ranks' budgets its plan was made with
-    (``EpochPlan.rank_budget``, saved when ranks had budgets of their own); it is returned as a
-    tuple of ints (``None`` when absent or ``None``).
+    An entry may carry a fourth item, the ranks' budgets its plan was made with; it is
+    returned as a tuple of ints (``None`` when absent or ``None``).
 
     Raises:
         ValueError: naming the bad entry and what it should be.

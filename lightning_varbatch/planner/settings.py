@@ -8,27 +8,18 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import textwrap
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeAlias
 
-import numpy as np
-
 from lightning_varbatch.checks import check_choice, check_count, check_flag, check_real
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
-from lightning_varbatch.planner.costs import COST_NAMES, CostFn, CostName, resolve_cost
-from lightning_varbatch.planner.length_warmup import (
-    WARMUP_DEFAULTS,
-    ScheduleFn,
-    ScheduleName,
-    check_warmup_settings,
-    schedule_values,
-)
+from lightning_varbatch.planner.costs import CostFn, CostName, check_cost, resolve_cost
+from lightning_varbatch.planner.length_warmup import ScheduleFn, ScheduleName, check_warmup_settings
 from lightning_varbatch.planner.rank_shares import check_rank_settings, rank_budgets
+from lightning_varbatch.planner.settings_identity import fingerprint_of, plain_settings
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
 LayoutName: TypeAlias = Literal["padded", "packed"]
@@ -40,48 +31,6 @@ DEFAULT_FLOP_ATTENTION = 1 / (12 * 1024)
 OversizePolicy: TypeAlias = Literal["error", "skip", "truncate"]
 TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
 OVERSIZE_POLICIES: tuple[str, ...] = ("error", "skip", "truncate")
-#: Settings added after checkpoints were first saved, with their defaults: at its default such
-#: a setting is left out of :meth:`PlanConfig.plain` and :meth:`PlanConfig.fingerprint`, so the
-#: fingerprints and saved states of plans made without it are unchanged (they still resume).
-LATER_SETTINGS: dict[str, Any] = {
-    "loss_offset": 0,
-    **WARMUP_DEFAULTS,
-    "rank_shares": None,
-    "rank_max_tokens": None,
-}
-#: Settings that say how the work is shared between ranks, not which examples go together:
-#: like the world size, they are left out of :meth:`PlanConfig.fingerprint` and
-#: :meth:`PlanConfig.plain`, so a checkpoint resumes when they change (the rest of the epoch
-#: keeps the saved plan's budgets, the next epoch takes the new ones).
-RANK_SETTINGS: tuple[str, ...] = ("rank_shares", "rank_max_tokens")
-
-
-def _probe_cost(fn: CostFn) -> None:
-    """Call a custom cost model once on two candidates and check what comes back.
-
-    Raises:
-        SettingValueError: when it fails, returns the wrong shape, or non-finite / negative
-            costs.
-    """
-    n, longest, total = np.array([1, 2]), np.array([8, 8]), np.array([8, 16])
-    try:
-        out = np.asarray(fn(n, longest, total), dtype=np.float64)
-    except Exception as err:  # any failure of user code is reported the same way
-        raise SettingValueError(
-            f"cost= raised {type(err).__name__}: {err} when called as cost(num_examples, "
-            "longest, total) on numpy arrays of two candidates; a cost model must work "
-            "elementwise on arrays (e.g. lambda n, longest, total: n * longest).",
-            setting="cost",
-            value=fn,
-        ) from err
-    if out.shape != n.shape or not np.isfinite(out).all() or (out < 0).any():
-        raise SettingValueError(
-            f"cost= returned {out.tolist()!r} (shape {out.shape}) for two candidate "
-            "micro-batches: a cost model must return one finite cost >= 0 per candidate, an "
-            "array shaped like num_examples (e.g. lambda n, longest, total: n * longest).",
-            setting="cost",
-            value=fn,
-        )
 
 
 def _help(text: str) -> dict[str, str]:
@@ -93,10 +42,8 @@ def _help(text: str) -> dict[str, str]:
 class PlanConfig:
     """How to cut an epoch into token-budgeted micro-batches.
 
-    Every setting is a field below; its help text is defined once, in the field's metadata
-    (``dataclasses.fields(PlanConfig)[i].metadata["help"]``), and is what the ``Args``
-    section of this docstring and the plan command's flags (``python -m
-    lightning_varbatch.plan --help``) show.
+    Each setting's help text is defined once, in its field's metadata: this ``Args`` section
+    and the plan command's flags (``python -m lightning_varbatch.plan --help``) show it.
 
     Args:
         {fields}
@@ -167,24 +114,21 @@ class PlanConfig:
         metadata=_help(
             """what to do when the number of micro-batches is not a multiple of
             ``world_size * accumulate_grad_batches``: ``"spread"`` (default) re-cuts the
-            examples of the last, partial optimizer step into exactly that many even
-            micro-batches, so nothing is lost and its ranks stay balanced (only when there
-            are fewer examples than micro-batches needed does it repeat some, counted);
-            ``"drop"`` drops randomly chosen micro-batches (counted); ``"pad"`` repeats
-            randomly chosen micro-batches (counted)"""
+            examples of the last, partial step into exactly that many even micro-batches:
+            every example once, its ranks balanced (it repeats some, counted, only where the
+            examples left cannot fill whole steps within the budget: fewer examples than
+            micro-batches needed); ``"drop"`` drops random micro-batches, never repeats;
+            ``"pad"`` repeats random micro-batches, never drops (both counted, also in the
+            re-planned rest of an epoch)"""
         ),
     )
     layout: LayoutName = field(
         default="padded",
         metadata=_help(
             """``"padded"`` (default): each micro-batch is a padded (examples x longest)
-            batch; ``"packed"``: each micro-batch is one packed row of whole examples (no
-            padding but the row's alignment to ``pad_to_multiple_of``), its real tokens
-            within ``max_tokens`` (the ``"packed"`` cost), and each optimizer step's
-            micro-batches are dealt to ranks by their FLOPs (``flop_attention``), not their
-            tokens; use it with :class:`~lightning_varbatch.data.packed_collate.PackingCollate`
-            and one length per example (with ``bucket_width > 1`` each epoch's rows are cut
-            after the shuffle on the exact lengths, so they fill to the budget as with 1)"""
+            batch; ``"packed"``: one packed row of whole examples, its real tokens within
+            ``max_tokens``, each step's rows dealt to ranks by their FLOPs
+            (``flop_attention``); one length per example, with ``PackingCollate``"""
         ),
     )
     flop_attention: float = field(
@@ -200,12 +144,10 @@ class PlanConfig:
         default=None,
         metadata=_help(
             """the shape budget for ``torch.compile`` and CUDA graphs: every micro-batch is
-            padded to one of at most this many static ``(rows, length)`` shapes, the lengths
-            chosen to pad least (:mod:`lightning_varbatch.planner.shapes`); each micro-batch
-            takes the shape of its longest example, and only the tail's micro-batches have
-            masked rows, which count in no total (``None``: free shapes); needs
-            ``layout="padded"``, ``cost`` ``"padded"`` or ``"quadratic"``, ``bucket_width=1``
-            and ``batch_size_multiple=1``"""
+            padded to one of at most this many static ``(rows, length)`` shapes chosen to pad
+            least (:mod:`lightning_varbatch.planner.shapes`; ``None``: free shapes); needs
+            ``layout="padded"``, the padded or quadratic cost, ``bucket_width=1`` and
+            ``batch_size_multiple=1``"""
         ),
     )
     oversize: OversizePolicy = field(
@@ -219,22 +161,18 @@ class PlanConfig:
     loss_offset: int = field(
         default=0,
         metadata=_help(
-            """loss tokens of every example are derived from its length (the target's for
-            pairs) minus this, at least 0, counted after ``oversize="truncate"`` cuts it: 1
-            for teacher forcing / next-token prediction, as ``PaddingCollate(loss_offset=1)``
-            and ``PackingCollate``'s shifted labels count them (0: the length itself); not
-            with explicit ``loss_lengths``, which are the loss tokens already"""
+            """every example's loss tokens are its length (the target's for pairs, after
+            ``oversize="truncate"``) minus this, at least 0: 1 for teacher forcing, as the
+            collates count them; not with explicit ``loss_lengths``"""
         ),
     )
 
     length_warmup: int | None = field(
         default=None,
         metadata=_help(
-            """sequence-length warm-up over the first this many optimizer steps of the run
-            (epoch 0): the longest example a step may hold grows from ``length_warmup_min``
-            to ``length_warmup_max`` along ``length_warmup_schedule``; nothing is cut, longer
-            examples run in later steps of the epoch, every step keeps its token budget
-            (``None``: no warm-up; see docs/length-warmup.md)"""
+            """sequence-length warm-up over the first this many optimizer steps of the run:
+            the longest example a step may hold grows from ``length_warmup_min`` to
+            ``length_warmup_max``; nothing is cut (``None``: none; docs/length-warmup.md)"""
         ),
     )
     length_warmup_min: int = field(
@@ -323,38 +261,7 @@ class PlanConfig:
             LAYOUTS,
             what=" (padded batches, or packed rows of whole examples)",
         )
-        if isinstance(self.cost, str):
-            check_choice(
-                "cost",
-                self.cost,
-                COST_NAMES,
-                what=" or a callable (num_examples, longest, total) -> cost",
-            )
-        elif not callable(self.cost):
-            raise SettingTypeError(
-                f"cost must be one of {', '.join(repr(c) for c in COST_NAMES)} or a callable "
-                f"(num_examples, longest, total) -> cost, got {self.cost!r} "
-                f"({type(self.cost).__name__}); pass e.g. cost='padded'.",
-                setting="cost",
-                value=self.cost,
-            )
-        if self.layout == "packed":
-            if self.cost not in ("padded", "packed"):
-                raise SettingValueError(
-                    f"layout='packed' budgets the real tokens of a packed row itself, so "
-                    f"cost={self.cost!r} cannot apply: leave cost unset with layout='packed' "
-                    "(or use layout='padded' for another cost model).",
-                    setting="cost",
-                    value=self.cost,
-                )
-            object.__setattr__(self, "cost", "packed")
-        elif self.cost == "packed":
-            raise SettingValueError(
-                "cost='packed' is the budget of packed rows: set layout='packed' instead of "
-                "cost='packed' (the collate and the rank balance change with it).",
-                setting="cost",
-                value=self.cost,
-            )
+        object.__setattr__(self, "cost", check_cost(self.cost, self.layout))
         flops = check_real(
             "flop_attention",
             self.flop_attention,
@@ -366,8 +273,6 @@ class PlanConfig:
         if self.max_shapes is not None:
             object.__setattr__(self, "max_shapes", check_count("max_shapes", self.max_shapes))
             self._check_shape_budget()
-        if not isinstance(self.cost, str):
-            _probe_cost(self.cost)
         for name, value in check_warmup_settings(self).items():
             object.__setattr__(self, name, value)
         for name, value in check_rank_settings(self).items():
@@ -430,74 +335,8 @@ class PlanConfig:
             self.cost, quadratic_coef=self.quadratic_coef, multiple=self.pad_to_multiple_of
         )
 
-    def loss_tokens(self, target: np.ndarray, truncate_to: int | None = None) -> np.ndarray:
-        """Every example's loss tokens, derived from its length with ``loss_offset``.
-
-        The one rule the planner counts by, matching what the library's collates count:
-
-        * padded batches (``layout="padded"``, also with ``max_shapes``): the collate cuts the
-          field to ``truncate_to`` first, then the loss predicts all but ``loss_offset`` of
-          its tokens (``PaddingCollate(loss_offset=k)``): ``max(min(L, T) - k, 0)``;
-        * packed rows (``layout="packed"``): ``PackingCollate`` labels each kept token with
-          the next token of the *whole* example, so a cut example keeps a label on its last
-          kept token: ``max(min(L - k, T), 0)``.
-
-        Args:
-            target: the loss-side length of every example (the target's for pairs), before
-                truncation.
-            truncate_to: the length over-budget examples are cut to (``None``: none cut).
-
-        Returns:
-            ``int64`` loss tokens, one per example (``target`` itself when ``loss_offset`` is
-            0 and nothing is cut).
-
-        Example:
-            >>> import numpy as np
-            >>> lengths = np.array([1, 5, 9])
-            >>> PlanConfig(8, loss_offset=1).loss_tokens(lengths, truncate_to=6).tolist()
-            [0, 4, 5]
-            >>> PlanConfig(8, loss_offset=1, layout="packed").loss_tokens(lengths, 6).tolist()
-            [0, 4, 6]
-        """
-        length = np.asarray(target).astype(np.int64)
-        k = self.loss_offset
-        if truncate_to is None:
-            return np.maximum(length - k, 0)
-        if self.layout == "packed":
-            return np.maximum(np.minimum(length - k, truncate_to), 0)
-        return np.maximum(np.minimum(length, truncate_to) - k, 0)
-
-    def check_loss_lengths(self, loss_lengths: object) -> None:
-        """Refuse explicit ``loss_lengths`` together with a ``loss_offset``.
-
-        ``loss_lengths`` are the loss tokens themselves; ``loss_offset`` derives them from the
-        lengths. Both at once would subtract the offset twice (``loss_lengths = lengths - 1``
-        kept from before, plus ``loss_offset=1``), or disagree with the collate, which
-        subtracts the offset from every example's real tokens.
-
-        Raises:
-            SettingValueError: (``.setting``: ``"loss_offset"``) when both are given.
-
-        Example:
-            >>> PlanConfig(8, loss_offset=1).check_loss_lengths(None)  # derived: fine
-        """
-        if loss_lengths is None or not self.loss_offset:
-            return
-        raise SettingValueError(
-            f"loss_offset={self.loss_offset} derives every example's loss tokens from its "
-            "length (after truncation), but loss_lengths were given too: pass one of them. "
-            "For teacher forcing drop loss_lengths (e.g. lengths - 1) and keep "
-            f"loss_offset={self.loss_offset}; for loss tokens counted another way keep "
-            "loss_lengths and leave loss_offset=0.",
-            setting="loss_offset",
-            value=self.loss_offset,
-        )
-
     def plain(self) -> dict[str, Any]:
-        """Every setting as a plain value (a custom cost by its name), to say what changed.
-
-        A setting of :data:`LATER_SETTINGS` at its default is left out (states saved before it
-        existed compare equal), and so are :data:`RANK_SETTINGS` (a resume may change them).
+        """Every setting as a plain value, to say what changed (see :func:`plain_settings`).
 
         Example:
             >>> def slots(n, longest, total):
@@ -505,45 +344,28 @@ class PlanConfig:
             >>> PlanConfig(8).plain()["max_tokens"], PlanConfig(8, cost=slots).plain()["cost"]
             (8, 'slots')
         """
-        out: dict[str, Any] = {}
-        for name, value in vars(self).items():
-            if name in RANK_SETTINGS or (name in LATER_SETTINGS and value == LATER_SETTINGS[name]):
-                continue  # as before the setting existed: saved states compare equal
-            if callable(value):
-                value = getattr(value, "__qualname__", repr(value))
-                if name == "length_warmup_schedule":  # what it is: its values
-                    value += (
-                        f" ({schedule_values(self.length_warmup_schedule, self.length_warmup)})"
-                    )
-            keep = isinstance(value, (bool, int, float, str, type(None)))
-            out[name] = value if keep else str(value)
-        return out
+        return plain_settings(vars(self))
 
     def fingerprint(self) -> str:
-        """A short hash of every setting that changes the plan (for checkpoint checks).
+        """A short hash of every setting that changes the plan (see :func:`fingerprint_of`)."""
+        return fingerprint_of(asdict(self))
 
-        Example:
-            >>> PlanConfig(8).fingerprint() == PlanConfig(8).fingerprint()
-            True
-        """
-        values = asdict(self)
-        # Settings added later leave the fingerprint of plans made without them unchanged, so
-        # checkpoints saved before they existed still resume.
-        if self.layout == "padded":
-            del values["layout"], values["flop_attention"]
-        if self.max_shapes is None:
-            del values["max_shapes"]
-        for name, default in LATER_SETTINGS.items():
-            if values[name] == default or name in RANK_SETTINGS:
-                del values[name]
-        if "cost" in values and callable(values["cost"]):
-            values["cost"] = getattr(values["cost"], "__qualname__", repr(values["cost"]))
-        if "length_warmup_schedule" in values:  # a callable by its values
-            values["length_warmup_schedule"] = schedule_values(
-                self.length_warmup_schedule, self.length_warmup
-            )
-        blob = json.dumps(values, sort_keys=True, default=str).encode()
-        return hashlib.sha1(blob).hexdigest()[:16]
+
+def check_config(config: object) -> PlanConfig:
+    """A planner's ``config``: a :class:`PlanConfig`, or the one error that says so.
+
+    Raises:
+        SettingTypeError: for anything else (a dict of settings, say).
+    """
+    if not isinstance(config, PlanConfig):
+        raise SettingTypeError(
+            f"config must be a PlanConfig, got {type(config).__name__} {config!r:.60}; "
+            "pass config=PlanConfig(max_tokens=...) (e.g. PlanConfig(**settings) for a "
+            "dict).",
+            setting="config",
+            value=config,
+        )
+    return config
 
 
 def _args_section() -> str:

@@ -1,11 +1,8 @@
 """The shape budget of one dataset's planner: its static shapes, chosen once.
 
-Under ``PlanConfig(max_shapes=K)`` every micro-batch is padded to one of at most ``K`` static
-``(rows, length)`` shapes (:mod:`lightning_varbatch.planner.shapes` chooses the lengths and
-the rows). :class:`ShapeBudget` is the part of
-:class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner` that holds them: chosen once
-from the planned examples (or given by a mixture, over all its datasets), so resumed and
-re-planned epochs keep the same shapes, and the shape every micro-batch of a cut runs at.
+:class:`ShapeBudget` is the part of the epoch planner that holds the ``max_shapes`` static
+shapes (:mod:`~.shapes`): chosen once from the planned examples (or given by a mixture), so
+resumed and re-planned epochs keep them, and the shape each micro-batch of a cut runs at.
 
 Example:
     >>> import numpy as np
@@ -51,10 +48,8 @@ class ShapeBudget:
         if self.config.max_shapes is None:
             return None
         if self._shape_lengths is None:
-            kept = self.prepared.kept
-            key = self.prepared.key if kept is None else self.prepared.key[kept]
             self._shape_lengths = choose_shape_lengths(
-                key, self.config.max_shapes, self.config.pad_to_multiple_of
+                self.prepared.planned_key, self.config.max_shapes, self.config.pad_to_multiple_of
             )
         return self._shape_lengths
 
@@ -74,8 +69,7 @@ class ShapeBudget:
                 setting="shape lengths",
                 value=lengths,
             )
-        kept = self.prepared.kept
-        key = self.prepared.key if kept is None else self.prepared.key[kept]
+        key = self.prepared.planned_key
         if key.size and int(key.max()) > int(lengths[-1]):
             raise ValueError(
                 f"An example of length {int(key.max())} does not fit the longest shape "

@@ -1,25 +1,8 @@
 """The shape budget: every micro-batch padded to one of at most ``max_shapes`` static shapes.
 
-``torch.compile`` (and CUDA graphs) specialise on tensor shapes: free token-budget batches
-give a new ``(rows, length)`` nearly every step, hence a recompile (or a re-record) nearly
-every step. Under ``PlanConfig(max_shapes=K)`` the planner picks ``K`` padded lengths
-``L_1 < ... < L_K`` from the length distribution (:func:`choose_shape_lengths`) and gives
-length ``L_k`` the most rows ``B_k`` that fit the budget (:func:`shape_rows`). An example's
-own shape is the shortest that holds it; the shapes are the buckets of
-:class:`~lightning_varbatch.planner.sorted_cut.SortedGroups`, so the examples are ordered by own
-shape, longest first, and cut into consecutive micro-batches, each padded to exactly the
-shape ``(B_k, L_k)`` of its first (longest) example. When a shape's examples run out partway
-through a micro-batch, the examples of the next shorter shape fill it (padded to the longer
-length): an example runs in its own shape or a longer one. Only the tail's micro-batches
-(the tail policy's even re-cut) have masked rows, which count in no token total and no loss.
-The cut, the tail policy, the dealing to ranks and resume work unchanged.
-
-Choosing the lengths is a 1-D optimal partition: minimise ``sum over examples of the padded
-length`` over the choice of ``K`` lengths, solved exactly by dynamic programming over the
-distinct (``pad_to_multiple_of``-rounded) lengths, in ``O(K V^2)`` vectorised steps for ``V``
-distinct lengths (above :data:`MAX_CANDIDATES` distinct lengths, over that many quantiles).
-No set of ``K`` lengths pads less: the report's real-token share is the best any ``K``
-padded shapes can do on those lengths (the masked rows of the tail aside).
+For ``torch.compile`` and CUDA graphs: :func:`choose_shape_lengths` picks the ``K`` padded
+lengths that pad least (an exact dynamic programme), :func:`shape_rows` gives each the most
+rows within the budget; every micro-batch is padded to the shape of its longest example.
 
 Example:
     >>> import numpy as np
@@ -64,17 +47,11 @@ def choose_shape_lengths(key: np.ndarray, max_shapes: int, pad_to_multiple_of: i
 
     Args:
         key: planning length of every planned example (``max(source, target)`` for pairs).
-        max_shapes: the number of lengths to choose (fewer when ``key`` has fewer distinct
-            rounded lengths).
+        max_shapes: the number of lengths to choose (fewer for fewer distinct lengths).
         pad_to_multiple_of: every chosen length is a multiple of this.
 
     Returns:
-        ``(k,)`` int64 lengths, ascending; the last is the longest rounded length, so every
-        example has a length that holds it.
-
-    Example:
-        >>> choose_shape_lengths(np.array([1, 2, 3, 7, 8]), 2, 4).tolist()
-        [4, 8]
+        ``(k,)`` int64 lengths, ascending; the last is the longest (rounded) length.
     """
     p = int(pad_to_multiple_of)
     padded = -(-np.asarray(key, dtype=np.int64) // p) * p
@@ -111,12 +88,7 @@ def choose_shape_lengths(key: np.ndarray, max_shapes: int, pad_to_multiple_of: i
 
 
 def shape_rows(lengths: np.ndarray, config: PlanConfig) -> np.ndarray:
-    """Rows of every shape: the most examples of each padded length within the budget.
-
-    Example:
-        >>> shape_rows(np.array([8, 16]), PlanConfig(max_tokens=64, max_shapes=2)).tolist()
-        [8, 4]
-    """
+    """Rows of every shape: the most examples of each padded length within the budget."""
     lengths = np.asarray(lengths, dtype=np.int64)
     cap = config.max_examples or int(config.max_tokens)
     return full_batch_sizes(lengths, cap, config)

@@ -1,23 +1,9 @@
 """New per-rank shares from each rank's measured speed: smoothed, with a dead band.
 
-A rank's **speed** is the planned work it ran (cost units of the plan, the units shares divide)
-per second of its own compute. It is a property of the rank, not of the shares it ran with, so
-shares proportional to the measured speeds make every rank of a step finish together at once.
-:func:`balanced_shares` sets them:
-
-* from the speeds **smoothed over periods** (:func:`smoothed_speeds`: in ratio (log) space,
-  ``smoothing`` the weight of the earlier periods): the first measurement is taken as it is, so
-  the second period already runs at the right shares; a rank slowed during one period later
-  moves the shares only part of the way, and they return as soon as it is fast again, without
-  overshooting: no oscillation;
-* not at all when every target is within ``tolerance`` (relative) of the share in force (the
-  dead band): measurement noise leaves a balanced plan alone, and the residual imbalance is at
-  most ``tolerance``;
-* scaled so that the largest share is 1, and raised to ``min_share`` (e.g. the share whose
-  budget still holds the longest example).
-
-numpy only; the result depends on nothing but the arguments, so every rank computes the same
-shares from the same gathered numbers.
+A rank's **speed** is the planned work it ran per second of its own compute; shares in
+proportion to the speeds make a step's ranks finish together. :func:`balanced_shares` sets
+them from speeds smoothed over periods (:func:`smoothed_speeds`), within a dead band, from its
+arguments alone, so every rank computes the same shares (``docs/mixed-clusters.md``).
 
 Example:
     >>> balanced_shares([2.0, 4.0], [100.0, 100.0], [1.0, 1.0])  # the first measurement
@@ -118,19 +104,16 @@ def balanced_shares(
 ) -> tuple[float, ...]:
     """The shares for the next period, from one period's measured speeds and the shares in force.
 
-    With ``s`` the shares in force and ``t`` the speeds smoothed with the earlier periods'
-    (:func:`smoothed_speeds` of ``previous``), both scaled so that the largest is 1: when every
-    ``|t_r / s_r - 1| < tolerance`` the shares stay ``s``; otherwise they become ``t``; every
-    share is then raised to at least ``min_share``.
+    The speeds smoothed with the earlier periods' (:func:`smoothed_speeds`) ``t`` replace the
+    shares in force ``s`` (both scaled to a largest of 1) unless every ``|t_r / s_r - 1|`` is
+    below ``tolerance``; every share is then raised to at least ``min_share``.
 
     Args:
         seconds: each rank's measured compute seconds in the period (rank 0 first).
         work: each rank's planned work in the period, in the plan's cost units.
         current: the shares in force during the period (``rank_shares``; any positive scale).
-        smoothing: the weight of the earlier periods' speeds (``previous``), in ``[0, 1)``:
-            0 uses this period's alone; 0.5 moves half the way (in ratio) to a new speed.
-        tolerance: the dead band, in ``[0, 1)``: no change while every target share is within
-            this relative distance of the share in force.
+        smoothing: the weight of the earlier periods' speeds, in ``[0, 1)`` (0: this period's).
+        tolerance: the dead band, in ``[0, 1)``.
         min_share: the least share (of the largest, 1), in ``(0, 1]``; ``None``: no floor.
         previous: the smoothed speeds of the earlier periods (:func:`smoothed_speeds`, any
             positive scale); ``None``: this is the first measurement.
@@ -140,9 +123,8 @@ def balanced_shares(
 
     Raises:
         SettingTypeError: for a setting or measurement of the wrong type.
-        SettingValueError: for lists of different lengths, a measurement or share that is
-            zero, negative, NaN or infinite, or a setting out of its range (the message names
-            it, and the rank where there is one).
+        SettingValueError: for lists of different lengths, a measurement or share that is not
+            positive and finite, or a setting out of its range (naming it, and the rank).
 
     Example:
         >>> balanced_shares([1.0, 1.0, 3.0], [90, 90, 90], [1, 1, 1], smoothing=0.0,
@@ -198,8 +180,7 @@ def smoothed_speeds(
 ) -> tuple[float, ...]:
     """This period's speeds, smoothed with the earlier periods', as ratios (the largest 1).
 
-    ``previous ** smoothing * measured ** (1 - smoothing)`` (both scaled to a largest of 1,
-    then the result), or the measured speeds alone for the first period (``previous`` ``None``).
+    ``previous ** smoothing * measured ** (1 - smoothing)``, or the measured speeds alone.
 
     Raises:
         SettingValueError: for a bad measurement, ``previous`` of another length or with a

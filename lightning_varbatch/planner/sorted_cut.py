@@ -1,13 +1,8 @@
 """The sorted cut: micro-batches as contiguous slices of the examples sorted by length.
 
-Sorting examples by length (longest first) and cutting the sorted order greedily gives the
-tightest padding; the micro-batches depend only on the multiset of lengths, not on which
-example sits where, so they are computed once and reused every epoch while the examples of
-equal length are reshuffled. Everything here works on groups of equal (bucketed) length,
-never per example in Python. What becomes of the last, partial optimizer step (re-cut
-evenly, padded or dropped) is the tail policy's business: :mod:`lightning_varbatch.planner.tail`.
-Packed rows over buckets wider than 1 are cut each epoch instead:
-:mod:`lightning_varbatch.planner.packed_rows`.
+Cutting the examples sorted by length greedily gives the tightest padding; the cut depends
+only on the lengths, so it is made once and reused every epoch while equal lengths are
+reshuffled. Everything works on groups of equal (bucketed) length, never per example.
 
 Example:
     >>> import numpy as np
@@ -60,14 +55,9 @@ class SortedGroups:
     ) -> SortedGroups:
         """Sort ``key`` (or its ``subset`` of ids) by decreasing bucket, stably.
 
-        A stable counting sort done in cache-sized chunks (a radix argsort per chunk, then a
-        scatter to each bucket's next free slot): the extra memory is the 4-byte ids plus one
-        chunk, instead of the 8-byte index array (and numpy's 8-byte scratch) of a whole-array
-        argsort.
-
-        With ``shape_lengths`` (ascending, the shape budget's lengths,
-        :mod:`lightning_varbatch.planner.shapes`), the buckets are those lengths instead: an
-        example goes to the shortest that holds it, and a group's ``longest`` is that length.
+        A stable counting sort in cache-sized chunks: the extra memory is the 4-byte ids plus
+        one chunk. With ``shape_lengths`` (the shape budget's, ascending) the buckets are those
+        lengths: an example goes to the shortest that holds it.
         """
         k = key if subset is None else key[subset]
         if k.size == 0:
@@ -120,10 +110,7 @@ class SortedGroups:
     def _build_sparse(
         cls, k: np.ndarray, subset: np.ndarray | None, bucket_width: int, num_ids: int
     ) -> SortedGroups:
-        """:meth:`build` for very long lengths (a count per possible length would not fit).
-
-        Buckets are renumbered densely first (a sort of the distinct buckets), then counted.
-        """
+        """:meth:`build` for very long lengths: the distinct buckets renumbered densely first."""
         k64 = k.astype(np.int64)
         buckets, dense = np.unique(k64 // bucket_width, return_inverse=True)
         dense = dense.reshape(-1)
@@ -139,11 +126,7 @@ class SortedGroups:
         return cls(ids=ids, starts=starts, longest=longest)
 
     def prefix(self, pos: np.ndarray, power: int = 1) -> np.ndarray:
-        """Sum of the group lengths (``power`` 2: their squares) over positions ``[0, pos)``.
-
-        Exact for bucket width 1; with wider buckets each member counts as its bucket's
-        longest (an upper bound).
-        """
+        """Sum of the lengths (``power`` 2: squares) over ``[0, pos)``; wide buckets: a bound."""
         sizes = np.diff(self.starts)
         value = self.longest.astype(np.int64) ** power
         cum = np.concatenate(([0], np.cumsum(sizes * value)))
@@ -201,14 +184,11 @@ class SortedCut:
     """Micro-batches as slices ``[start, start + size)`` of :attr:`SortedGroups.ids`.
 
     Attributes:
-        starts: ``(m,)`` first position of each micro-batch, ascending; together the
-            micro-batches cover every position.
+        starts: ``(m,)`` first position of each micro-batch, ascending, covering all.
         sizes: ``(m,)`` examples per micro-batch.
-        cost: ``(m,)`` cost of each micro-batch under the cost model (an upper bound when
-            buckets are wider than 1: the bucket's longest length stands in for every member).
+        cost: ``(m,)`` cost of each micro-batch (an upper bound for buckets wider than 1).
         total: ``(m,)`` summed planning lengths of each micro-batch (exact for bucket width 1).
-        work: ``(m,)`` what ranks are balanced by: the cost, or for ``layout="packed"`` the
-            compute ``Σ L + flop_attention · Σ L²`` (:mod:`lightning_varbatch.planner.flops`).
+        work: ``(m,)`` what ranks are balanced by: the cost, or a packed row's compute.
     """
 
     starts: np.ndarray

@@ -25,9 +25,8 @@ _Z99 = 2.3263478740408408  # standard normal 99th percentile
 def wmt_like_lengths(num_examples: int, seed: int = 0) -> np.ndarray:
     """WMT14 en-de–like (source, target) subword lengths.
 
-    Source lengths are lognormal with median 24 and 99th percentile 110, rounded and clipped
-    to ``[1, 256]``; target lengths are ``1.1 × source`` plus Gaussian noise (sd 2 + 10 % of
-    the length), clipped the same way.
+    Sources lognormal (median 24, 99th percentile 110), targets ``1.1 × source`` plus noise
+    (sd 2 + 10 %), both clipped to ``[1, 256]``.
 
     Args:
         num_examples: number of pairs.

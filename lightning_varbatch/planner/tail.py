@@ -1,20 +1,9 @@
 """The tail policy: how an epoch's micro-batches become whole optimizer steps.
 
-A step needs exactly ``world_size * accumulate_grad_batches`` micro-batches (the *multiple*);
-the greedy cut of :mod:`lightning_varbatch.planner.sorted_cut` rarely gives a multiple of it. This
-module alone decides what happens to the remainder (``PlanConfig.tail``); planners call it:
-
-* :func:`effective_tail`: the policy that applies. A re-planned remainder of an epoch
-  (``plan_resumed``, the mixture's re-plans) is never dropped and is padded when smaller
-  than one step; ``"spread"`` over a whole epoch smaller than one step is an error.
-* :func:`tail_cut`: ``"spread"`` (default) re-cuts the last step into exactly the
-  multiple of even micro-batches (:func:`spread_tail` with :func:`even_cuts`: 13 equal
-  examples, 4 to a budget, ``[4, 4, 4, 1]`` -> ``[3, 3, 3, 4]``); with too few examples it
-  splits the largest micro-batches instead (:func:`split_micro_batches`). Others keep the
-  greedy cut.
-* :func:`select_micro_batches`: ``"drop"`` leaves out ``m % multiple`` random micro-batches;
-  ``"pad"`` (and a ``"spread"`` that could not split far enough) repeats random ones; both
-  counted.
+A step needs a multiple of ``world_size * accumulate_grad_batches`` micro-batches; this module
+alone decides what happens to the remainder (``PlanConfig.tail``, ``docs/planning.md``):
+:func:`effective_tail` (the policy in force), :func:`tail_cut` (``"spread"``'s even re-cut of
+the last step) and :func:`select_micro_batches` (random drops or repeats, counted).
 
 Example:
     >>> import numpy as np
@@ -70,10 +59,8 @@ def effective_tail(
 ) -> TailPolicy:
     """The tail policy that applies to ``available`` examples planned for ``world x acc``.
 
-    ``config.tail``, except that ``"spread"`` pads a re-planned remainder of an epoch
-    (``replanned``) with fewer examples than a step has micro-batches (it cannot be cut into
-    one step without repeats; the repeats are counted). ``"drop"`` drops there too: a
-    remainder too small for one step is dropped whole (counted).
+    ``config.tail``, except that ``"spread"`` pads a ``replanned`` rest of an epoch with fewer
+    examples than a step has micro-batches (counted).
 
     Raises:
         ValueError: ``tail="spread"`` for a whole epoch with fewer examples than a step has
@@ -98,7 +85,7 @@ def effective_tail(
 def tail_cut(
     cut: SortedCut, groups: SortedGroups, tail: TailPolicy, multiple: int, config: PlanConfig
 ) -> SortedCut:
-    """``layout`` (the greedy cut) with its tail re-cut for ``"spread"`` (:func:`spread_tail`)."""
+    """``cut`` (the greedy cut) with its tail re-cut for ``"spread"`` (:func:`spread_tail`)."""
     if tail != "spread":
         return cut
     return spread_tail(cut, groups, multiple, config)
@@ -109,11 +96,9 @@ def spread_tail(
 ) -> SortedCut:
     """Re-cut the last optimizer step into exactly ``multiple`` even micro-batches.
 
-    The greedy cut leaves ``m % multiple`` micro-batches for the last step (or a full step
-    whose last micro-batch is small); that step's examples are re-cut by :func:`even_cuts`
-    (with equal lengths the sizes differ by at most one example): nothing is lost and the
-    last step's ranks carry even loads. With fewer examples than ``multiple``, one more step
-    is taken into the region; with too few overall, :func:`split_micro_batches` takes over.
+    The last step's examples (one more step's too, when they are fewer than ``multiple``) are
+    re-cut by :func:`even_cuts`; with too few examples overall :func:`split_micro_batches`
+    takes over.
     """
     m, n = cut.num_micro_batches, groups.size
     if m == 0:
@@ -137,10 +122,8 @@ def split_micro_batches(
 ) -> SortedCut:
     """Split the largest micro-batches until the micro-batch count is a multiple of ``multiple``.
 
-    The fallback of :func:`spread_tail` when too few examples are left for an even re-cut.
-    Pieces of a micro-batch are subsets of it, so they fit the budget too; they stay adjacent, so
-    they land in the same optimizer step. When there are too few examples to split that far
-    (almost every micro-batch a single example), it splits as far as it can and
+    Pieces of a micro-batch are adjacent subsets of it: they fit the budget and land in the
+    same step. With too few examples to split that far it splits as far as it can and
     :func:`select_micro_batches` pads the rest.
     """
     m = cut.num_micro_batches
@@ -187,11 +170,9 @@ def select_micro_batches(
 ) -> MicroBatchSelection:
     """Make the micro-batch count a multiple of ``world * acc``: drop or repeat random ones.
 
-    ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches (all of them in the
-    re-planned rest of an epoch, ``replanned``, that has fewer than one step needs); anything
-    else (``"pad"``, or a ``"spread"`` that could not split far enough) repeats random ones,
-    each next to its original. Nothing is drawn from ``rng`` when the count is already a
-    multiple.
+    ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches (all of a ``replanned``
+    rest smaller than one step); anything else repeats random ones, each next to its original.
+    Nothing is drawn from ``rng`` when the count is already a multiple.
 
     Raises:
         ValueError: ``"drop"`` with fewer micro-batches than one step needs in a whole epoch.
@@ -218,11 +199,9 @@ def select_micro_batches(
 class _TailCut:
     """Scalar queries on the tail's sorted order: how far a micro-batch may reach.
 
-    Positions are those of ``sub`` (0 ..  ``n``); a micro-batch ``[a, e)`` costs
-    ``cost(e - a, padded length at a, summed lengths)``. Built-in costs get fast paths: the
-    count-priced ones (``padded``, ``quadratic``) through a per-group table of how many
-    examples fit, ``sum`` through a search in the cumulative lengths; a custom cost falls
-    back to a bisection over sizes.
+    A micro-batch ``[a, e)`` of ``sub``'s positions costs ``cost(e - a, padded length at a,
+    summed lengths)``. Built-in costs take fast paths (a per-group table of how many fit, a
+    search in the cumulative lengths); a custom cost falls back to a bisection over sizes.
     """
 
     def __init__(self, sub: SortedGroups, config: PlanConfig) -> None:
@@ -321,14 +300,11 @@ _REFINE_STEPS = 24
 def even_cuts(sub: SortedGroups, parts: int, config: PlanConfig) -> np.ndarray:
     """Cut ``sub``'s sorted order into exactly ``parts`` contiguous, even micro-batches.
 
-    First the smallest integer budget ``B`` whose greedy cut needs at most ``parts``
-    micro-batches (the min-max cut; greedy is optimal for contiguous cuts under a cost that
-    grows with the micro-batch). Then, under ``B``, the largest ``L`` for which a cut with
-    every micro-batch's cost in ``[L, B]`` is found: each boundary is put as early as lets its
-    micro-batch reach ``L`` while the rest still fits ``parts`` micro-batches of at most ``B``
-    (those earliest positions come from a greedy cut backwards). With equal lengths the sizes
-    are ``floor(n / parts)`` and ``ceil(n / parts)``. The work is a few walks over ``parts``
-    boundaries. ``batch_size_multiple`` is not applied to these micro-batches.
+    First the smallest budget ``B`` whose greedy cut needs at most ``parts`` micro-batches (the
+    min-max cut), then the largest floor ``L`` for which a cut with every cost in ``[L, B]``
+    exists (each boundary as early as lets its micro-batch reach ``L``). With equal lengths the
+    sizes are ``floor(n / parts)`` and ``ceil(n / parts)``. ``batch_size_multiple`` is not
+    applied here.
 
     Returns:
         ``(parts + 1,)`` boundaries: 0, ..., ``sub.size``.

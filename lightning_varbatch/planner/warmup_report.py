@@ -40,9 +40,7 @@ class WarmupStage:
         padding_efficiency: real tokens / token slots over the stage.
         advanced: steps where the schedule advanced (nothing left fitted its cap).
         advanced_by: the most tokens the cap was raised by at one of those steps.
-        dataset_caps: a mixture's warm-up: every dataset's ``(lowest, highest)`` realised
-            cap over the stage (each dataset's cap grows to its own maximum); empty
-            otherwise.
+        dataset_caps: a mixture's: every dataset's ``(lowest, highest)`` realised cap.
     """
 
     label: str
@@ -113,7 +111,6 @@ def step_figures(planner: Planner, plan: EpochPlan) -> dict[str, np.ndarray]:
     """Per-step examples, real tokens and token slots of ``plan`` (in plan order).
 
     Example:
-        >>> import numpy as np
         >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
         >>> planner = EpochPlanner(np.array([4, 4, 2, 2]), PlanConfig(max_tokens=8))
         >>> sorted(step_figures(planner, planner.plan(epoch=0))["real"].tolist())
@@ -123,7 +120,9 @@ def step_figures(planner: Planner, plan: EpochPlan) -> dict[str, np.ndarray]:
     steps = plan.assign.shape[0]
 
     def per_step(values: np.ndarray) -> np.ndarray:
-        return np.asarray(values[plan.assign].reshape(steps, -1).sum(axis=1))
+        return np.asarray(
+            values[plan.assign].reshape(steps, plan.assign[0].size if steps else 0).sum(axis=1)
+        )
 
     return {
         "examples": per_step(figures.size),

@@ -1,27 +1,10 @@
 """Windowed plans for streamed data: the offline planner on consecutive windows of the stream.
 
-Data too large to index in memory comes as *shards* read front to back (parquet, Arrow,
-JSON lines, a Hugging Face ``IterableDataset``, a ``litdata`` directory:
-:mod:`lightning_varbatch.sources.shards`). When the lengths are cheap to get (a length
-column, or a per-shard index built once and cached), the whole epoch can still be planned,
-window by window, without holding more than one window:
-
-1. Each epoch the shards are put in a random order (from ``seed`` and the epoch) and read one
-   after the other: the *stream*. The stream is cut into windows of about ``window``
-   examples (equal sizes, so none is a sliver).
-2. Each window is planned by the one offline planner
-   (:class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner`, with a seed of its own):
-   sorted by length, cut to the budget, its tail made whole steps, dealt to ranks by load,
-   steps shuffled. Every guarantee of the offline plan holds per window: no micro-batch over
-   budget, every rank the same number of micro-batches, balanced ranks, every example once,
-   deterministic per ``(seed, epoch)``.
-3. Ranks run the windows in stream order, so each reads the stream's shards front to back,
-   taking its own rows of each window.
-
-Resume is exact and cheap: a position is a window and a count of micro-batches in it (one
-window is re-planned, nothing is replayed); another world size re-plans the rest of the
-interrupted window with the plan's own resume rule (``plan_resumed``) and plans later windows
-for the new topology.
+Each epoch the shards are read in a random order, one after the other: the *stream*, cut into
+windows of about ``window`` examples. Each window is planned by the one offline planner (with a
+seed of its own), so its guarantees hold per window; ranks run the windows in stream order. A
+position is a window and the micro-batches done in it: another world size re-plans the rest of
+that window (``plan_resumed``) and later windows for itself (``docs/streaming.md``).
 
 Example:
     >>> import numpy as np
@@ -46,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch.checks import check_count
-from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.lengths import largest_fitting_length, single_cost
-from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.settings import PlanConfig, check_config
 
 __all__ = ["MIN_WINDOW", "WINDOW_BATCHES", "WindowPlan", "WindowedPlanner", "auto_window"]
 
@@ -93,11 +76,8 @@ MIN_WINDOW = 10_000
 def auto_window(lengths: np.ndarray, config: PlanConfig) -> int:
     """The default window: :data:`WINDOW_BATCHES` micro-batches of examples of these lengths.
 
-    A micro-batch holds about ``max_tokens / mean length`` examples; the window is that times
-    :data:`WINDOW_BATCHES`, at least :data:`MIN_WINDOW`. The padding of a window plan depends
-    on how many micro-batches a window holds, not on how many examples (a 10k window of
-    WMT-like lengths at ``max_tokens=16384`` is only ~23 micro-batches and pads 7 % more than
-    the whole-epoch plan).
+    About ``max_tokens / mean length`` examples a micro-batch, times :data:`WINDOW_BATCHES`,
+    at least :data:`MIN_WINDOW` (a window plan's padding depends on its micro-batches).
 
     Example:
         >>> auto_window(np.full(100, 50), PlanConfig(max_tokens=16384))
@@ -114,19 +94,14 @@ class WindowedPlanner:
     """Plans an epoch of a sharded stream window by window (see the module docstring).
 
     Args:
-        shard_rows: examples in each shard, in the shards' own order (global ids count
-            shard after shard in this order).
+        shard_rows: examples in each shard (global ids count shard after shard).
         shard_lengths: ``shard_lengths(s)`` gives shard ``s``'s per-example lengths, ``(rows,)``
-            or ``(rows, 2)`` (source, target); called for the shards of one window at a time.
-        config: the planner settings (``max_shapes`` is refused: a shape budget chooses its
-            lengths from the whole data).
-        window: examples planned together; larger windows pad less, smaller ones hold less.
-            ``None`` (default): :data:`WINDOW_BATCHES` micro-batches' worth of examples,
-            estimated from the first shard's mean length, at least :data:`MIN_WINDOW`
-            (see :func:`auto_window`).
+            or ``(rows, 2)``; called for the shards of one window at a time.
+        config: the planner settings (``max_shapes`` and ``length_warmup`` are refused).
+        window: examples planned together; larger windows pad less, smaller ones hold less
+            (``None``: :func:`auto_window` of the first shard's lengths).
         shuffle_shards: read the shards in a new random order each epoch (else in order).
-        loss_offset: loss tokens per example are its length (the target's for pairs) minus
-            this, at least 0 (1 for teacher forcing, as ``PaddingCollate(loss_offset=1)``).
+        loss_offset: loss tokens per example are its (target) length minus this, at least 0.
         shard_names: each shard's name (its file), for errors that point at a row of a
             shard (``None``: ``shard 3``).
 
@@ -151,12 +126,7 @@ class WindowedPlanner:
         loss_offset: int = 0,
         shard_names: Sequence[str] | None = None,
     ) -> None:
-        if not isinstance(config, PlanConfig):
-            raise SettingTypeError(
-                f"config must be a PlanConfig, got {type(config).__name__}.",
-                setting="config",
-                value=config,
-            )
+        config = check_config(config)
         if config.max_shapes is not None:
             raise SettingValueError(
                 "max_shapes cannot be used with streamed (windowed) data yet: a shape budget "
@@ -306,64 +276,61 @@ class WindowedPlanner:
             value=self.config.max_tokens,
         )
 
-    def _too_few(self, examples: int, world_size: int, acc: int) -> None:
-        """Refuse a window with fewer examples than a step has micro-batches, naming the fix."""
-        needed = world_size * acc
-        if self.config.tail != "spread" or examples >= needed:
-            return
-        total = self.num_examples
-        if total >= needed:  # the window is the problem: the smallest window that works
-            smallest = -(-total // (total // needed))
-            raise SettingValueError(
-                f"window={self.window} gives windows of only {examples} examples, but "
-                f"world_size={world_size} x accumulate_grad_batches={acc} = {needed} "
-                f"micro-batches are needed per optimizer step (tail='spread'): set window >= "
-                f"{smallest} (this stream has {total} examples), or tail='pad'.",
-                setting="window",
-                value=self.window,
-            )
-        raise SettingValueError(
-            f"the stream has only {total} examples, but world_size={world_size} x "
-            f"accumulate_grad_batches={acc} = {needed} micro-batches are needed per "
-            f"optimizer step (tail='spread'): set tail='pad', or accumulate_grad_batches <= "
-            f"{max(total // world_size, 1)}"
-            + (f" with world_size <= {total}" if total < world_size else "")
-            + ".",
-            setting="tail",
-            value=self.config.tail,
-        )
-
-    def _too_few_to_drop(
+    def _too_small(
         self, planner: EpochPlanner, epoch: int, window: int, world_size: int, acc: int
     ) -> bool:
-        """Whether ``tail="drop"`` drops all of ``window`` (fewer micro-batches than a step).
+        """Whether ``window`` cannot form one optimizer step under its tail policy.
 
-        The run's first window refuses it (nothing trained yet: set a larger window); a later
-        one, reached after training began, drops its micro-batches whole, with a warning that
-        counts them (``plan.num_dropped``), rather than stop the run there.
+        ``"spread"`` needs as many examples as a step has micro-batches, ``"drop"`` as many
+        micro-batches. The run's first window refuses a window too small (nothing trained yet:
+        the error names the fix); a later one, reached after training began (windows differ
+        by an example; a resume may change the topology), is planned as the rest of an epoch
+        is, counted, with a warning: ``"spread"`` repeats examples, ``"drop"`` drops the window.
 
         Raises:
-            SettingValueError: for window 0 of epoch 0, naming ``window``.
+            SettingValueError: for window 0 of epoch 0 (naming ``window``, or ``tail`` when
+                the whole stream is too small).
         """
-        needed = world_size * acc
-        if self.config.tail != "drop" or planner.num_micro_batches >= needed:
+        needed, tail = world_size * acc, self.config.tail
+        have = planner.num_planned if tail == "spread" else planner.num_micro_batches
+        if tail == "pad" or have >= needed:
             return False
-        have = planner.num_micro_batches
-        larger = -(-self.window * needed // max(have, 1))
-        problem = (
-            f"tail='drop' with window={self.window}: window {window} holds only {have} "
-            f"micro-batch(es) of max_tokens={self.config.max_tokens}, fewer than the {needed} "
-            f"one optimizer step needs (world_size={world_size} x accumulate_grad_batches="
-            f"{acc})"
-        )
-        fix = f"set window to about {larger} or more, or tail='spread' or tail='pad'"
+        total = self.num_examples
+        setting = "window"
+        if tail == "spread" and total < needed:
+            setting = "tail"
+            problem = (
+                f"the stream has only {total} examples, but world_size={world_size} x "
+                f"accumulate_grad_batches={acc} = {needed} micro-batches are needed per "
+                "optimizer step (tail='spread')"
+            )
+            fix = f"set tail='pad', or accumulate_grad_batches <= {max(total // world_size, 1)}"
+            fix += f" with world_size <= {total}" if total < world_size else ""
+        elif tail == "spread":
+            problem = (
+                f"window={self.window} gives windows of only {have} examples, but world_size="
+                f"{world_size} x accumulate_grad_batches={acc} = {needed} micro-batches are "
+                "needed per optimizer step (tail='spread')"
+            )
+            fix = f"set window >= {-(-total // (total // needed))} (this stream has {total} "
+            fix += "examples), or tail='pad'"
+        else:
+            problem = (
+                f"tail='drop' with window={self.window}: window {window} holds only {have} "
+                f"micro-batch(es) of max_tokens={self.config.max_tokens}, fewer than the "
+                f"{needed} one optimizer step needs (world_size={world_size} x "
+                f"accumulate_grad_batches={acc}), so it would drop them all"
+            )
+            fix = f"set window to about {-(-self.window * needed // max(have, 1))} or more, "
+            fix += "or tail='spread' or tail='pad'"
         if (epoch, window) == (0, 0):
             raise SettingValueError(
-                f"{problem}, so it would drop them all: {fix}.", setting="window", value=self.window
+                f"{problem}: {fix}.", setting=setting, value=getattr(self, setting, tail)
             )
         warnings.warn(
-            f"{problem}: its {planner.num_planned} examples are dropped this epoch (counted in "
-            f"the plan's num_dropped); {fix}.",
+            f"{problem}: it is planned as the rest of an epoch is ("
+            + ("repeats, counted in num_duplicated" if tail == "spread" else "all dropped, counted")
+            + f"); {fix}.",
             UserWarning,
             stacklevel=3,
         )
@@ -383,18 +350,15 @@ class WindowedPlanner:
         ``rank_budgets``: the ranks' budgets of this topology's plan (``None``: the config's).
 
         Raises:
-            SettingValueError: for a window too small for the ranks (fewer examples than
-                ``world_size * accumulate_grad_batches`` under ``tail="spread"``: names
-                ``window`` and the smallest that works, or ``tail`` when the whole stream is
-                too small), and for an example over ``max_tokens`` (names its shard and row).
+            SettingValueError: for a window too small for the ranks (naming ``window`` and the
+                smallest that works, or ``tail``), or an example over ``max_tokens`` (naming
+                its shard and row).
             ValueError: for a window out of range.
         """
         planner, ids = self.window_planner(epoch, window)
         args = (epoch, world_size, accumulate_grad_batches)
-        if not history:
-            self._too_few(int(ids.size), world_size, accumulate_grad_batches)
-        if not history and self._too_few_to_drop(planner, epoch, window, *args[1:]):
-            plan = planner.plan(*args, rank_budgets=rank_budgets, remainder=True)  # all dropped
+        if not history and self._too_small(planner, epoch, window, *args[1:]):
+            plan = planner.plan(*args, rank_budgets=rank_budgets, remainder=True)
         else:
             plan = planner.plan_resumed(*args, history, rank_budgets=rank_budgets)
         return WindowPlan(window=window, plan=plan, ids=ids, planner=planner)

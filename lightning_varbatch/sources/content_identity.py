@@ -5,11 +5,6 @@ A stream saves :func:`shard_identity` of every shard with its position (through
 saved list with the shards it is given now (:func:`identity_changes`), not their paths, so
 shards copied to node-local disk resume, and reordered, changed, added or missing shards are
 named in the refusal.
-
-Example:
-    >>> a = {"file": "a.jsonl", "rows": 2, "bytes": 30, "lengths": "x"}
-    >>> identity_changes([a], [dict(a, rows=3)])
-    'a.jsonl changed (2 rows saved, 3 now)'
 """
 
 from __future__ import annotations

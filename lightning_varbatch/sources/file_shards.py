@@ -1,22 +1,9 @@
 r"""Shards over files: parquet, Arrow IPC and JSON lines, read front to back.
 
-Each class implements :class:`~lightning_varbatch.sources.shards.Shard`. Parquet and Arrow
-shards know their row counts (and their blocks: row groups, record batches) from metadata;
-``read(rows)`` reads only the blocks that hold the requested rows, only the ``fields``
-columns. A JSON-lines shard builds its index (the byte offset of every line and the lengths)
-in one pass and then seeks forward to the lines it needs, parsing only those. Lengths come from
-the ``columns`` spec (a length column, a token-id list column, or a (source, target) pair) and
-are cached on disk (see :mod:`~lightning_varbatch.sources.shard_index`), so a later run or
-another process gets them without reading the data.
-
-Example:
-    >>> import json, tempfile
-    >>> path = tempfile.mkdtemp() + "/a.jsonl"
-    >>> with open(path, "w") as f:
-    ...     f.writelines(json.dumps({"ids": [7] * k, "text": "x"}) + "\n" for k in (3, 1, 2))
-    >>> shard = JsonlShard(path, "ids", cache_dir=None)
-    >>> shard.lengths().tolist(), [it["ids"].tolist() for it in shard.read([0, 2])]
-    ([3, 1, 2], [[7, 7, 7], [7, 7]])
+Parquet and Arrow shards know their row counts and blocks (row groups, record batches) from
+metadata; ``read(rows)`` reads only the blocks that hold the rows, only the ``fields`` columns.
+A JSON-lines shard indexes every line's byte offset in one pass, then seeks forward to the
+lines it needs. Lengths are cached on disk (:mod:`~lightning_varbatch.sources.shard_index`).
 """
 
 from __future__ import annotations

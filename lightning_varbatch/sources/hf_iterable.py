@@ -1,13 +1,10 @@
 """Shards of a Hugging Face streaming dataset (``datasets.IterableDataset``).
 
-Each of the dataset's ``num_shards`` data sources (usually one file each) becomes a shard
-(``ds.shard(num_shards=..., index=i)``). An iterable dataset has no random access, so the
-lengths take one pass over each shard (reading only the ``columns``), cached on disk when the
-shard's files are known and the dataset is not transformed (no ``map``/``filter``...): the
-key is the files' paths, sizes and modification times and the columns. ``read(rows)``
-iterates the shard from its start and yields the wanted rows, stopping after the last one: a
-resume in the middle of a shard re-iterates (decodes, without yielding) the shard's earlier
-rows. ``datasets`` is imported only when used.
+Each of the dataset's ``num_shards`` data sources becomes a shard. Without random access, the
+lengths take one pass over each shard's ``columns`` (cached on disk when its files are known
+and the dataset is not transformed), and ``read(rows)`` iterates the shard from its start: a
+resume in the middle of a shard decodes its earlier rows again. ``datasets`` is imported only
+when used.
 
 Example:
     >>> import tempfile, datasets, pyarrow as pa, pyarrow.parquet as pq

@@ -1,12 +1,9 @@
 """Shards of a local ``litdata`` optimised folder (made by ``litdata.optimize``).
 
-The folder's ``index.json`` lists its chunks (file names and item counts); each chunk is a
-shard, its rows numbered after the previous chunks' (the global index of
-``litdata.StreamingDataset``). Items are read with ``StreamingDataset(input_dir)[index]`` in
-ascending order, so each chunk file is read front to back. The lengths take one pass over a
-chunk's items (a length field, a token-id field's size, or a (source, target) pair) and are
-cached on disk keyed by the chunk file's path, size and modification time and the columns.
-``litdata`` (which imports torch) is imported only when used.
+Each chunk of the folder's ``index.json`` is a shard, its rows numbered after the previous
+chunks' (the global index of ``litdata.StreamingDataset``), read front to back. The lengths
+take one pass over a chunk's items and are cached on disk. ``litdata`` (which imports torch)
+is imported only when used.
 
 Example:
     >>> import tempfile, numpy as np, litdata

@@ -1,17 +1,13 @@
 """The base every shard kind subclasses: its lengths index cached once, its reads counted.
 
-:class:`CachedShard` holds what the shard kinds (parquet, Arrow, JSON lines, ``litdata``
-chunks, Hugging Face stream shards) share: the checked ``columns``, the cache folder, the
-:class:`~lightning_varbatch.sources.shard_index.ReadStats`, and the one path from a shard to
-its per-row lengths: load the index (the lengths, plus whatever else the kind needs, such as
-the byte offset of every JSON line) from the disk cache under the shard's key, else build it
-from the data once and save it. With a disk cache the index is re-read on each call, so a
-stream over many shards holds only the lengths of the shards it is planning; without one (or
-when the folder cannot be written) it is kept in memory after the first build. ``read(rows)``
-checks the rows (strictly ascending, in range) and counts a read that starts before the end
-of the previous one as a backward seek. :class:`FileBackedShard` adds what a shard backed by
-one file has: its path as its name, the file's name and size as its content identity, and a
-cache key from the file's path, size and modification time.
+:class:`CachedShard` holds what every shard kind (parquet, Arrow, JSON lines, ``litdata``
+chunks, Hugging Face stream shards) shares: the one path from a shard to its per-row lengths
+(the index, loaded from the disk cache under the shard's key, else built from the data once;
+re-read on each call with a disk cache, so a stream holds only the lengths of the shards it is
+planning), the checked ``columns`` and its :class:`~lightning_varbatch.sources.shard_index.
+ReadStats` (a read that starts before the previous one ended is a backward seek).
+:class:`FileBackedShard` adds what a shard of one file has: its path as its name, its name and
+size as its content identity, its path, size and modification time as its cache key.
 
 A new shard kind implements ``name``, ``_cache_key``, ``_build_index`` and ``_read``.
 
@@ -55,9 +51,9 @@ from lightning_varbatch.sources.shard_index import (
     column_names,
     file_key,
     load_index,
-    resolve_cache_dir,
     save_index,
 )
+from lightning_varbatch.sources.tokenized_lengths import cache_folder
 
 __all__ = ["CachedShard", "FileBackedShard"]
 
@@ -65,10 +61,8 @@ __all__ = ["CachedShard", "FileBackedShard"]
 class CachedShard:
     r"""A shard whose index (its per-row lengths, and more) is built once and cached.
 
-    Subclasses give ``name``, ``_cache_key()`` (the key of the index on disk), the
-    ``_build_index()`` that reads the data once, and ``_read(rows)`` that yields the items
-    of already checked rows; those whose row count is known without the index (from
-    metadata) override ``num_rows`` and ``_known_rows``.
+    Subclasses whose row count is known without the index (from metadata) also override
+    ``num_rows`` and ``_known_rows``.
 
     Args:
         columns: a length column/field, a token-id one, or a (source, target) pair.
@@ -99,7 +93,7 @@ class CachedShard:
 
     def __init__(self, columns: Columns, *, cache_dir: CacheDir = True) -> None:
         self.columns = column_names(columns)
-        self.cache_dir = resolve_cache_dir(cache_dir)
+        self.cache_dir = cache_folder(cache_dir, "shards")
         self.stats = ReadStats()
         self._kept: dict[str, np.ndarray] | None = None
         self._num_rows: int | None = None
@@ -118,11 +112,7 @@ class CachedShard:
         return self._num_rows
 
     def lengths(self) -> np.ndarray:
-        """Per-row lengths (cached on disk; in memory only without a disk cache).
-
-        With a disk cache they are re-read on each call, so a stream over many shards holds
-        only the lengths of the shards it is planning (memory flat in the data's size).
-        """
+        """Per-row lengths (re-read from the disk cache on each call; else kept in memory)."""
         return self._index_array("lengths")
 
     def read(self, rows: Any) -> Iterator[dict[str, Any]]:
@@ -207,11 +197,7 @@ class FileBackedShard(CachedShard):
 
     @property
     def content_name(self) -> str:
-        """The file's name without its folder (part of the shard's content identity).
-
-        With the size and the lengths it identifies the shard for a resume, so identical
-        shards copied to another folder (node-local disk) still resume.
-        """
+        """The file's name without its folder: shards copied to another folder still resume."""
         return self._file.name
 
     @property

@@ -1,16 +1,11 @@
 """The shards' on-disk index cache, their read counts, and the checks of the rows asked for.
 
 A shard's index (its per-row lengths, and for JSON lines the byte offset of every line) is
-built once and saved as ``.npy`` files in a cache folder, keyed by the file's absolute path,
-size and modification time and by the columns spec, so a fresh shard object over the same
-unchanged file loads it without reading the data. Files are written to a temporary name and
-moved into place (``os.replace``), so a reader never sees a half-written index. A cache file
-that cannot be read, or that does not describe the file's rows, gives a
-:class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` and is rebuilt; a
-cache folder that cannot be written gives one and the run goes on uncached. Shards copied to
-another folder (node-local disk) get a new key, so their index is built again there: the cache
-never refuses data, and a stream's resume checks the shards' content, not their paths (see
-:meth:`~lightning_varbatch.sources.shards.ShardedSource.identity`).
+saved as ``.npy`` files, keyed by the file's absolute path, size and modification time and by
+the columns spec, written to a temporary name and moved into place. A damaged cache file gives
+a :class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` and is rebuilt; an
+unwritable folder gives one and the run goes on uncached. Shards copied to another folder are
+indexed again there: the cache never refuses data (a resume checks the shards' content).
 
 Example:
     >>> import tempfile
@@ -37,11 +32,7 @@ from typing import Any
 import numpy as np
 
 from lightning_varbatch.sources.arrow_lengths import Columns, is_column_spec
-from lightning_varbatch.sources.tokenized_lengths import (
-    default_cache_dir,
-    warn_damaged,
-    warn_unwritable,
-)
+from lightning_varbatch.sources.tokenized_lengths import warn_damaged, warn_unwritable
 
 __all__ = [
     "CacheDir",
@@ -50,7 +41,6 @@ __all__ = [
     "column_names",
     "file_key",
     "load_index",
-    "resolve_cache_dir",
     "save_index",
     "text_key",
 ]
@@ -96,28 +86,6 @@ class ReadStats:
         if first_row < end:
             self.backward_seeks += 1
         return end
-
-
-def resolve_cache_dir(cache_dir: CacheDir) -> Path | None:
-    """The cache folder for ``cache_dir`` (``True``: the default one; ``None``/``False``: none).
-
-    The default is ``default_cache_dir() / "shards"``, i.e. under ``$LIGHTNING_VARBATCH_CACHE``
-    or ``~/.cache/lightning_varbatch``.
-
-    Example:
-        >>> resolve_cache_dir(True).name, resolve_cache_dir(None), resolve_cache_dir("/tmp/x")
-        ('shards', None, PosixPath('/tmp/x'))
-    """
-    if cache_dir is True:
-        return default_cache_dir() / "shards"
-    if cache_dir is None or cache_dir is False:
-        return None
-    if not isinstance(cache_dir, (str, os.PathLike)):
-        raise TypeError(
-            f"cache_dir must be a folder, True (the default folder) or None (no cache), "
-            f"got {type(cache_dir).__name__}."
-        )
-    return Path(cache_dir)
 
 
 def column_names(columns: Columns, name: str = "columns") -> tuple[str, ...]:

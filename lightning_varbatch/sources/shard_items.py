@@ -1,18 +1,9 @@
 """What a shard's rows become: per-row lengths of python items, and items with numpy token ids.
 
-The shards that read python items (JSON lines, ``litdata`` chunks, Hugging Face stream
-shards) take their lengths with :func:`row_lengths` (an int field as it is, a list field's
-``len``; text, floats, nulls and missing fields refused naming the row) and check them with
-:func:`lengths_array` (the planner's rules). Every shard hands its items over through
+The shards that read python items take their lengths with :func:`row_lengths` and check them
+with :func:`lengths_array` (the planner's rules); every shard hands its items over through
 :func:`numpy_fields` or :func:`table_items`, so token ids arrive as 1-D ``int64`` numpy arrays
 whatever the file format.
-
-Example:
-    >>> rows = row_lengths([{"ids": [1, 2, 3]}, {"ids": [4]}], ("ids",), "shard")
-    >>> lengths_array(rows, ("ids",), "shard").tolist()
-    [3, 1]
-    >>> numpy_fields({"ids": [4, 5], "text": "hi"})
-    {'ids': array([4, 5]), 'text': 'hi'}
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Shards: data too large to index in memory, read front to back, with cheap per-row lengths.
 
-A :class:`Shard` is one file (or chunk, or stream partition) of a dataset. It knows its row
-count and its per-row planning lengths without handing over the data (from metadata, a length
-column, or an index built once and cached), and it reads the rows asked for strictly front to
-back, so a loader streams each shard sequentially. A :class:`ShardedSource` is a list of
-shards with global row offsets and a fingerprint; :func:`shards_from_files` builds one from
-parquet, Arrow IPC or JSON-lines files. Hugging Face streaming datasets and ``litdata``
-optimised folders have their own builders
-(:func:`~lightning_varbatch.sources.hf_iterable.shards_from_hf_iterable`,
-:func:`~lightning_varbatch.sources.litdata_shards.shards_from_litdata`); anything else plugs
-in by implementing the four members of :class:`Shard` (and a ``stats``).
+A :class:`Shard` is one file (or chunk, or stream partition) of a dataset: it knows its row
+count and per-row lengths without handing over the data, and reads the rows asked for strictly
+front to back. A :class:`ShardedSource` is a list of shards with global row offsets;
+:func:`shards_from_files` builds one from parquet, Arrow IPC or JSON-lines files (streaming
+Hugging Face datasets and ``litdata`` folders have their own builders); anything else plugs in
+by implementing the four members of :class:`Shard` (and a ``stats``).
 
 Example:
     >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq
@@ -129,8 +125,7 @@ class ShardedSource:
 
     Raises:
         ValueError: for no shards, a shard whose lengths do not have one row per row, or
-            shards that disagree on single lengths vs (source, target) pairs; the shard is
-            named.
+            shards that disagree on single lengths vs (source, target) pairs.
         TypeError: for a shard that does not implement :class:`Shard`.
 
     Example:
@@ -209,9 +204,8 @@ class ShardedSource:
     def identity(self) -> dict[str, Any]:
         """The shards' content identity: the columns spec and :func:`shard_identity` per shard.
 
-        Computed once, from the lengths read when the source is built. Saved with a stream's
-        position: a resume compares it (not paths), so shards copied to another folder resume
-        and reordered, changed, added or missing shards are named.
+        Saved with a stream's position: a resume compares it (not paths), so shards copied to
+        another folder resume and reordered, changed, added or missing shards are named.
 
         Example:
             >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq

@@ -7,11 +7,6 @@ padded result (a ``BatchEncoding`` of ``tok(texts, padding=True)``, a ``Tokenize
 padding on) by its attention mask, never by its width. Results ``len()`` would miscount
 (strings, a padded rectangle without a mask), floats, bools, ``None`` and nested sequences
 are refused, naming the dataset row and column and what the tokenizer must return instead.
-
-Example:
-    >>> count = token_counter(lambda texts: [t.split() for t in texts])
-    >>> count(["a b c", "d"], "text", [0, 1])
-    [3, 1]
 """
 
 from __future__ import annotations

@@ -8,23 +8,8 @@ the columns and the tokenizer, so the next run with the same data and tokenizer 
 milliseconds. To keep them as a column instead:
 ``ds = ds.add_column("num_tokens", tokenized_lengths(ds, tok, "text"))``.
 
-The tokenizer may be a Hugging Face ``tokenizers.Tokenizer`` (``encode_batch``), a
-``transformers`` tokenizer (called on the batch, ``input_ids``), or any callable taking a list
-of strings and returning one token sequence (or one count) per string. Counts include whatever
-special tokens the tokenizer adds, which is what the collate will pad. A padded result (a
-``BatchEncoding`` of ``tok(texts, padding=True)``, a ``Tokenizer`` with padding enabled) is
-counted by its attention mask, never by its width; results ``len()`` would miscount (strings,
-a padded array without a mask), floats, ``None`` and null texts are refused naming the row and
-column. A cache that cannot be written, or a damaged cache file, gives a
-:class:`LengthCacheWarning` naming it (and the counts are computed).
-
-Example:
-    >>> import datasets
-    >>> ds = datasets.Dataset.from_dict({"text": ["a b c", "d e", "f"]})
-    >>> def words(texts):  # any callable: a batch of strings -> one token list per string
-    ...     return [t.split() for t in texts]
-    >>> tokenized_lengths(ds, words, "text", cache_dir=None, progress=False).tolist()
-    [3, 2, 1]
+Counts include whatever special tokens the tokenizer adds, which is what the collate will pad
+(:mod:`~lightning_varbatch.sources.token_counts` reads the tokenizer's results).
 """
 
 from __future__ import annotations
@@ -43,16 +28,13 @@ from lightning_varbatch.errors import SettingTypeError, SettingValueError
 from lightning_varbatch.sources.arrow_lengths import Columns, column_lengths
 from lightning_varbatch.sources.token_counts import token_counter
 
-__all__ = ["LengthCacheWarning", "default_cache_dir", "tokenized_lengths"]
+__all__ = ["LengthCacheWarning", "cache_folder", "default_cache_dir", "tokenized_lengths"]
 
 _CACHE_VERSION = "1"
 
 
 class LengthCacheWarning(UserWarning):
     """A lengths cache could not be written (the run goes on uncached) or was damaged (rebuilt).
-
-    The lengths returned are right either way; the warning says which file or folder and how
-    to change the cache (``cache_dir=...``, ``$LIGHTNING_VARBATCH_CACHE``).
 
     Example:
         >>> issubclass(LengthCacheWarning, UserWarning)
@@ -123,9 +105,15 @@ def _cache_key(dataset: Any, names: list[str], tokenizer: Any) -> str | None:
     return Hasher.hash([_CACHE_VERSION, fingerprint, names, tokenizer])
 
 
-def _cache_folder(cache_dir: object) -> Path | None:
+def cache_folder(cache_dir: object, sub: str = "") -> Path | None:
+    """The folder of a ``cache_dir`` setting (``True``: :func:`default_cache_dir` / ``sub``).
+
+    Example:
+        >>> cache_folder(True, "shards").name, cache_folder(None), cache_folder("/tmp/x")
+        ('shards', None, PosixPath('/tmp/x'))
+    """
     if cache_dir is True:
-        return default_cache_dir()
+        return default_cache_dir() / sub
     if cache_dir is None or cache_dir is False:
         return None
     if not isinstance(cache_dir, (str, os.PathLike)):
@@ -247,20 +235,15 @@ def tokenized_lengths(
     Args:
         dataset: a ``datasets.Dataset``.
         tokenizer: a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer, or a callable
-            taking a list of strings and returning one result per string: a token sequence
-            (list, numpy array or tensor of ids), an integer count, or a
-            ``BatchEncoding``/dict with ``input_ids``. A padded result is counted by its
-            ``attention_mask`` (not its width); a padded rectangle without a mask, strings,
-            floats, ``None`` and nested sequences are refused, naming the row and column.
+            taking a list of strings and returning one result per string (read by
+            :func:`~lightning_varbatch.sources.token_counts.token_counter`).
         columns: a text column, or a (source, target) pair for ``(n, 2)`` lengths.
         batch_size: strings per tokenizer call.
         num_proc: worker processes for ``Dataset.map`` (``None``: this process; a Rust
             tokenizer already uses several threads).
         cache_dir: where the counts are cached (``True``: :func:`default_cache_dir`;
-            ``None``/``False``: no cache). The key is the dataset's fingerprint, the columns
-            and a hash of the tokenizer, so new data or another tokenizer recomputes. A cache
-            that cannot be written gives a :class:`LengthCacheWarning` (the counts are still
-            returned); a damaged cache file gives one and is rebuilt.
+            ``None``/``False``: no cache), keyed by the dataset's fingerprint, the columns and
+            the tokenizer; an unwritable or damaged cache gives a :class:`LengthCacheWarning`.
         progress: show ``Dataset.map``'s progress bar.
 
     Returns:
@@ -303,7 +286,7 @@ def tokenized_lengths(
     names = [columns] if isinstance(columns, str) else list(columns)
     _check_text_columns(dataset, names, columns)
     count = token_counter(tokenizer)
-    folder = _cache_folder(cache_dir)
+    folder = cache_folder(cache_dir)
     key = _cache_key(dataset, names, tokenizer) if folder else None
     path = Path(folder) / f"{key}.npy" if folder and key else None
     if path is not None:

@@ -22,12 +22,6 @@ size, CUDA devices and that DeepSpeed's loss scaling composes with Lightning's. 
 * allows a torch optimizer from ``configure_optimizers`` under ZeRO with a user ``config=``
   (``zero_allow_untested_optimizer: true`` unless the config sets it), as Lightning's default
   config does.
-
-Example:
-    >>> import lightning_varbatch.strategies  # registers the names
-    >>> from lightning.pytorch.strategies import StrategyRegistry
-    >>> StrategyRegistry["deepspeed_varbatch_stage_3"]["init_params"]
-    {'stage': 3}
 """
 
 from __future__ import annotations

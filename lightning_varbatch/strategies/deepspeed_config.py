@@ -6,11 +6,6 @@ token-budgeted batches the number of examples varies, so
 :func:`resolve_deepspeed_batch_config` sets them to consistent nominal values (the accumulation
 from the Trainer), refuses a config that contradicts the Trainer, and warns where DeepSpeed
 would report a figure built on them.
-
-Example:
-    >>> config = resolve_deepspeed_batch_config({"train_batch_size": 16}, 2, 4)
-    >>> config["train_micro_batch_size_per_gpu"], config["timers"]
-    (2, {'throughput': {'enabled': False}})
 """
 
 from __future__ import annotations

@@ -20,12 +20,6 @@ CPU in Lightning 2.6, both fixed here:
 
 ``use_orig_params`` defaults to ``True`` so that ``configure_optimizers`` may use
 ``self.parameters()`` as under DDP.
-
-Example:
-    >>> import lightning_varbatch.strategies  # registers the names
-    >>> from lightning.pytorch.strategies import StrategyRegistry
-    >>> StrategyRegistry["fsdp_varbatch"]["strategy"].__name__
-    'VarBatchFSDPStrategy'
 """
 
 from __future__ import annotations

@@ -469,7 +469,8 @@ CASES: list[Case] = [
         "4",
         "6",
         fix_in=DM,
-        raises=ValueError,
+        setting="train_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-train_lengths-more",
@@ -480,7 +481,8 @@ CASES: list[Case] = [
         "6",
         "4",
         fix_in=DM,
-        raises=ValueError,
+        setting="train_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-val_lengths-count",
@@ -492,7 +494,8 @@ CASES: list[Case] = [
         "3",
         not_blame=("val_max_tokens",),
         fix_in=DM,
-        raises=ValueError,
+        setting="val_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-test_lengths-count",
@@ -504,7 +507,8 @@ CASES: list[Case] = [
         "3",
         not_blame=("val_max_tokens",),
         fix_in=DM,
-        raises=ValueError,
+        setting="test_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-val-source-negative",
@@ -538,7 +542,8 @@ CASES: list[Case] = [
         lambda tmp: _built(train_lengths=[[3, 4], [5], [1, 1], [2, 2], [3, 3], [4, 4]]),
         "train_lengths",
         fix_in=DM,
-        raises=ValueError,
+        setting="train_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-train_lengths-callable-count",
@@ -549,7 +554,8 @@ CASES: list[Case] = [
         "3",
         "6",
         fix_in=DM,
-        raises=ValueError,
+        setting="train_lengths",
+        raises=SettingValueError,
     ),
     error(
         "dm-train_lengths-callable-raises",

@@ -147,6 +147,55 @@ def _load_from_mixture(tmp: Path) -> None:
     _load(mixed.state_dict())
 
 
+def _cost_times(k: int) -> Any:
+    """A custom cost whose name is the same for every ``k`` (its values are not)."""
+
+    def cost(n: Any, longest: Any, total: Any) -> Any:
+        return n * longest * k
+
+    return cost
+
+
+def _load_cost_replaced(tmp: Path) -> None:
+    # the same __qualname__, other values: only the epoch's ledger can tell
+    state = _saved(consume=3, cost=_cost_times(1), max_tokens=32)
+    _load(state, cost=_cost_times(2), max_tokens=32)
+
+
+def _load_damaged_budgets(tmp: Path) -> None:
+    _load({**_saved(), "rank_budgets": [16, "x"]})
+
+
+def _load_damaged_ledger(tmp: Path) -> None:
+    _load({**_saved(), "ledger": {"examples": 3}})
+
+
+def _consumed_before_the_plan(tmp: Path) -> None:
+    sampler = _load(_saved(consume=2), world_size=2)  # 2 micro-batches ran on 1 rank before
+    sampler.state_dict(consumed=1)
+
+
+def _shares_of_another_length(tmp: Path) -> None:
+    _sampler(world_size=3, rank_shares=[1.0, 0.5])
+
+
+def _resume_with_lower_memory(tmp: Path) -> None:
+    lengths = np.full(60, 4)
+    state = TokenBudgetBatchSampler(lengths, 16, rank=0, world_size=2).state_dict()
+    ranks = [
+        TokenBudgetBatchSampler(lengths, 16, rank=r, world_size=2, rank_max_tokens=[16, 8])
+        for r in (0, 1)
+    ]
+    for s in ranks:
+        s.load_state_dict(state)
+    assert all(len(b) * 4 <= 8 for b in ranks[1]), "rank 1 ran over its new memory budget"
+    assert sorted(i for s in ranks for b in s for i in b) == list(range(60))
+
+
+def _step_without_loss_tokens(tmp: Path) -> None:
+    len(_sampler(lengths=[1, 1, 5, 6], max_tokens=6, loss_offset=1, shuffle=False))
+
+
 def _state_consumed(value: Any) -> None:
     _sampler().state_dict(consumed=value)
 
@@ -551,5 +600,77 @@ CASES: list[Case] = [
         "resume a 1-rank state on 2 ranks (elastic)",
         _resume_other_world,
         fix_in=SAMPLER,
+    ),
+    error(
+        "state-ledger-custom-cost-replaced",
+        "resume/state",
+        "a state saved with a custom cost, resumed with another function of the same name",
+        _load_cost_replaced,
+        "other examples",
+        "consumed",
+        "custom cost",
+        raises=ResumeMismatchError,
+        fix_in="lightning_varbatch/data/sampler_resume.py",
+    ),
+    error(
+        "state-damaged-rank_budgets",
+        "resume/state",
+        "a state with rank_budgets=[16, 'x']",
+        _load_damaged_budgets,
+        "damaged",
+        "rank_budgets",
+        raises=ValueError,
+        fix_in="lightning_varbatch/data/sampler_state.py",
+    ),
+    error(
+        "state-damaged-ledger",
+        "resume/state",
+        "a state whose ledger lost its digest",
+        _load_damaged_ledger,
+        "damaged",
+        "ledger",
+        raises=ValueError,
+        fix_in="lightning_varbatch/data/sampler_state.py",
+    ),
+    error(
+        "state_dict-consumed-before-the-current-plan",
+        "resume/state",
+        "state_dict(consumed=1) after a resume whose history ran 2 micro-batches",
+        _consumed_before_the_plan,
+        "consumed",
+        "since its start",
+        raises=SettingValueError,
+        setting="consumed",
+        fix_in="lightning_varbatch/data/sampler_resume.py",
+    ),
+    error(
+        "sampler-rank_shares-wrong-length-at-build",
+        "sampler",
+        "TokenBudgetBatchSampler(world_size=3, rank_shares=[1.0, 0.5]), nothing planned yet",
+        _shares_of_another_length,
+        "rank_shares has 2 entries",
+        "world_size=3",
+        raises=SettingValueError,
+        setting="rank_shares",
+        fix_in=SAMPLER,
+    ),
+    accepted(
+        "state-resume-lower-rank_max_tokens",
+        "resume/state",
+        "a state of equal ranks resumed with rank_max_tokens=[16, 8] (rank 1's memory lower)",
+        _resume_with_lower_memory,
+        fix_in="lightning_varbatch/data/sampler_resume.py",
+    ),
+    error(
+        "sampler-step-without-loss-tokens",
+        "sampler",
+        "lengths [1, 1, 5, 6], max_tokens=6, loss_offset=1: a step of one-token examples",
+        _step_without_loss_tokens,
+        "no loss tokens",
+        "loss_offset=1",
+        "divide by zero",
+        raises=SettingValueError,
+        setting="loss_offset",
+        fix_in=RANKS,
     ),
 ]

@@ -278,3 +278,26 @@ def test_no_target_with_several_ranks_is_an_error() -> None:
     trainer.train_dataloader = None
     with pytest.raises(RuntimeError, match="set_rank_shares"):
         RankShareBalancer().on_train_start(trainer, None)  # type: ignore[arg-type]
+
+
+def test_a_stream_is_refused_when_the_fit_starts_not_after_a_period() -> None:
+    import numpy as np
+
+    from lightning_varbatch import StreamingDataModule
+    from lightning_varbatch.errors import SettingValueError
+    from lightning_varbatch.sources.shards import ShardedSource
+
+    class Shard:
+        name, num_rows = "a", 8
+
+        def lengths(self) -> np.ndarray:
+            return np.full(8, 3)
+
+        def read(self, rows: Any) -> Any:
+            return ({"tokens": np.ones(3, dtype=np.int64)} for _ in rows)
+
+    stream = StreamingDataModule(ShardedSource([Shard()]), max_tokens=6, window=8)
+    trainer = fake_trainer([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], stream, True)  # type: ignore[arg-type]
+    with pytest.raises(SettingValueError, match="plans window by window") as error:
+        RankShareBalancer().on_train_start(trainer, None)  # type: ignore[arg-type]
+    assert error.value.setting == "rank_shares"

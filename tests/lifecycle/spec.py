@@ -165,7 +165,8 @@ def run_specs(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> RunSpec:
     if draw(st.integers(0, 3)) == 0:
         settings["loss_offset"] = 1
     datasets = 2 if kind == "mixture" else 1
-    low = 1 + settings.get("loss_offset", 0)  # every step has loss tokens
+    # every step has loss tokens (packed rows label the next token: one-token rows have none)
+    low = 1 + max(settings.get("loss_offset", 0), int(layout == "packed"))
     lengths = tuple(
         _lengths(draw, draw(st.integers(12, 90 if datasets == 2 else 160)), pairs, low)
         for _ in range(datasets)

@@ -24,7 +24,7 @@ _COMMON = {
 def test_lifecycle_quick() -> None:
     run_state_machine_as_test(
         LifecycleMachine,
-        settings=settings(max_examples=60, stateful_step_count=12, **_COMMON),
+        settings=settings(max_examples=40, stateful_step_count=12, **_COMMON),
     )
 
 
@@ -33,7 +33,7 @@ def test_lifecycle_soak(capsys: pytest.CaptureFixture[str]) -> None:
     PATHS.clear()
     run_state_machine_as_test(
         LifecycleMachine,
-        settings=settings(max_examples=600, stateful_step_count=25, **_COMMON),
+        settings=settings(max_examples=150, stateful_step_count=20, **_COMMON),
     )
     with capsys.disabled():
         print(f"\nlifecycle soak: {len(PATHS)} distinct paths")
