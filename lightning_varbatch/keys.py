@@ -33,6 +33,14 @@ STEP_NTOKENS = "step_ntokens"
 STEP_NEXAMPLES = "step_nexamples"
 """Examples of the whole optimizer step: all ranks, all accumulation micro-batches."""
 
+STEP_BUDGET = "step_budget"
+"""Under a batch-size schedule, the optimizer step's token budget: every rank's micro-batch
+budget at the step's fraction, times the accumulation, summed over ranks (planning tokens)."""
+
+STEP_COST = "step_cost"
+"""Under a batch-size schedule, the planned cost of the optimizer step's micro-batches (the
+budget's unit), summed over ranks and micro-batches: what the step realised of its budget."""
+
 DATASET = "dataset"
 """Index of the dataset the micro-batch came from (0 when there is only one)."""
 
@@ -81,6 +89,8 @@ PLAN_COUNTS: tuple[PlanCount, ...] = (
     PlanCount("accumulate_grad_batches", PLAN_ACCUMULATE, "accumulation of the plan"),
     PlanCount("pad_rows", None, "rows of the static shape (max_shapes; None: free shapes)"),
     PlanCount("pad_length", None, "padded length of the static shape (max_shapes)"),
+    PlanCount("step_budget", STEP_BUDGET, "the step's token budget under a batch schedule"),
+    PlanCount("step_cost", STEP_COST, "the step's planned cost under a batch schedule"),
 )
 """The single table of the plan's per-micro-batch counts: adding one is one line here (plus
 the :class:`~lightning_varbatch.data.micro_batch.MicroBatch` attribute the sampler fills)."""

@@ -9,6 +9,7 @@ import numpy as np
 from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.scheduled_plan import schedule_counts
 from lightning_varbatch.planner.settings import PlanConfig
 
 __all__ = [
@@ -43,6 +44,9 @@ class MicroBatch(list[int]):
         pad_rows: under a shape budget (``max_shapes``), the rows every field is padded to
             (masked rows after the real ones); ``None``: free shapes.
         pad_length: under a shape budget, the length every field is padded to.
+        step_budget: under a batch-size schedule, the step's token budget (every rank's
+            budget at the step's fraction × the accumulation, summed); ``None``: no schedule.
+        step_cost: under a batch-size schedule, the step's planned cost (the same unit).
 
     Example:
         >>> batch = MicroBatch([4, 2], epoch=0, step=0, micro=0, rank=0, ntokens=9,
@@ -69,6 +73,8 @@ class MicroBatch(list[int]):
         planned_lengths: list[int] | None = None,
         pad_rows: int | None = None,
         pad_length: int | None = None,
+        step_budget: int | None = None,
+        step_cost: int | None = None,
     ) -> None:
         super().__init__(ids)
         self.epoch = epoch
@@ -85,6 +91,8 @@ class MicroBatch(list[int]):
         self.planned_lengths = planned_lengths
         self.pad_rows = pad_rows
         self.pad_length = pad_length
+        self.step_budget = step_budget
+        self.step_cost = step_cost
 
     @property
     def nexamples(self) -> int:
@@ -155,6 +163,7 @@ def micro_batch_of(
     shape = (
         (None, None) if plan.micro_batch_shape is None else plan.micro_batch_shape[index].tolist()
     )
+    scheduled = schedule_counts(plan, planner)
     return MicroBatch(
         (local if ids is None else ids[local]).tolist(),
         epoch=epoch,
@@ -171,6 +180,8 @@ def micro_batch_of(
         planned_lengths=planner.prepared.key[local].tolist(),
         pad_rows=shape[0],
         pad_length=shape[1],
+        step_budget=None if scheduled is None else int(scheduled[0][step]),
+        step_cost=None if scheduled is None else int(scheduled[1][step]),
     )
 
 

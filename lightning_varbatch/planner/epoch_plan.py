@@ -99,6 +99,8 @@ class EpochPlan:
             have their own (``rank_shares`` / ``rank_max_tokens``); ``None``: ``max_tokens``.
         consumed_counts: for the re-planned rest of an epoch, the runs of each example under
             the epoch's earlier topologies (``None``: a whole epoch); not compared.
+        step_fraction: under a batch-size schedule, each step's fraction of the full step
+            (every rank's budget at that fraction; ``None``: every step full); not compared.
     """
 
     epoch: int
@@ -118,6 +120,7 @@ class EpochPlan:
     micro_batch_shape: np.ndarray | None = None
     rank_budget: np.ndarray | None = None
     consumed_counts: np.ndarray | None = field(default=None, repr=False, compare=False)
+    step_fraction: np.ndarray | None = field(default=None, repr=False, compare=False)
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
     #: What the length warm-up did, ``None`` without one; not a field (plans compare and hash

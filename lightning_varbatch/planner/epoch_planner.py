@@ -16,13 +16,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from lightning_varbatch.checks import check_count
 from lightning_varbatch.errors import SettingValueError
+from lightning_varbatch.planner.batch_schedule import BatchSchedule
 from lightning_varbatch.planner.dealing import deal_run, order_steps
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_resume import EpochResume
@@ -30,6 +31,7 @@ from lightning_varbatch.planner.lane_budgets import lane_budgets, single_example
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
 from lightning_varbatch.planner.rank_lanes import Lane, lane_config, lane_cuts, lane_plan
+from lightning_varbatch.planner.scheduled_plan import scaled_budgets, schedule_epoch
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_config
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import effective_tail, select_micro_batches, tail_cut
@@ -96,6 +98,7 @@ class EpochPlanner(EpochResume):
         self._longest_cost: int | None = None
         self._lane_cache: tuple[tuple[Any, ...], list[Lane]] | None = None  # last budgets'
         self._last: tuple[tuple[Any, ...], EpochPlan] | None = None  # plan_resumed's last plan
+        self._epoch_tokens: int | None = None
 
     @property
     def num_examples(self) -> int:
@@ -218,13 +221,62 @@ class EpochPlanner(EpochResume):
         epoch = check_count("epoch", epoch, minimum=0)
         world = check_count("world_size", world_size)
         acc = check_count("accumulate_grad_batches", accumulate_grad_batches)
-        wa = world * acc
-        cfg = self.config
+        args = (epoch, world, acc, salt, first_step, cap_floor, rank_budgets)
         groups = self.groups if exclude is None else self._groups_without(exclude)
         if groups.size == 0 and exclude is not None:
             return self._empty_plan(epoch, world, acc)
         replanned = exclude is not None or remainder
-        tail = effective_tail(cfg, groups.size, world, acc, replanned=replanned)
+        plan = self._plan(groups, args, replanned)
+        if self.config.batch_schedule is None or plan.num_steps == 0:
+            return plan
+        # The batch-size schedule: the steps before it reaches 1, re-planned at its fractions
+        budgets = lane_budgets(self.config, world, rank_budgets, lambda: self.longest_cost)
+        full = budgets or (self.config.max_tokens,) * world
+
+        def part(ids: np.ndarray, fraction: float, tail: str | None, stage: int) -> EpochPlan:
+            scaled = full if fraction == 1.0 else scaled_budgets(full, fraction, self.longest_cost)
+            sub = SortedGroups.build(
+                self.prepared.key, np.sort(ids), self.config.bucket_width, self.shape_lengths
+            )
+            sub_args = (*args[:3], 10_000 + 1_000 * salt + stage + 1, 0, 0, scaled)
+            return self._plan(sub, sub_args, True, cast(TailPolicy, tail))
+
+        return schedule_epoch(
+            plan,
+            BatchSchedule.parse(self.config.batch_schedule),
+            epoch * self.epoch_tokens + self._tokens_of(exclude),
+            self.prepared.key,
+            part,
+            effective_tail(self.config, groups.size, world, acc, replanned=replanned),
+        )
+
+    @property
+    def epoch_tokens(self) -> int:
+        """Planning tokens of one epoch (every planned example once): the schedule's clock."""
+        if self._epoch_tokens is None:
+            self._epoch_tokens = int(self.prepared.planned_key.sum(dtype=np.int64))
+        return self._epoch_tokens
+
+    def _tokens_of(self, exclude: np.ndarray | None) -> int:
+        """Planning tokens of the planned examples ``exclude`` marks (consumed before)."""
+        if exclude is None:
+            return 0
+        kept = self.prepared.kept
+        marked = np.flatnonzero(exclude) if kept is None else kept[exclude[kept]]
+        return int(self.prepared.key[marked].sum(dtype=np.int64))
+
+    def _plan(
+        self,
+        groups: SortedGroups,
+        args: tuple[Any, ...],
+        replanned: bool,
+        policy: TailPolicy | None = None,
+    ) -> EpochPlan:
+        """:meth:`plan` of ``groups`` without the schedule (``policy``: a part's tail)."""
+        epoch, world, acc, salt, first_step, cap_floor, rank_budgets = args
+        wa = world * acc
+        cfg = self.config
+        tail = effective_tail(cfg, groups.size, world, acc, replanned=replanned, policy=policy)
         rng = np.random.default_rng([cfg.seed, epoch, salt])
         order = groups.ids.copy()
         if cfg.shuffle:

@@ -123,6 +123,17 @@ class MixturePlanner(MixtureTopology):
         self.planners = [
             dataset_planner(config, s, i, self._which(i)) for i, s in enumerate(self.sources)
         ]
+        scheduled = [p.config.batch_schedule for p in self.planners if p.config.batch_schedule]
+        if scheduled:
+            raise SettingValueError(
+                f"batch_schedule={scheduled[0]!r} cannot be used with a mixture yet: a "
+                "mixture interleaves its datasets' steps, each cut to its own budgets, and a "
+                "schedule would have to scale all of them on one clock of the mixture's "
+                "tokens. Unset batch_schedule (a dataset's settings included), or train one "
+                "dataset.",
+                setting="batch_schedule",
+                value=scheduled[0],
+            )
         if config.max_shapes is not None:
             share_shape_lengths(self.planners, self.sources, self.names, config)
         sizes = np.array([p.num_examples for p in self.planners], dtype=np.int64)

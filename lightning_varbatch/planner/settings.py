@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeAlias
 
 from lightning_varbatch.checks import check_choice, check_count, check_flag, check_real
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.planner.batch_schedule import check_schedule_setting
 from lightning_varbatch.planner.costs import CostFn, CostName, check_cost, resolve_cost
 from lightning_varbatch.planner.length_warmup import ScheduleFn, ScheduleName, check_warmup_settings
 from lightning_varbatch.planner.rank_shares import check_rank_settings, rank_budgets
@@ -218,6 +219,16 @@ class PlanConfig:
         ),
     )
 
+    batch_schedule: str | None = field(
+        default=None,
+        metadata=_help(
+            """the batch-size schedule: the fraction of the full step (every rank's budget
+            times the accumulation) by tokens trained, as thresholds ``"0:0.25 2M:0.5 8M:1"``, a
+            ramp ``"ramp:0.25:8M"``, ``(tokens, fraction)`` pairs or a callable; held as
+            its canonical text (``None``: every step full; docs/batch-schedule.md)"""
+        ),
+    )
+
     def __post_init__(self) -> None:
         counts = {
             "max_tokens": check_count("max_tokens", self.max_tokens),
@@ -277,6 +288,7 @@ class PlanConfig:
             object.__setattr__(self, name, value)
         for name, value in check_rank_settings(self).items():
             object.__setattr__(self, name, value)
+        object.__setattr__(self, "batch_schedule", check_schedule_setting(self))
 
     def rank_budgets(
         self, world_size: int, shares: Sequence[float] | None = None

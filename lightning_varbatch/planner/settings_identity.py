@@ -30,6 +30,7 @@ LATER_SETTINGS: dict[str, Any] = {
     **WARMUP_DEFAULTS,
     "rank_shares": None,
     "rank_max_tokens": None,
+    "batch_schedule": None,
 }
 #: Settings that say how the work is shared between ranks, not which examples go together:
 #: like the world size, they are left out of both (a saved plan records its budgets).

@@ -55,12 +55,19 @@ def too_few_message(count: int, what: str, world: int, acc: int, config: PlanCon
 
 
 def effective_tail(
-    config: PlanConfig, available: int, world: int, acc: int, *, replanned: bool
+    config: PlanConfig,
+    available: int,
+    world: int,
+    acc: int,
+    *,
+    replanned: bool,
+    policy: TailPolicy | None = None,
 ) -> TailPolicy:
     """The tail policy that applies to ``available`` examples planned for ``world x acc``.
 
-    ``config.tail``, except that ``"spread"`` pads a ``replanned`` rest of an epoch with fewer
-    examples than a step has micro-batches (counted).
+    ``config.tail`` (or ``policy``, for a part of an epoch), except that ``"spread"`` pads a
+    ``replanned`` rest of an epoch with fewer examples than a step has micro-batches
+    (counted).
 
     Raises:
         ValueError: ``tail="spread"`` for a whole epoch with fewer examples than a step has
@@ -73,7 +80,7 @@ def effective_tail(
         >>> effective_tail(PlanConfig(max_tokens=8), 1, 2, 1, replanned=True)
         'pad'
     """
-    tail = config.tail
+    tail = config.tail if policy is None else policy
     multiple = world * acc
     if replanned and tail == "spread" and available < multiple:
         tail = "pad"

@@ -146,6 +146,16 @@ class WindowedPlanner:
                 setting="length_warmup",
                 value=config.length_warmup,
             )
+        if config.batch_schedule is not None:
+            raise SettingValueError(
+                f"batch_schedule={config.batch_schedule!r} cannot be used with streamed "
+                "(windowed) data yet: a stream's epoch is planned one window at a time and "
+                "its tokens are not known before it is read, so a window's steps cannot be "
+                "placed on the schedule's clock of tokens trained. Unset batch_schedule (or "
+                "plan the data in memory with TokenBudgetDataModule).",
+                setting="batch_schedule",
+                value=config.batch_schedule,
+            )
         rows = [check_count(f"shard_rows[{i}]", r, minimum=0) for i, r in enumerate(shard_rows)]
         if not rows or sum(rows) == 0:
             raise ValueError("a stream needs at least one shard with at least one example.")
