@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU session (one H200, no network): environment, the CUDA-gated tests, and the GPU
 # benchmarks at reduced sizes, each step under its own timeout, all within GPU_SESSION_TOTAL
-# seconds (default 326) of wall time. A failing or timed-out step does not stop the others.
+# seconds (default 506) of wall time. A failing or timed-out step does not stop the others.
 #
 #   OUT=/some/empty/dir bash benchmarks/gpu_session.sh          # on the GPU machine
 #   GPU_SESSION_DRY=1 OUT=/tmp/x bash benchmarks/gpu_session.sh  # every step on CPU, tiny
@@ -11,14 +11,15 @@
 # .gpu_site/ (not committed; build it with benchmarks/gpu_site.sh). Output in $OUT:
 # gpu_session.log (everything printed) and
 # gpu_strategies.json, gpu_throughput.json, gpu_packing.json, gpu_compile_shapes.json,
-# gpu_worst_batch.json. The dry run (GPU_SESSION_DRY=1) uses the active venv instead of
-# .gpu_site (whose compiled pydantic_core is for Python 3.12) and skips nvidia-smi.
+# gpu_worst_batch.json, gpu_batch_schedule.json. The dry run (GPU_SESSION_DRY=1) uses the
+# active venv instead of .gpu_site (whose compiled pydantic_core is for Python 3.12) and skips
+# nvidia-smi.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_session_out}
 mkdir -p "$OUT"
 DRY=${GPU_SESSION_DRY:-0}
-TOTAL=${GPU_SESSION_TOTAL:-326}
+TOTAL=${GPU_SESSION_TOTAL:-506}
 START=$(date +%s)
 if [ "$DRY" = 1 ]; then
     export PYTHONPATH=$PWD PY=python DEV="--device cpu --tiny"
@@ -109,6 +110,10 @@ step compile-shapes 45 '$PY -m benchmarks.gpu_compile_shapes $DEV --json "$OUT/g
 
 # 7. WorstBatchCheck on CUDA against a real epoch
 step worst-batch 25 '$PY -m benchmarks.gpu_worst_batch $DEV --json "$OUT/gpu_worst_batch.json"'
+
+# 8. the batch-size schedule at equal tokens (issue 32): {none, ramp} x 2 peak rates x 3 seeds,
+# seed by seed; no run starts in the step's last 25 s, the JSON holds every finished run
+step batch-schedule 180 '$PY -m benchmarks.gpu_batch_schedule $DEV --budget-s $((T - 25)) --json "$OUT/gpu_batch_schedule.json"'
 
 echo
 echo "gpu_session: done in $(($(date +%s) - START))s; files in $OUT:"

@@ -14,6 +14,8 @@ Run from the repository root (venv active)::
     python -m benchmarks --only training_peers  # issue 25 (~7 min quiet; peers: the bench extra)
     python -m benchmarks --only length_warmup   # issue 24's planner figures
     python -m benchmarks --only remainder_guard # issue 31: what the resume check costs
+    python -m benchmarks --only batch_schedule  # issue 32: the schedule's plan time (~1 min)
+    python -m benchmarks --only batch_schedule_training  # issue 32 (~10 min busy; quick ~10 s)
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
 own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
@@ -48,6 +50,8 @@ BENCHMARKS = (
     "training_peers",
     "length_warmup",
     "remainder_guard",
+    "batch_schedule",
+    "batch_schedule_training",
 )
 WITH_JSON = (
     "planning",
@@ -59,6 +63,8 @@ WITH_JSON = (
     "compile_shapes",
     "training_peers",
     "remainder_guard",
+    "batch_schedule",
+    "batch_schedule_training",
 )
 
 

@@ -10,11 +10,12 @@ Usage::
 
 Prints a :class:`~lightning_varbatch.planner.diagnostics.PlanDiagnostics` report (or its JSON with
 ``--json``) and writes a PNG with the examples-per-micro-batch histogram and every rank's token
-load over the optimizer steps. Several ``--lengths`` (or ``--dataset``) plan a mixture of
-datasets and add a per-dataset table. ``--dataset`` reads the lengths memory-mapped from a Hugging
-Face dataset on disk (without importing ``datasets`` or torch): ``--column`` names a column of
-lengths or of token ids, twice a (source, target) pair. Bad settings print one ``error: ...``
-line and exit with code 2.
+load over the optimizer steps; ``--batch-schedule`` adds a table of the steps by schedule stage
+(:mod:`~lightning_varbatch.planner.schedule_report`). Several ``--lengths`` (or ``--dataset``)
+plan a mixture of datasets and add a per-dataset table. ``--dataset`` reads the lengths
+memory-mapped from a Hugging Face dataset on disk (without importing ``datasets`` or torch):
+``--column`` names a column of lengths or of token ids, twice a (source, target) pair. Bad
+settings print one ``error: ...`` line and exit with code 2.
 
 Example:
     >>> import contextlib, io, json
@@ -50,6 +51,7 @@ from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_datasets import MIXING_POLICIES, DataSource
 from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
 from lightning_varbatch.planner.protocol import Planner
+from lightning_varbatch.planner.schedule_report import schedule_report
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.synthetic import wmt_like_lengths
 from lightning_varbatch.planner.warmup_report import step_figures, warmup_report
@@ -322,6 +324,7 @@ def _run(args: argparse.Namespace) -> int:
     plan: EpochPlan = planner.plan(args.epoch, args.world_size, args.accumulate_grad_batches)
     diag = diagnose(planner, plan)
     warm = warmup_report(planner, plan)
+    schedule = schedule_report(planner, plan)
     shares = dataset_breakdown(planner, plan) if isinstance(planner, MixturePlanner) else None
     elapsed = time.perf_counter() - start
     note = sys.stderr if args.json else sys.stdout
@@ -331,12 +334,16 @@ def _run(args: argparse.Namespace) -> int:
             report["datasets"] = [row.to_dict() for row in shares]
         if warm is not None:
             report["length_warmup"] = warm.to_dict()
+        if schedule is not None:
+            report["batch_schedule"] = schedule.to_dict()
         print(json.dumps(report, indent=2))
     else:
         print(f"{source}: planned and diagnosed in {elapsed:.2f} s")
         print(diag.format())
         if warm is not None:
             print(warm.format())
+        if schedule is not None:
+            print(schedule.format())
         if shares is not None:
             print(format_breakdown(shares))
     if png is not None:

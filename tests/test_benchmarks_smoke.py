@@ -31,6 +31,8 @@ QUICK = {
     "compile_shapes": ["--quick"],
     "rank_shares": ["--quick"],
     "remainder_guard": ["--quick", "--repeats", "1"],
+    "batch_schedule": ["--quick", "--repeats", "1"],
+    "batch_schedule_training": ["--quick"],
 }
 NO_PLOT = {
     "hf_datasets",
@@ -40,6 +42,8 @@ NO_PLOT = {
     "compile_shapes",
     "rank_shares",
     "remainder_guard",
+    "batch_schedule",
+    "batch_schedule_training",
 }
 HF_CONFIGS = {
     *(f"lengths/{case}/{m}" for case in "abc" for m in ("ours", "loop", "map")),
@@ -112,6 +116,23 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
         assert data["examples"] == 300_000
         assert all(v > 0 for v in data.values())
         assert data["guard, elastic"] < data["elastic re-plan"]  # included in it
+    elif name == "batch_schedule":
+        assert data["examples"] == 300_000
+        assert set(data["seconds"]) == {"none", "thresholds", "ramp"}
+        assert set(data["ratios"]) == set(data["stages"]) == {"thresholds", "ramp"}
+        assert all(v > 0 for rows in data["seconds"].values() for v in rows.values())
+        for stages in data["stages"].values():
+            assert 0.25 <= stages[0]["fraction_min"] < 0.3 and stages[-1]["label"] == "1 (full)"
+            assert all(0 < s["min_fill"] <= s["fill"] <= 1 for s in stages)
+        assert data["steps"]["thresholds"] > data["steps"]["none"]  # smaller steps first
+    elif name == "batch_schedule_training":
+        runs = {(r["lr"], r["schedule"]): r for r in data["runs"]}
+        assert set(runs) == {(lr, s) for lr in (3e-3, 9e-3) for s in ("none", "ramp")}
+        for lr in (3e-3, 9e-3):  # equal tokens, more (smaller) steps under the ramp
+            none, ramp = runs[lr, "none"], runs[lr, "ramp"]
+            assert none["tokens"] == ramp["tokens"] >= data["scale"]["tokens"]
+            assert ramp["steps"] > none["steps"] and ramp["smallest_step"] < none["smallest_step"]
+        assert len(data["table"]) == 4
     else:
         assert set(data["configs"]) == {"a", "b", "c"} and data["predicted"] > 1.0
     if name in NO_PLOT:

@@ -171,7 +171,7 @@ def test_every_plan_count_reaches_the_batch_under_its_key() -> None:
     keyed = [c for c in keys.PLAN_COUNTS if c.key is not None]
     assert {c.key for c in keyed} == {
         keys.STEP_NTOKENS, keys.STEP_NEXAMPLES, keys.DATASET, keys.PLAN_WORLD_SIZE,
-        keys.PLAN_ACCUMULATE,
+        keys.PLAN_ACCUMULATE, keys.STEP_BUDGET, keys.STEP_COST,
     }  # fmt: skip
     for count in keyed:
         assert int(batch[count.key]) == values[count.attribute], count

@@ -183,6 +183,29 @@ def test_mixture_report_breaks_down_by_dataset(
     assert "--dataset-max-tokens has 1 values for 2 --lengths" in capsys.readouterr().err
 
 
+def test_batch_schedule_adds_its_stage_table_and_json(
+    lengths_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from lightning_varbatch.planner import EpochPlanner, PlanConfig
+    from lightning_varbatch.planner.schedule_report import schedule_report
+
+    args = ["--lengths", str(lengths_file), "--max-tokens", "2048", "--world-size", "2"]
+    args += ["--accumulate-grad-batches", "2", "--batch-schedule", "0:0.25 50K:0.5 150K:1"]
+    assert main([*args, "--json", "--no-png"]) == 0
+    got = json.loads(capsys.readouterr().out)["batch_schedule"]
+    config = PlanConfig(max_tokens=2048, batch_schedule="0:0.25 50K:0.5 150K:1")
+    planner = EpochPlanner(np.load(lengths_file), config)
+    expected = schedule_report(planner, planner.plan(0, 2, 2))
+    assert expected is not None and got == json.loads(json.dumps(expected.to_dict()))
+    assert [s["label"] for s in got["stages"]] == ["0.25", "0.5", "1 (full)"]
+    assert main([*args, "--no-png"]) == 0
+    out = capsys.readouterr().out
+    assert "batch schedule   0:0.25 50000:0.5 150000:1.0" in out
+    assert out.rstrip().endswith(expected.format().splitlines()[-1])
+    assert main([*args[:4], "--no-png"]) == 0  # no schedule, no table
+    assert "batch schedule" not in capsys.readouterr().out
+
+
 def test_every_plan_setting_has_a_flag_with_its_help_and_default() -> None:
     import argparse
     import dataclasses

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from examples.common.batch_schedule import check_batch_schedule
 from examples.common.config_checks import (
     ConfigError,
     check_batching,
@@ -64,5 +65,6 @@ def check_config(cfg: DictConfig) -> None:
     check_run_settings(cfg, OWN_KEYS)
     check_choice("layout", cfg.get("layout"), LAYOUTS)
     _check_data(cfg.data)
+    check_batch_schedule(cfg)
     check_trainer(cfg.trainer)
     check_rank_settings(cfg.data, cfg.trainer)

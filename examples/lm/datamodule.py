@@ -26,6 +26,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from examples.common.batch_schedule import batch_schedule_settings
 from examples.common.config_checks import ConfigError, passed_setting
 from examples.common.length_warmup import length_warmup_settings
 from examples.common.rank_shares import planned_ranks, rank_settings
@@ -108,6 +109,7 @@ def _datamodule(
             # L - 1 next-token predictions per document, after any truncate cut
             loss_offset=1,
             **length_warmup_settings(data),
+            **batch_schedule_settings(data),
             **rank_settings(data),  # a mixed cluster: plain tuples, one entry per rank
             collate=collate,
             num_workers=int(data.num_workers),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from examples.common.batch_schedule import check_batch_schedule
 from examples.common.config_checks import (
     ConfigError,
     check_batching,
@@ -137,6 +138,7 @@ def check_config(cfg: DictConfig) -> None:
     check_bool("test", cfg.get("test", False))
     check_compile(cfg)
     _check_data(cfg.data)
+    check_batch_schedule(cfg)
     _check_model(cfg.model, cfg.data)
     check_trainer(cfg.trainer)
     check_rank_settings(cfg.data, cfg.trainer)

@@ -29,6 +29,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from examples.common.batch_schedule import batch_schedule_settings
 from examples.common.checkpoints import check_sampler_resume
 from examples.common.config_checks import ConfigError, passed_setting
 from examples.common.length_warmup import length_warmup_settings
@@ -160,6 +161,7 @@ def _datamodule(
             # one, after any data.oversize=truncate cut (the collate checks the same count)
             loss_offset=1,
             **length_warmup_settings(data),
+            **batch_schedule_settings(data),
             **rank_settings(data),  # a mixed cluster: plain tuples, one entry per rank
             **_split_arguments(cfg, corpora, encoded, with_test),
             **mixture,

@@ -16,6 +16,7 @@ from typing import Any
 from lightning.pytorch import Trainer
 from torch import Tensor
 
+from lightning_varbatch import keys
 from lightning_varbatch.checks import check_count, check_real
 from lightning_varbatch.errors import SettingTypeError
 
@@ -30,6 +31,7 @@ __all__ = [
     "log_rank_zero",
     "rank_shares_in_force",
     "read_count",
+    "read_schedule",
 ]
 
 CountFn = Callable[[Any], "int | float | Tensor"]
@@ -140,6 +142,31 @@ def read_count(batch: Any, key: str, fn: CountFn | None, arg: str, owner: str) -
         f"TokenBudgetDataModule / PaddingCollate, got {got}. Pass {owner}({arg}=fn) with fn(batch) "
         "returning the count for this micro-batch on this rank."
     )
+
+
+def read_schedule(batch: Any, owner: str) -> tuple[float, float] | None:
+    """The step's scheduled token budget and planned cost, or ``None`` without a schedule.
+
+    Read from ``keys.STEP_BUDGET`` and ``keys.STEP_COST``, which the plan puts on every
+    micro-batch of a step (the same on every rank) when a batch-size schedule is configured.
+
+    Raises:
+        TypeError: when an entry is not a number or a 1-element tensor.
+        ValueError: when it is not finite and >= 0.
+
+    Example:
+        >>> read_schedule({"step_budget": 96, "step_cost": 90}, "TokenThroughputMonitor")
+        (96.0, 90.0)
+        >>> read_schedule({"ntokens": 5}, "TokenThroughputMonitor") is None
+        True
+    """
+    if not (isinstance(batch, Mapping) and keys.STEP_BUDGET in batch and keys.STEP_COST in batch):
+        return None
+    budget, cost = (
+        _count(as_number(batch[key], f"batch[{key!r}]"), owner, f"batch[{key!r}]")
+        for key in (keys.STEP_BUDGET, keys.STEP_COST)
+    )
+    return budget, cost
 
 
 def is_step_boundary(trainer: Trainer) -> bool:

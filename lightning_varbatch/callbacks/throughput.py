@@ -26,10 +26,12 @@ from lightning_varbatch.callbacks.batch_counts import (
     log_rank_zero,
     rank_shares_in_force,
     read_count,
+    read_schedule,
 )
 from lightning_varbatch.callbacks.compute_clock import ComputeClock
 from lightning_varbatch.callbacks.throughput_window import (
     RankWindow,
+    ScheduleWindow,
     dataset_metrics,
     rank_metrics,
     run_metrics,
@@ -116,11 +118,17 @@ class TokenThroughputMonitor(Callback):
                                         ``train/tokens_per_sec``)
     ``train/rank/<r>/share``            rank ``r``'s share in force: the training sampler's
                                         ``rank_shares`` of this epoch (largest 1)
+    ``train/schedule/budget_tokens``    the steps' token budget under the batch-size
+                                        schedule (``keys.STEP_BUDGET``), window mean
+    ``train/schedule/cost_tokens``      their planned cost, same unit (``keys.STEP_COST``)
+    ``train/schedule/fill``             cost / budget of the window's steps (0-1)
     ==================================  ================================================
 
     The ``train/dataset/...`` keys appear only when several datasets are mixed,
     ``train/length_cap`` only during a length warm-up, the ``train/rank/...`` keys only with
-    more than one rank, and the shares only when the training sampler has ``rank_shares``.
+    more than one rank, the shares only when the training sampler has ``rank_shares``, and
+    the ``train/schedule/...`` keys only when the batches carry ``keys.STEP_BUDGET`` and
+    ``keys.STEP_COST`` (a batch-size schedule, ``batch_schedule``).
 
     When training ends (``on_train_end``, a collective on every rank) the run's totals go into
     ``trainer.callback_metrics`` on every rank (not to the loggers), where a script reads them
@@ -183,6 +191,8 @@ class TokenThroughputMonitor(Callback):
         # The step's global counts from the batch keys (exact at every step, no collective);
         # None: counted per window from the gathered per-rank counts instead.
         self._step_counts: tuple[float, float] | None = None
+        self._step_schedule: tuple[float, float] | None = None  # the step's budget and cost
+        self._schedule = ScheduleWindow()
         self._window_totals = True
         self.dataset_tokens: list[float] = []
         self.steps = 0
@@ -221,6 +231,7 @@ class TokenThroughputMonitor(Callback):
         if len(self.dataset_tokens) != len(names):
             self.dataset_tokens = [0.0] * len(names)
         self._window = RankWindow.empty(len(names))
+        self._schedule = ScheduleWindow()
         self._run = RankWindow()
         self._run_start = None
         self._clock = ComputeClock(trainer.strategy.root_device)
@@ -247,6 +258,7 @@ class TokenThroughputMonitor(Callback):
                 as_number(batch[keys.STEP_NTOKENS], f"batch[{keys.STEP_NTOKENS!r}]"),
                 as_number(batch[keys.STEP_NEXAMPLES], f"batch[{keys.STEP_NEXAMPLES!r}]"),
             )
+        self._step_schedule = read_schedule(batch, name) or self._step_schedule
         tokens = read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
         w.tokens += tokens
         w.examples += read_count(batch, keys.NEXAMPLES, self.examples_fn, "examples_fn", name)
@@ -290,6 +302,9 @@ class TokenThroughputMonitor(Callback):
             self.total_examples += self._step_counts[1]
             self._window_totals = False
         self._step_counts = None
+        if self._step_schedule is not None:
+            self._schedule.add(*self._step_schedule)
+            self._step_schedule = None
         every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
         if trainer.global_step % every:
             return
@@ -315,6 +330,8 @@ class TokenThroughputMonitor(Callback):
         if cap is not None:
             metrics["train/length_cap"] = float(cap)
         metrics.update(rank_metrics(windows, rank_shares_in_force(trainer)))
+        metrics.update(self._schedule.metrics())
+        self._schedule = ScheduleWindow()
         log_rank_zero(trainer, metrics, trainer.global_step - 1)
         if self.prog_bar:
             pl_module.log(

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RankWindow", "dataset_metrics", "rank_metrics", "run_metrics", "window_metrics"]
+__all__ = [
+    "RankWindow",
+    "ScheduleWindow",
+    "dataset_metrics",
+    "rank_metrics",
+    "run_metrics",
+    "window_metrics",
+]
 
 _SCALARS = ("tokens", "examples", "real", "padded", "compute", "elapsed", "no_padding")
 
@@ -89,6 +96,51 @@ class RankWindow:
         scalars = dict(zip(_SCALARS, row[:k], strict=True))
         rest = row[k:]
         return cls(**scalars, dataset_tokens=list(rest[0::2]), dataset_batches=list(rest[1::2]))
+
+
+@dataclass
+class ScheduleWindow:
+    """The scheduled token budgets and planned costs of a window's steps (a batch schedule).
+
+    Both are global counts of a step (every rank, every micro-batch), which every rank reads
+    alike from its batches: no gather. Steps without them (no schedule) are not counted.
+
+    Attributes:
+        budget: the steps' scheduled token budgets (``keys.STEP_BUDGET``), summed.
+        cost: their planned costs (``keys.STEP_COST``, the budget's unit), summed.
+        steps: the steps that carried both.
+    """
+
+    budget: float = 0.0
+    cost: float = 0.0
+    steps: int = 0
+
+    def add(self, budget: float, cost: float) -> None:
+        """Count one optimizer step's scheduled budget and planned cost."""
+        self.budget += budget
+        self.cost += cost
+        self.steps += 1
+
+    def metrics(self) -> dict[str, float]:
+        """The ``train/schedule/...`` metrics: means per step and the fill (none if empty).
+
+        Example:
+            >>> w = ScheduleWindow()
+            >>> w.add(96, 90)
+            >>> w.add(192, 150)
+            >>> w.metrics()  # doctest: +NORMALIZE_WHITESPACE
+            {'train/schedule/budget_tokens': 144.0, 'train/schedule/cost_tokens': 120.0,
+             'train/schedule/fill': 0.8333333333333334}
+            >>> ScheduleWindow().metrics()
+            {}
+        """
+        if not self.steps:
+            return {}
+        return {
+            "train/schedule/budget_tokens": self.budget / self.steps,
+            "train/schedule/cost_tokens": self.cost / self.steps,
+            "train/schedule/fill": self.cost / self.budget if self.budget > 0 else float("nan"),
+        }
 
 
 def _max_over_mean(values: list[float]) -> float:

@@ -87,17 +87,17 @@ def plan_split(
 def training_only(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` without those of training alone, for an evaluation split.
 
-    The length warm-up (evaluation needs no curriculum) and the ranks' own budgets
-    (``rank_shares`` / ``rank_max_tokens`` divide the training budget; evaluation plans
-    ``val_max_tokens`` on every rank: set it for the smallest card).
+    The length warm-up (evaluation needs no curriculum), the batch-size schedule (an
+    evaluation step updates nothing) and the ranks' own budgets (``rank_shares`` /
+    ``rank_max_tokens`` divide the training budget; evaluation plans ``val_max_tokens`` on
+    every rank: set it for the smallest card).
 
     Example:
-        >>> training_only({"seed": 1, "length_warmup": 10, "rank_shares": (1.0, 0.5)})
+        >>> training_only({"seed": 1, "length_warmup": 10, "batch_schedule": "0:0.5 1K:1"})
         {'seed': 1}
     """
-    return {
-        k: v for k, v in settings.items() if k not in WARMUP_DEFAULTS and k not in RANK_SETTINGS
-    }
+    training = {*WARMUP_DEFAULTS, *RANK_SETTINGS, "batch_schedule"}
+    return {k: v for k, v in settings.items() if k not in training}
 
 
 def check_stages(stages: Sequence[str]) -> None:

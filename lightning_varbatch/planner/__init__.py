@@ -15,6 +15,7 @@ Example:
     [0, 1, 2, 3, 4]
 """
 
+from lightning_varbatch.planner.batch_schedule import BatchSchedule
 from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner, plan_epoch
@@ -27,6 +28,12 @@ from lightning_varbatch.planner.mixture_datasets import MIXING_POLICIES, DataSou
 from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.rank_shares import rank_budgets
+from lightning_varbatch.planner.schedule_report import (
+    ScheduleReport,
+    ScheduleStage,
+    schedule_report,
+)
+from lightning_varbatch.planner.scheduled_plan import schedule_counts
 from lightning_varbatch.planner.settings import (
     DEFAULT_FLOP_ATTENTION,
     LAYOUTS,
@@ -46,6 +53,7 @@ __all__ = [
     "MIXING_POLICIES",
     "OVERSIZE_POLICIES",
     "TAIL_POLICIES",
+    "BatchSchedule",
     "DataSource",
     "EpochPlan",
     "EpochPlanner",
@@ -55,6 +63,8 @@ __all__ = [
     "PlanConfig",
     "PlanDiagnostics",
     "Planner",
+    "ScheduleReport",
+    "ScheduleStage",
     "WarmupReport",
     "WarmupStage",
     "balanced_shares",
@@ -64,6 +74,8 @@ __all__ = [
     "plan_epoch",
     "rank_budgets",
     "rank_loads",
+    "schedule_counts",
+    "schedule_report",
     "smoothed_speeds",
     "warmup_report",
     "wmt_like_lengths",

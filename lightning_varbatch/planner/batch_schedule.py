@@ -6,9 +6,10 @@ for pairs). It is written as Megatron-LM's thresholds in tokens, ``"0:0.25 2M:0.
 (suffixes K, M, B/G, T), as a linear ramp ``"ramp:0.25:8M"`` (from 0.25 to 1 over 8M
 tokens), as ``[(tokens, fraction), ...]`` or ``{tokens: fraction}``, or as a callable
 ``tokens -> fraction``. Every form becomes thresholds (:class:`BatchSchedule`): a ramp or
-a callable in levels at most 1 % apart, each level the fraction at its start (a step never
-holds more than its schedule says). The planner plans each level's examples at that fraction
-of every rank's budget (``docs/batch-schedule.md``).
+a callable in levels at most 1 % apart, each level the fraction at its start. The planner
+plans each level's examples at that fraction of every rank's budget, in whole steps: what a
+level leaves over joins the next one, so a level's first step may begin up to one step's
+tokens before its threshold (``docs/batch-schedule.md``).
 
 Example:
     >>> schedule = BatchSchedule.parse("0:0.25 2M:0.5 8M:1")
@@ -33,6 +34,7 @@ from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
 __all__ = [
     "LEVEL_STEP",
+    "MIN_LEVEL_STEPS",
     "BatchSchedule",
     "ScheduleSpec",
     "check_batch_schedule",
@@ -45,6 +47,8 @@ ScheduleSpec: TypeAlias = (
 #: Ramps and callables become levels at most this far apart (relative): a step's fraction is
 #: within 1 % below the schedule's value at any token of its level.
 LEVEL_STEP = 1.01
+#: A ramp's levels are merged at plan time so that each spans at least this many of its steps.
+MIN_LEVEL_STEPS = 4
 _SUFFIX = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 _TOKENS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*$", re.I)
 _SAMPLES = 512  # a callable is read at this many points up to where it reaches 1
@@ -70,7 +74,11 @@ def _fraction(value: object, spec: object) -> float:
     try:
         fraction = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise _error(f"{value!r} is not a fraction of the full step", spec) from None
+        raise _error(
+            f"{value!r} is not a fraction of the full step: write a number in (0, 1], "
+            "e.g. 0.5 for half of it",
+            spec,
+        ) from None
     if not 0 < fraction <= 1:
         raise _error(
             f"every fraction of the full step must be in (0, 1], got {fraction:g}: the full "
@@ -89,10 +97,12 @@ class BatchSchedule:
         tokens: the thresholds in tokens trained, increasing, the first 0.
         fractions: the fraction of the full step from each threshold, non-decreasing, the
             last 1.
+        ramp: ``(start, tokens)`` of a ramp (its levels are ``tokens`` / ``fractions``).
     """
 
     tokens: tuple[int, ...]
     fractions: tuple[float, ...]
+    ramp: tuple[float, int] | None = None
 
     @staticmethod
     @functools.lru_cache(maxsize=64)
@@ -106,7 +116,11 @@ class BatchSchedule:
         points = []
         for item in text.split():
             if item.count(":") != 1:
-                raise _error(f"{item!r} is not 'TOKENS:FRACTION'", text)
+                raise _error(
+                    f"{item!r} is not 'TOKENS:FRACTION': write each threshold as e.g. "
+                    "'2M:0.5' (from 2M tokens trained, half the full step)",
+                    text,
+                )
             tokens, fraction = item.split(":")
             points.append((_tokens(tokens, text), _fraction(fraction, text)))
         return _thresholds(points, text)
@@ -114,7 +128,30 @@ class BatchSchedule:
     @property
     def text(self) -> str:
         """The canonical text (what the settings hold and a checkpoint records)."""
+        if self.ramp is not None:
+            return f"ramp:{self.ramp[0]!r}:{self.ramp[1]}"
         return " ".join(f"{t}:{f!r}" for t, f in zip(self.tokens, self.fractions, strict=True))
+
+    def levels_for(self, step_tokens: int) -> BatchSchedule:
+        """The levels to plan with full steps of ``step_tokens`` (thresholds: as given).
+
+        A ramp's levels are merged so that each spans at least :data:`MIN_LEVEL_STEPS` of
+        its steps: a level of about one step would end in an under-filled one.
+
+        Example:
+            >>> BatchSchedule.parse("ramp:0.5:1000").levels_for(100).fractions
+            (0.5, 0.604054, 0.729764, 0.881634, 1.0)
+        """
+        if self.ramp is None:
+            return self
+        keep = [0]
+        for i in range(1, len(self.tokens) - 1):
+            span = MIN_LEVEL_STEPS * self.fractions[keep[-1]] * step_tokens
+            if self.tokens[i] - self.tokens[keep[-1]] >= span:
+                keep.append(i)
+        keep.append(len(self.tokens) - 1)
+        tokens, fractions = (tuple(v[i] for i in keep) for v in (self.tokens, self.fractions))
+        return BatchSchedule(tokens, fractions, self.ramp)  # type: ignore[arg-type]
 
     @property
     def num_levels(self) -> int:
@@ -170,12 +207,14 @@ def _levels(fraction: Callable[[float], float], start: float, end: int) -> list[
     """Thresholds of a non-decreasing ``fraction`` on a grid up to ``end``, levels ≥1 % apart."""
     grid = np.unique(np.linspace(0, end, _SAMPLES + 1).round().astype(np.int64))
     points, level = [(0, start)], start
-    for t in grid[1:-1].tolist():
+    for t in grid[1:].tolist():
         value = fraction(t)
+        if value >= 1.0:  # the full step from the first sample that reaches it
+            break
         if value >= level * LEVEL_STEP:
-            points.append((t, value))
+            points.append((t, round(value, 6)))
             level = value
-    points.append((end, 1.0))
+    points.append((t, 1.0))
     return points
 
 
@@ -183,25 +222,38 @@ def _ramp(start: float, tokens: int, spec: object) -> BatchSchedule:
     if tokens <= 0 or start == 1.0:
         return BatchSchedule((0,), (1.0,))
     count = math.ceil(math.log(1 / start) / math.log(LEVEL_STEP))
-    values = [start * LEVEL_STEP**k for k in range(count)]
+    values = [start] + [round(start * LEVEL_STEP**k, 6) for k in range(1, count)]
     at = [math.ceil((v - start) / (1 - start) * tokens) for v in values]
-    points = [(t, v) for t, v in zip(at, values, strict=True) if t < tokens] + [(tokens, 1.0)]
-    return _thresholds(points, spec)
+    points: dict[int, float] = {}  # a short ramp: levels on one token, the higher one kept
+    for t, v in zip(at, values, strict=True):
+        if t < tokens:
+            points[t] = v
+    levels = _thresholds([*points.items(), (tokens, 1.0)], spec)
+    return BatchSchedule(levels.tokens, levels.fractions, (start, tokens))
 
 
 def _from_callable(fn: Callable[[float], float], max_tokens: int) -> BatchSchedule:
     def value(tokens: float) -> float:
         try:
-            return _fraction(fn(tokens), name)
-        except SettingValueError as error:
-            raise _error(f"at {tokens:g} tokens: {error}", name) from None
+            result = fn(tokens)
+        except Exception as error:  # the user's callable: say where it failed
+            raise _error(
+                f"the callable raised {type(error).__name__}: {error} at {tokens:g} tokens; "
+                "it must map any token count >= 0 to a fraction in (0, 1]",
+                name,
+            ) from error
+        return _fraction(result, name)
 
     name = getattr(fn, "__qualname__", repr(fn))
     end = max_tokens
     while value(end) < 1.0:
         end *= 2
         if end > 2**60:
-            raise _error("the callable never reaches 1 (the full step)", name)
+            raise _error(
+                "the callable never reaches 1 (the full step): return 1.0 once the "
+                "full step is reached, e.g. min(1.0, 0.25 + tokens / 8e6)",
+                name,
+            )
     return _thresholds(_levels(value, value(0), end), name)
 
 
@@ -227,7 +279,11 @@ def check_batch_schedule(spec: object, max_tokens: int) -> str | None:
         points = []
         for item in items:
             if not isinstance(item, (tuple, list)) or len(item) != 2:
-                raise _error(f"{item!r} is not a (tokens, fraction) pair", spec)
+                raise _error(
+                    f"{item!r} is not a (tokens, fraction) pair: write each as e.g. "
+                    "(2_000_000, 0.5) or ('2M', 0.5)",
+                    spec,
+                )
             points.append((_tokens(str(item[0]), spec), _fraction(item[1], spec)))
         schedule = _thresholds(points, spec)
     else:
@@ -266,5 +322,10 @@ def check_schedule_setting(config: Any) -> str | None:
                 value=text,
             )
     if int(config.max_tokens * BatchSchedule.parse(text).smallest) < 1:
-        raise _error(f"its first fraction leaves no token of max_tokens={config.max_tokens}", text)
+        need = 1 / config.max_tokens
+        raise _error(
+            f"its first fraction leaves no token of max_tokens={config.max_tokens}: start "
+            f"at a fraction of at least {need:.4g}, or raise max_tokens",
+            text,
+        )
     return text

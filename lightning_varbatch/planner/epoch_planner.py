@@ -248,6 +248,7 @@ class EpochPlanner(EpochResume):
             self.prepared.key,
             part,
             effective_tail(self.config, groups.size, world, acc, replanned=replanned),
+            full,
         )
 
     @property

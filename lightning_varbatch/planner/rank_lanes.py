@@ -89,11 +89,15 @@ def _lane_groups(groups: SortedGroups, positions: np.ndarray) -> SortedGroups:
 
 
 def lane_config(config: PlanConfig, budget: int) -> PlanConfig:
-    """``config`` with one budget of ``budget`` and no per-rank settings (a lane's cut)."""
+    """``config`` with one budget of ``budget`` and no per-rank settings or schedule (a cut)."""
     with warnings.catch_warnings():  # the settings' warnings were given once, for the config
         warnings.simplefilter("ignore")
         return dataclasses.replace(
-            config, max_tokens=int(budget), rank_shares=None, rank_max_tokens=None
+            config,
+            max_tokens=int(budget),
+            rank_shares=None,
+            rank_max_tokens=None,
+            batch_schedule=None,
         )
 
 
@@ -237,7 +241,9 @@ def lane_plan(
     world = len(lanes)
     counts = [lane.cut.num_micro_batches for lane in lanes]
     if tail == "drop":
-        target = min(counts) // acc * acc
+        shared = np.concatenate([lane.positions for lane in lanes])
+        # Fewer examples than lanes: a lane was given one of another's; "drop" never repeats.
+        target = 0 if np.unique(shared).size < shared.size else min(counts) // acc * acc
         if target == 0 and not replanned:
             raise ValueError(too_few_message(min(counts), "micro-batches", world, acc, config))
     else:

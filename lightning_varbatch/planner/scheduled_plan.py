@@ -4,12 +4,14 @@ The epoch is planned as without a schedule, then walked in step order with the s
 clock (tokens trained before the epoch, plus those of the steps before). The examples of the
 steps that start before the schedule reaches 1 are split by level, each example at the level
 of the clock at its position, and each level's examples are planned again at its fraction of
-every rank's budget: whole steps only, what is left joins the next level. The rest of the
-level that reaches 1 is one step at the full budgets (the tail policy ``"spread"``: the
-epoch's one step with fewer tokens than its schedule), or, when the schedule outlasts the
-epoch, the epoch's tail under its own policy. The steps after are the plan's own. Every
-example is planned once, as in the plan without a schedule; each step carries its fraction
-(``plan.step_fraction``).
+every rank's budget: whole steps only; a partial step's examples, and those of a step filled
+far below the levels' median (a cut's remainder), join the next level, at most one step's
+worth (so a level may begin up to about a step before its threshold). What the level that
+reaches 1 holds is one step at the full budgets (the tail policy ``"spread"``: with the next
+step of the plan when too few for a step; the epoch's one step with fewer tokens than its
+schedule), or, when the schedule outlasts the epoch, the epoch's tail under its own policy.
+The steps after are the plan's own. Every example is planned once, as in the plan without a
+schedule; each step carries its fraction (``plan.step_fraction``).
 
 Example:
     >>> import numpy as np
@@ -25,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -37,6 +40,10 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 
 __all__ = ["PlanPart", "join_plans", "scaled_budgets", "schedule_counts", "schedule_epoch"]
 
+#: A level's step filled to less than this fraction of the median fill of the levels' steps
+#: joins the next level instead (a cut's remainder: with one micro-batch per step it would
+#: run nearly empty).
+UNDERFILLED = 0.9
 #: ``(ids, fraction, tail, stage)`` -> the plan of ``ids`` at ``fraction`` of every budget.
 PlanPart = Callable[[np.ndarray, float, str | None, int], EpochPlan]
 
@@ -51,11 +58,11 @@ def scaled_budgets(budgets: tuple[int, ...], fraction: float, longest: int) -> t
     scaled = tuple(int(b * fraction) for b in budgets)
     if min(scaled) < longest:
         r = int(np.argmin(scaled))
-        need = longest / budgets[r]
+        need = math.ceil(longest / budgets[r] * 10_000) / 10_000
         raise SettingValueError(
             f"batch_schedule: at fraction {fraction:g} rank {r}'s micro-batch budget is "
             f"{scaled[r]} tokens, below the longest example's cost {longest}: start the "
-            f"schedule at a fraction of at least {need:.3g}, or raise max_tokens.",
+            f"schedule at a fraction of at least {need:g}, or raise max_tokens.",
             setting="batch_schedule",
             value=fraction,
         )
@@ -127,6 +134,7 @@ def schedule_epoch(
     key: np.ndarray,
     plan_part: PlanPart,
     tail: str,
+    budgets: tuple[int, ...],
 ) -> EpochPlan:
     """``plan`` with the steps before the schedule reaches 1 re-planned at their fractions.
 
@@ -137,52 +145,99 @@ def schedule_epoch(
         key: every example's planning length.
         plan_part: plans given ids at a fraction of every budget under a tail policy.
         tail: the epoch's tail policy (for a schedule that outlasts the epoch).
+        budgets: every rank's full micro-batch budget.
     """
     if plan.num_steps == 0 or clock >= schedule.full_from:
         return plan
+    acc = plan.accumulate_grad_batches
+    schedule = schedule.levels_for(acc * sum(budgets))
     k = _region(plan, key, clock, schedule.full_from)
     region = plan.ids_of_micro_batches(plan.assign[:k].reshape(-1))
     tokens = key[region].astype(np.int64)
-    at = clock + np.cumsum(tokens) - tokens  # the clock at each example's start
-    level = np.searchsorted(np.asarray(schedule.tokens), at, side="right") - 1
+    at = clock + np.cumsum(tokens) - tokens  # the clock at each example's start (increasing)
+    bounds = np.searchsorted(at, np.asarray(schedule.tokens[1:]), side="left").tolist()
+    starts = [0, *bounds]
+    stages = [i for i in range(len(starts)) if [*bounds, region.size][i] > starts[i]]
     last = k == plan.num_steps  # the schedule outlasts the epoch: its tail is the epoch's
     parts: list[tuple[EpochPlan, float]] = []
     carry = region[:0]
     marks = np.zeros(key.shape[0], dtype=bool)  # the ids of one part, to find what is left
-    for stage in np.unique(level).tolist():
-        pool = np.concatenate((carry, region[level == stage]))
+    fills: list[np.ndarray] = []  # the levels' step fills so far (cost / budget)
+    scaled = [stage for stage in stages if schedule.fractions[stage] < 1.0]
+    for stage in stages:
+        end = bounds[stage] if stage < len(bounds) else region.size
+        pool = np.concatenate((carry, region[starts[stage] : end]))
         fraction = schedule.fractions[stage]
         if fraction == 1.0:
             carry = pool
             break
-        final = last and stage == int(level[-1])
+        final = last and stage == stages[-1]
         part = plan_part(pool, fraction, tail if final else "drop", stage)
+        if not final and stage != scaled[-1] and part.num_steps:  # a remainder waits
+            part = _without_underfilled(
+                part, pool, key, fills, acc * sum(int(b * fraction) for b in budgets)
+            )
         parts.append((part, fraction))
         done = part.example_ids()
         marks[done] = True
         carry = pool[:0] if final else pool[~marks[pool]]
         marks[done] = False
     if carry.size:  # the level that reaches 1: one spread step, or the epoch's tail
-        if not last and carry.size < plan.world_size * plan.accumulate_grad_batches:
-            step = plan.ids_of_micro_batches(plan.assign[k].reshape(-1))
-            carry, region, k = np.concatenate((carry, step)), np.concatenate((region, step)), k + 1
+        if carry.size < plan.world_size * acc:  # too few for a step: with a neighbouring one
+            if not last:  # the next step of the plan
+                step = plan.ids_of_micro_batches(plan.assign[k].reshape(-1))
+                region, k = np.concatenate((region, step)), k + 1
+            elif parts and parts[-1][0].num_steps:  # the epoch's end: the level's last step
+                before, fraction = parts[-1]
+                step = before.ids_of_micro_batches(before.assign[-1].reshape(-1))
+                parts[-1] = (replace(before, assign=before.assign[:-1]), fraction)
+            else:
+                step = carry[:0]
+            carry = np.concatenate((carry, step))
         parts.append((plan_part(carry, 1.0, tail if last else "spread", -1), 1.0))
     replanned = np.concatenate([p.example_ids() for p, _ in parts]) if parts else region
-    before = np.bincount(region, minlength=key.shape[0])
-    after = np.bincount(replanned, minlength=key.shape[0])
-    lost, extra = int(((before > 0) & (after == 0)).sum()), int(((after > 0) & (before == 0)).sum())
+    marks[region] = True
+    distinct = int(np.count_nonzero(marks))
+    extra = int((~marks[replanned]).sum())
+    marks[region] = False
+    marks[replanned] = True
+    lost = distinct - (int(np.count_nonzero(marks)) - extra)
     if extra or (lost and not (last and tail == "drop")):  # an internal invariant
         raise AssertionError(f"the schedule's re-plan lost {lost} examples, added {extra}")
     dropped = plan.num_dropped + lost
-    duplicated = (
-        plan.num_duplicated
-        - int(np.maximum(before - 1, 0).sum())
-        + int(np.maximum(after - 1, 0).sum())
-    )
+    duplicated = plan.num_duplicated - (region.size - distinct) + (replanned.size - distinct + lost)
     parts.append((_steps_from(plan, k), 1.0))
     joined = join_plans([p for p, _ in parts], plan, (dropped, duplicated))
     fractions = np.concatenate([np.full(p.num_steps, f) for p, f in parts])
     return replace(joined, step_fraction=fractions)
+
+
+def _without_underfilled(
+    part: EpochPlan, pool: np.ndarray, key: np.ndarray, fills: list[np.ndarray], step: int
+) -> EpochPlan:
+    """``part`` without its under-filled steps, at most one step's worth (``step``).
+
+    What waits for the next level (those steps and the part's left-over examples) stays
+    within one step's budget.
+
+    A step is under-filled below :data:`UNDERFILLED` of the median fill of the levels' steps
+    so far (``fills``, this part's appended): a cut's remainder, which with one micro-batch
+    per step would run nearly empty.
+    """
+    cost = part.micro_batch_cost[part.assign].sum(axis=(1, 2))
+    fills.append(cost / step)
+    floor = UNDERFILLED * float(np.median(np.concatenate(fills))) * step
+    room = (
+        step - int(key[pool].sum(dtype=np.int64)) + int(key[part.example_ids()].sum(dtype=np.int64))
+    )
+    under = np.flatnonzero(cost < floor)
+    under = under[np.argsort(cost[under], kind="stable")]
+    waiting = under[np.cumsum(cost[under]) <= room]
+    if waiting.size == 0:
+        return part
+    keep = np.ones(part.num_steps, dtype=bool)
+    keep[waiting] = False
+    return replace(part, assign=part.assign[keep])
 
 
 def _steps_from(plan: EpochPlan, k: int) -> EpochPlan:
@@ -190,39 +245,35 @@ def _steps_from(plan: EpochPlan, k: int) -> EpochPlan:
 
 
 def join_plans(parts: list[EpochPlan], template: EpochPlan, counts: tuple[int, int]) -> EpochPlan:
-    """The steps of ``parts``, one after the other, as one plan (only the micro-batches used).
+    """The steps of ``parts``, one after the other, as one plan.
 
-    ``template``: the plan whose epoch, shape and budgets the result keeps; ``counts``: its
-    ``(num_dropped, num_duplicated)``.
+    Every part's micro-batches are kept whole, so the join only concatenates: those no step
+    runs (a part's drops, the template's re-planned steps) are left out of ``assign``, as a
+    ``tail="drop"`` plan leaves its dropped ones. ``template``: the plan whose epoch, shape and
+    budgets the result keeps; ``counts``: its ``(num_dropped, num_duplicated)``.
     """
-    orders, starts, used_all, assigns = [], [], [], []
+    starts, assigns = [], []
     offset_order = offset_mb = 0
     for part in parts:
-        used = part.assign.reshape(-1)
-        positions, firsts = part.positions(used)
-        orders.append(part.order[positions])
-        starts.append(firsts[: used.size] + offset_order)  # an empty part has firsts [0]
-        used_all.append((part, used))
-        assigns.append((offset_mb + np.arange(used.size)).reshape(part.assign.shape))
-        offset_order += positions.size
-        offset_mb += used.size
+        starts.append(part.micro_batch_start.astype(np.int64) + offset_order)
+        assigns.append(part.assign.astype(np.int64) + offset_mb)
+        offset_order += part.order.size
+        offset_mb += part.micro_batch_start.size
 
-    def take(name: str) -> np.ndarray | None:
-        values = [getattr(p, name) for p, _ in used_all]
-        if any(v is None for v in values):
-            return None
-        return np.concatenate([v[u] for v, (_, u) in zip(values, used_all, strict=True)])
+    def cat(name: str) -> np.ndarray | None:
+        values = [getattr(p, name) for p in parts]
+        return None if any(v is None for v in values) else np.concatenate(values)
 
     return replace(
         template,
-        order=np.concatenate(orders),
-        micro_batch_start=np.concatenate(starts).astype(np.int64),
-        micro_batch_size=take("micro_batch_size"),  # type: ignore[arg-type]
-        micro_batch_cost=take("micro_batch_cost"),  # type: ignore[arg-type]
-        micro_batch_work=take("micro_batch_work"),
-        micro_batch_shape=take("micro_batch_shape"),
-        micro_batch_dataset=take("micro_batch_dataset"),
-        _exact_tokens=take("_exact_tokens"),
+        order=np.concatenate([p.order for p in parts]),
+        micro_batch_start=np.concatenate(starts),
+        micro_batch_size=cat("micro_batch_size"),  # type: ignore[arg-type]
+        micro_batch_cost=cat("micro_batch_cost"),  # type: ignore[arg-type]
+        micro_batch_work=cat("micro_batch_work"),
+        micro_batch_shape=cat("micro_batch_shape"),
+        micro_batch_dataset=cat("micro_batch_dataset"),
+        _exact_tokens=cat("_exact_tokens"),
         assign=np.concatenate(assigns).astype(template.assign.dtype),
         num_dropped=counts[0],
         num_duplicated=counts[1],

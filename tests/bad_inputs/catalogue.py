@@ -8,6 +8,7 @@ Example:
 from __future__ import annotations
 
 from tests.bad_inputs import (
+    cases_batch_schedule,
     cases_callbacks,
     cases_cli,
     cases_collate,
@@ -33,6 +34,7 @@ CASES: list[Case] = sorted(
         *cases_planner.CASES,
         *cases_length_warmup.CASES,
         *cases_rank_shares.CASES,
+        *cases_batch_schedule.CASES,
         *cases_sampler.CASES,
         *cases_collate.CASES,
         *cases_pairing.CASES,

@@ -38,6 +38,9 @@ class Taken:
     step: int | None
     budget: int | None  # the plan's budget of this rank (None: not exposed)
     pad: tuple[int, int] | None  # (rows, length) under a shape budget
+    fraction: float | None = None  # the plan's fraction of this step (a batch schedule)
+    step_budget: int | None = None  # what the batch says the step may hold (a schedule)
+    budgets: tuple[int, ...] | None = None  # every rank's budget of the plan
 
 
 def _items(lengths: np.ndarray, offset: int = 0) -> list[dict[str, Any]]:
@@ -115,6 +118,7 @@ class Driver:
         self.spec = spec
         self.epoch = 0
         self.trained = 0  # micro-batches per rank trained this epoch (the loop's count)
+        self._cursor: dict[int, list[Any]] = {}  # each rank's plan and position in it
         self.ranks = [self._build(r) for r in range(spec.world)]
         self._iters: list[Iterator[Any] | None] = [None] * spec.world
 
@@ -219,11 +223,36 @@ class SamplerDriver(Driver):
         return sampler
 
     def _iterate(self, rank: int) -> Iterator[Any]:
+        self._mark(rank)
         return iter(self.sampler(rank))
+
+    def _mark(self, rank: int) -> None:
+        """Where this rank's iteration starts in its plan (to read the plan's step fraction)."""
+        sampler = self.sampler(rank)
+        plan = sampler.plan
+        self._cursor[rank] = [plan, plan.num_micro_batches_per_rank - len(sampler)]
 
     def _taken(self, rank: int, batch: Any) -> Taken:
         pad = None if batch.pad_rows is None else (batch.pad_rows, batch.pad_length)
-        return Taken(rank, tuple(batch), batch.step, self.sampler(rank).rank_budgets[rank], pad)
+        sampler = self.sampler(rank)
+        fraction = None
+        if batch.step_budget is not None:  # a batch schedule: the plan's fraction of the step
+            plan, position = self._cursor[rank]
+            self._cursor[rank][1] += 1
+            mb = int(plan.rank_micro_batches(rank)[position])
+            assert plan.micro_batch_ids(mb).tolist() == list(batch), "read the wrong micro-batch"
+            step = position // plan.accumulate_grad_batches
+            fraction = 1.0 if plan.step_fraction is None else float(plan.step_fraction[step])
+        return Taken(
+            rank,
+            tuple(batch),
+            batch.step,
+            sampler.rank_budgets[rank],
+            pad,
+            fraction,
+            batch.step_budget,
+            tuple(sampler.rank_budgets),
+        )
 
     def state(self) -> Any:
         return self.sampler(0).state_dict()
@@ -274,6 +303,7 @@ class DataModuleDriver(SamplerDriver):
     def _iterate(self, rank: int) -> Iterator[Any]:
         self._sync(rank)
         loader = self._dm(rank).train_dataloader()
+        self._mark(rank)
         return iter(loader.batch_sampler)  # what the DataLoader iterates (no collate needed)
 
     def take(self, count: int) -> list[list[Taken]]:

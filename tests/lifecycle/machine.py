@@ -13,6 +13,10 @@ cost of every micro-batch, computed from the lengths; the refusals a change must
   and what each did is what the library reports for the epoch;
 * no micro-batch over the budget of its rank at that moment (its memory budget now, and the
   budget the plan gave it);
+* under a batch schedule, no micro-batch over ``floor(fraction × budget)`` of its rank, the
+  fraction the plan gives its step; the step budget a batch reports is that fraction of every
+  rank's budget; and (an epoch run from its start) no step a level (1 %) below the schedule
+  at its clock, the planning tokens trained before it, as the model counts them;
 * every rank the same number of micro-batches, always;
 * the optimizer step a micro-batch reports never goes back within an epoch;
 * a change the library cannot honour raises ``ResumeMismatchError`` naming it, before any
@@ -33,8 +37,17 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from lightning_varbatch.errors import ResumeMismatchError, SettingError
+from tests.batch_schedule_oracle import behind_allowed
 from tests.lifecycle.drivers import Driver, SamplerDriver, Taken, build
-from tests.lifecycle.spec import HONOURED, RunSpec, changes, micro_batch_cost, run_specs
+from tests.lifecycle.spec import (
+    HONOURED,
+    SCHEDULED,
+    RunSpec,
+    changes,
+    micro_batch_cost,
+    reference_of,
+    run_specs,
+)
 
 #: Every explored path: (rule, kind) tuples of one run.
 PATHS: set[tuple[tuple[str, ...], ...]] = set()
@@ -48,6 +61,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     """A run of every rank, driven by random rules (see the module docstring)."""
 
     kinds: tuple[str, ...] = ("sampler", "datamodule", "mixture", "stream", "streaming_dm")
+    scheduled = False  # every run under a batch-size schedule (ScheduledMachine)
 
     def __init__(self) -> None:
         super().__init__()
@@ -63,6 +77,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.last_step: list[int] = []
         self._twin: Driver | None = None
         self.repeats_before = 0
+        self.step_fraction: dict[int, float] = {}  # under a batch schedule, by epoch step
+        self.step_tokens: collections.Counter[int] = collections.Counter()
+        self.step_ids: collections.defaultdict[int, list[int]] = collections.defaultdict(list)
+        self.step_budgets: dict[int, list[int]] = {}
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -99,6 +117,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                         f"rank {rank} ran a micro-batch of cost {cost} over its plan's budget "
                         f"{t.budget}"
                     )
+                if t.fraction is not None:
+                    self._check_scheduled(t, cost)
                 if t.pad is not None:
                     assert t.pad[0] * t.pad[1] <= spec.max_tokens
                     assert t.pad[0] >= len(t.ids)
@@ -111,6 +131,47 @@ class LifecycleMachine(RuleBasedStateMachine):
                 self.seen.update(t.ids)
                 self.batches[self._part(t.ids[0])] += 1
         return got
+
+    def _check_scheduled(self, t: Taken, cost: float) -> None:
+        """A micro-batch under a batch schedule: within its fraction of its rank's budget."""
+        assert self.spec is not None and t.fraction is not None and t.budget is not None
+        limit = int(t.fraction * t.budget)
+        assert cost <= limit + 1e-9, (
+            f"rank {t.rank} ran a micro-batch of cost {cost} over floor({t.fraction:g} * "
+            f"{t.budget}) = {limit}, its step's fraction of its budget"
+        )
+        assert t.budgets is not None and t.step_budget is not None
+        expected = self.spec.acc * sum(int(t.fraction * b) for b in t.budgets)
+        assert t.step_budget == expected, (
+            f"a batch says its step may hold {t.step_budget} tokens; at fraction "
+            f"{t.fraction:g} of the budgets {t.budgets} x {self.spec.acc} it is {expected}"
+        )
+        if t.step is not None:
+            self.step_budgets[t.step] = list(t.budgets)
+            seen = self.step_fraction.setdefault(t.step, t.fraction)
+            assert seen == t.fraction, f"step {t.step} at two fractions: {seen}, {t.fraction}"
+            self.step_tokens[t.step] += int(self.spec.key[list(t.ids)].sum())
+            self.step_ids[t.step] += t.ids
+
+    def _check_clock(self) -> None:
+        """Every step of an epoch run from its start at most a level below its schedule (at
+        its clock less the longest example: a level's steps run in another order)."""
+        assert self.spec is not None and self.driver is not None
+        if self.loaded or not self.step_fraction:
+            return
+        reference = reference_of(self.spec.settings["batch_schedule"])
+        clock = self.driver.epoch * int(self.spec.key.sum())
+        longest = int(self.spec.key.max())  # a level's steps run in another order: by as much
+        for step in sorted(self.step_fraction):
+            f = self.step_fraction[step]
+            # a ramp is planned in levels merged to span a few steps: by as much more
+            merged = behind_allowed(f, reference, self.step_budgets[step], self.spec.acc)
+            at = clock - longest - merged
+            assert f * 1.01 >= reference.at(at) - 1e-6, (
+                f"step {step} runs at fraction {f:g}, its schedule says "
+                f"{reference.at(at):g} at {clock} - {longest} - {merged} tokens trained"
+            )
+            clock += self.step_tokens[step]
 
     def _part(self, example: int) -> tuple[int, int]:
         """The plan ``example`` is in: its dataset, and its window of a stream."""
@@ -128,7 +189,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def build_run(self, data: st.DataObject) -> None:
-        spec = data.draw(run_specs(self.kinds), label="spec")
+        spec = data.draw(run_specs(self.kinds, self.scheduled), label="spec")
         try:
             self.driver = build(spec)
             self._check_equal_counts()  # plans the epoch where the front end can
@@ -215,6 +276,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._twin = twin
         self.seen, self.last_step = collections.Counter(seen), list(last_step)
         self.batches = collections.Counter(batches)
+        self.step_fraction, self.step_tokens = {}, collections.Counter()
+        self.step_ids.clear()
         # repeats the saved topology's plan ran already (legitimate where it was crowded)
         self.repeats_before = sum(c - 1 for c in self.seen.values() if c > 1)
         if new_spec.world != len(self.last_step):
@@ -280,6 +343,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assume(False)
             raise
         self.seen, self.batches = collections.Counter(), collections.Counter()
+        self.step_fraction, self.step_tokens = {}, collections.Counter()
+        self.step_ids.clear()
         self.last_step = [0] * self.spec.world
         self.loaded = self.short_remainder = False
         self.repeats_before = 0
@@ -297,12 +362,18 @@ class LifecycleMachine(RuleBasedStateMachine):
         repeated = int(np.maximum(counts - 1, 0).sum())
         tail = spec.settings.get("tail", "spread")
         note(f"epoch end: tail={tail}, missing={missing}, repeated={repeated}")
+        self._check_clock()
         if tail in ("spread", "pad"):
             assert missing == 0, f"tail={tail!r}: {missing} examples never trained this epoch"
         # "spread" repeats only where every micro-batch of a dataset holding one example
         # could not make whole steps: more micro-batches than examples (or a short re-plan)
         examples = collections.Counter(self._part(i) for i in range(n))
         crowded = any(self.batches[part] > size for part, size in examples.items())
+        if self.step_ids:  # a schedule that outlasts the epoch: its last part may be crowded
+            last = self.step_ids[max(self.step_ids)]
+            again = {i for i, c in self.seen.items() if c > 1}
+            if again <= set(last) and len(set(last)) < spec.world * spec.acc:
+                crowded = True
         if tail == "drop" or (tail == "spread" and not (self.short_remainder or crowded)):
             assert repeated == self.repeats_before, (
                 f"tail={tail!r}: {repeated - self.repeats_before} examples trained twice this epoch"
@@ -316,3 +387,10 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         PATHS.add(tuple(self.path))
+
+
+class ScheduledMachine(LifecycleMachine):
+    """The model with every run under a batch-size schedule, on the front ends that take one."""
+
+    kinds = SCHEDULED
+    scheduled = True

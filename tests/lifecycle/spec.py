@@ -15,7 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
+
+from tests.batch_schedule_oracle import Reference, ramp, rank_budgets, thresholds
 
 KINDS = ("sampler", "datamodule", "mixture", "stream", "streaming_dm")
 #: Kinds planned in memory (not window by window).
@@ -39,6 +42,62 @@ def cubed(p: float) -> float:
 
 
 SCHEDULES: tuple[Any, ...] = ("linear", "root", "step", squared)
+#: Front ends that take a batch-size schedule (mixtures and streams refuse one).
+SCHEDULED = ("sampler", "datamodule")
+
+
+def batch_schedules(draw: st.DrawFn, epoch_tokens: int, least: float) -> str | None:
+    """A batch-size schedule whose first fraction holds the longest example on every rank.
+
+    ``least``: the smallest first fraction that does. Thresholds or a ramp (of at least 1000
+    tokens: shorter ramps are another test's), reaching 1 within 0.1 to 2.5 epochs.
+    """
+    firsts = [f for f in (0.25, 0.4, 0.6, 0.8) if f >= least * 1.02]
+    if not firsts:
+        return None
+    first = draw(st.sampled_from(firsts))
+    full = max(2, int(epoch_tokens * draw(st.floats(0.1, 2.5))))
+    if full >= 1000 and draw(st.booleans()):
+        return f"ramp:{first}:{full}"
+    middle = max(1, int(full * draw(st.floats(0.1, 0.9))))
+    if middle >= full:
+        return f"0:{first} {full}:1"
+    return f"0:{first} {middle}:{(1 + first) / 2:.3f} {full}:1"
+
+
+def _text(value: Any) -> str:
+    """A schedule this module drew, as text (it may have been rewritten as pairs)."""
+    if isinstance(value, str):
+        return value
+    return " ".join(f"{int(t)}:{f!r}" for t, f in value)
+
+
+def reference_of(value: Any) -> Reference:
+    """The schedule this module drew, as the oracle's reference (exact ramp, thresholds)."""
+    text = _text(value)
+    if text.startswith("ramp:"):
+        _, first, tokens = text.split(":")
+        return ramp(float(first), int(tokens))
+    return thresholds(*((int(t), float(f)) for t, f in (i.split(":") for i in text.split())))
+
+
+def other_schedule(value: Any) -> str:
+    """Another schedule than ``value`` (its last threshold one token later)."""
+    text = _text(value)
+    if text.startswith("ramp:"):
+        _, first, tokens = text.split(":")
+        return f"ramp:{first}:{int(tokens) + 1}"
+    *head, last = text.split()
+    tokens, _ = last.split(":")
+    return " ".join([*head, f"{int(tokens) + 1}:1"])
+
+
+def same_schedule(value: Any) -> Any:
+    """``value`` written as ``(tokens, fraction)`` pairs (a ramp stays text)."""
+    text = _text(value)
+    if text.startswith("ramp:"):
+        return text
+    return [(int(t), float(f)) for t, f in (item.split(":") for item in text.split())]
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,7 +151,8 @@ class RunSpec:
             f"{s.get('tail', 'spread')}/b{s.get('bucket_width', 1)}/"
             f"{'shapes' if s.get('max_shapes') else '-'}/"
             f"{'shares' if self.rank_shares else '-'}/{'mem' if self.rank_max_tokens else '-'}/"
-            f"{'warm' if s.get('length_warmup') else '-'}/w{self.world}a{self.acc}"
+            f"{'warm' if s.get('length_warmup') else '-'}/"
+            f"{'sched' if s.get('batch_schedule') else '-'}/w{self.world}a{self.acc}"
         )
 
 
@@ -145,8 +205,11 @@ def _lengths(draw: st.DrawFn, n: int, pairs: bool, low: int) -> np.ndarray:
 
 
 @st.composite
-def run_specs(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> RunSpec:
-    """A run drawn from the whole settings space (some draws are invalid: the build rejects)."""
+def run_specs(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS, scheduled: bool = False) -> RunSpec:
+    """A run drawn from the whole settings space (some draws are invalid: the build rejects).
+
+    ``scheduled``: always a batch-size schedule (``kinds`` must be front ends that take one).
+    """
     kind = draw(st.sampled_from(kinds))
     world = draw(st.integers(1, 4))
     acc = draw(st.integers(1, 3))
@@ -193,7 +256,13 @@ def run_specs(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS) -> RunSpec:
     )
     if shapes:
         settings["max_shapes"] = draw(st.integers(2, 4))
-    if kind in IN_MEMORY and draw(st.integers(0, 2)) == 0:
+    if kind in SCHEDULED and not shapes and (scheduled or draw(st.booleans())):
+        budgets = rank_budgets(max_tokens, world, shares, memory)
+        schedule = batch_schedules(draw, int(spec.key.sum()), longest / min(budgets))
+        if schedule is not None:
+            settings["batch_schedule"] = schedule
+    assume(not scheduled or "batch_schedule" in settings)
+    if "batch_schedule" not in settings and kind in IN_MEMORY and draw(st.integers(0, 2)) == 0:
         settings["length_warmup"] = draw(st.integers(1, 5))
         settings["length_warmup_min"] = draw(st.integers(1, 12))
         settings["length_warmup_schedule"] = draw(st.sampled_from(SCHEDULES))
@@ -237,6 +306,8 @@ def changes(draw: st.DrawFn, spec: RunSpec) -> tuple[str, RunSpec, str]:
         options.remove("rank_max_tokens")  # memory budgets: in-memory plans
     if "length_warmup" in spec.settings:
         options.append("schedule")
+    if "batch_schedule" in spec.settings:
+        options += ["batch_schedule", "batch_schedule_form"]
     if spec.kind == "mixture":
         options.remove("data")
     what = draw(st.sampled_from(options))
@@ -286,6 +357,13 @@ def changes(draw: st.DrawFn, spec: RunSpec) -> tuple[str, RunSpec, str]:
             spec.replace(settings=settings),
             (HONOURED if same else "length_warmup_schedule?"),
         )
+    if what in ("batch_schedule", "batch_schedule_form"):
+        text = spec.settings["batch_schedule"]
+        changed = what == "batch_schedule"
+        new_value = other_schedule(text) if changed else same_schedule(text)
+        settings = {**spec.settings, "batch_schedule": new_value}
+        # another schedule is refused naming it; the same one written otherwise is honoured
+        return what, spec.replace(settings=settings), "batch_schedule" if changed else HONOURED
     if what == "seed":
         settings = {**spec.settings, "seed": int(spec.settings.get("seed", 0)) + 1}
         return what, spec.replace(settings=settings), "seed"

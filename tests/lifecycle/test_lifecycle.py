@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.lifecycle.machine import PATHS, LifecycleMachine
+from tests.lifecycle.machine import PATHS, LifecycleMachine, ScheduledMachine
 
 _COMMON = {
     "deadline": None,
@@ -28,6 +28,13 @@ def test_lifecycle_quick() -> None:
     )
 
 
+def test_lifecycle_quick_under_a_batch_schedule() -> None:
+    run_state_machine_as_test(
+        ScheduledMachine,
+        settings=settings(max_examples=12, stateful_step_count=10, **_COMMON),
+    )
+
+
 @pytest.mark.slow
 def test_lifecycle_soak(capsys: pytest.CaptureFixture[str]) -> None:
     PATHS.clear()
@@ -35,5 +42,13 @@ def test_lifecycle_soak(capsys: pytest.CaptureFixture[str]) -> None:
         LifecycleMachine,
         settings=settings(max_examples=150, stateful_step_count=20, **_COMMON),
     )
+    scheduled = len(PATHS)
+    run_state_machine_as_test(
+        ScheduledMachine,
+        settings=settings(max_examples=60, stateful_step_count=20, **_COMMON),
+    )
     with capsys.disabled():
-        print(f"\nlifecycle soak: {len(PATHS)} distinct paths")
+        print(
+            f"\nlifecycle soak: {len(PATHS)} distinct paths, {len(PATHS) - scheduled} more "
+            "under a batch schedule"
+        )
