@@ -290,3 +290,28 @@ def test_scheduled_steps_are_as_full_as_the_planner_makes_small_steps(
         f"scheduled steps are {part.mean():.3f} full on average ({part.size} steps), steps "
         f"planned at the smallest budget {floor.mean():.3f}, full steps {full.mean():.3f}"
     )
+
+
+def test_the_step_where_the_schedule_reaches_one_repeats_nothing() -> None:
+    """Found by the lifecycle soak: the examples left when the schedule reaches 1 (16 here,
+    each about a micro-batch, for steps of 6 micro-batches) were planned as whole steps that
+    needed 18 micro-batches, so ``tail="spread"`` repeated 2 examples mid-epoch."""
+    lengths = np.array(
+        "2 2 2 2 4 4 4 5 5 6 8 10 10 11 11 11 11 12 12 13 13 14 14 14 14 15 16 16 17 17 17 18 "
+        "18 19 19 19 20 20 20 21 21 21 22 24 24 25 25 26 28 28 29 29 29 30 30 30 32 35 37 38 "
+        "38 44 45 47 48 12 23 32 33 33 33 33 34 36 36 36 38 39 40 40 41 42 42 42 42 42 44 44 "
+        "45 45 46 46 47 47 47 48 48".split(),
+        dtype=np.int64,
+    )
+    config = PlanConfig(
+        67,
+        layout="packed",
+        pad_to_multiple_of=4,
+        bucket_width=4,
+        batch_schedule="0:0.8 1360:0.9 3735:1",
+    )
+    planner = EpochPlanner(lengths, config)
+    assert int(lengths.sum()) < 3735 < 2 * int(lengths.sum())  # the schedule ends in epoch 1
+    for epoch in (0, 1):
+        counts = np.bincount(planner.plan(epoch, 3, 2).example_ids(), minlength=lengths.size)
+        assert counts.min() == counts.max() == 1, f"epoch {epoch}: {np.flatnonzero(counts > 1)}"

@@ -182,31 +182,37 @@ def schedule_epoch(
         marks[done] = True
         carry = pool[:0] if final else pool[~marks[pool]]
         marks[done] = False
-    if carry.size:  # the level that reaches 1: one spread step, or the epoch's tail
-        if carry.size < plan.world_size * acc:  # too few for a step: with a neighbouring one
-            if not last:  # the next step of the plan
-                step = plan.ids_of_micro_batches(plan.assign[k].reshape(-1))
-                region, k = np.concatenate((region, step)), k + 1
-            elif parts and parts[-1][0].num_steps:  # the epoch's end: the level's last step
-                before, fraction = parts[-1]
-                step = before.ids_of_micro_batches(before.assign[-1].reshape(-1))
-                parts[-1] = (replace(before, assign=before.assign[:-1]), fraction)
-            else:
-                step = carry[:0]
+    after = [(_steps_from(plan, k), 1.0)]  # the plan's own steps
+    if carry.size and last:  # the schedule outlasts the epoch: the epoch's tail
+        if carry.size < plan.world_size * acc and parts and parts[-1][0].num_steps:
+            before, fraction = parts[-1]  # too few for a step: with the level's last one
+            step = before.ids_of_micro_batches(before.assign[-1].reshape(-1))
+            parts[-1] = (replace(before, assign=before.assign[:-1]), fraction)
             carry = np.concatenate((carry, step))
-        parts.append((plan_part(carry, 1.0, tail if last else "spread", -1), 1.0))
-    replanned = np.concatenate([p.example_ids() for p, _ in parts]) if parts else region
+        parts.append((plan_part(carry, 1.0, tail, -1), 1.0))
+    elif carry.size and tail == "spread":  # with the epoch's partial step: it keeps one
+        kept = plan.assign[k:]
+        j = int(np.argmin(plan.micro_batch_cost[kept].sum(axis=(1, 2))))
+        step = plan.ids_of_micro_batches(kept[j].reshape(-1))
+        region = np.concatenate((region, step))
+        merged = plan_part(np.concatenate((carry, step)), 1.0, "spread", -1)
+        after = [(replace(plan, assign=kept[:j]), 1.0), (merged, 1.0)]
+        after.append((replace(plan, assign=kept[j + 1 :]), 1.0))
+    elif carry.size:  # a partial step under the epoch's policy: dropped or padded, counted
+        parts.append((plan_part(carry, 1.0, tail, -1), 1.0))
+    new = [p for p, _ in parts] + [p for p, _ in after if p.order is not plan.order]
+    replanned = np.concatenate([p.example_ids() for p in new]) if new else region
     marks[region] = True
     distinct = int(np.count_nonzero(marks))
     extra = int((~marks[replanned]).sum())
     marks[region] = False
     marks[replanned] = True
     lost = distinct - (int(np.count_nonzero(marks)) - extra)
-    if extra or (lost and not (last and tail == "drop")):  # an internal invariant
+    if extra or (lost and tail != "drop"):  # an internal invariant
         raise AssertionError(f"the schedule's re-plan lost {lost} examples, added {extra}")
     dropped = plan.num_dropped + lost
     duplicated = plan.num_duplicated - (region.size - distinct) + (replanned.size - distinct + lost)
-    parts.append((_steps_from(plan, k), 1.0))
+    parts.extend(after)
     joined = join_plans([p for p, _ in parts], plan, (dropped, duplicated))
     fractions = np.concatenate([np.full(p.num_steps, f) for p, f in parts])
     return replace(joined, step_fraction=fractions)
@@ -252,21 +258,25 @@ def join_plans(parts: list[EpochPlan], template: EpochPlan, counts: tuple[int, i
     ``tail="drop"`` plan leaves its dropped ones. ``template``: the plan whose epoch, shape and
     budgets the result keeps; ``counts``: its ``(num_dropped, num_duplicated)``.
     """
-    starts, assigns = [], []
+    starts, assigns, whole = [], [], []
+    offsets: dict[int, tuple[int, int]] = {}  # parts cut from one plan share its arrays
     offset_order = offset_mb = 0
     for part in parts:
-        starts.append(part.micro_batch_start.astype(np.int64) + offset_order)
-        assigns.append(part.assign.astype(np.int64) + offset_mb)
-        offset_order += part.order.size
-        offset_mb += part.micro_batch_start.size
+        if id(part.order) not in offsets:
+            offsets[id(part.order)] = (offset_order, offset_mb)
+            whole.append(part)
+            starts.append(part.micro_batch_start.astype(np.int64) + offset_order)
+            offset_order += part.order.size
+            offset_mb += part.micro_batch_start.size
+        assigns.append(part.assign.astype(np.int64) + offsets[id(part.order)][1])
 
     def cat(name: str) -> np.ndarray | None:
-        values = [getattr(p, name) for p in parts]
+        values = [getattr(p, name) for p in whole]
         return None if any(v is None for v in values) else np.concatenate(values)
 
     return replace(
         template,
-        order=np.concatenate([p.order for p in parts]),
+        order=np.concatenate([p.order for p in whole]),
         micro_batch_start=np.concatenate(starts),
         micro_batch_size=cat("micro_batch_size"),  # type: ignore[arg-type]
         micro_batch_cost=cat("micro_batch_cost"),  # type: ignore[arg-type]
