@@ -192,12 +192,13 @@ def schedule_epoch(
         parts.append((plan_part(carry, 1.0, tail, -1), 1.0))
     elif carry.size and tail == "spread":  # with the epoch's partial step: it keeps one
         kept = plan.assign[k:]
-        j = int(np.argmin(plan.micro_batch_cost[kept].sum(axis=(1, 2))))
-        step = plan.ids_of_micro_batches(kept[j].reshape(-1))
-        region = np.concatenate((region, step))
-        merged = plan_part(np.concatenate((carry, step)), 1.0, "spread", -1)
-        after = [(replace(plan, assign=kept[:j]), 1.0), (merged, 1.0)]
-        after.append((replace(plan, assign=kept[j + 1 :]), 1.0))
+        merged, js = _with_smallest_steps(plan, kept, carry, plan_part)
+        region = np.concatenate((region, plan.ids_of_micro_batches(kept[js].reshape(-1))))
+        rest = np.ones(kept.shape[0], dtype=bool)
+        rest[js] = False
+        at = int(js.min())  # the merged steps run where the first of them ran
+        after = [(replace(plan, assign=kept[:at][rest[:at]]), 1.0), (merged, 1.0)]
+        after.append((replace(plan, assign=kept[at:][rest[at:]]), 1.0))
     elif carry.size:  # a partial step under the epoch's policy: dropped or padded, counted
         parts.append((plan_part(carry, 1.0, tail, -1), 1.0))
     new = [p for p, _ in parts] + [p for p, _ in after if p.order is not plan.order]
@@ -216,6 +217,29 @@ def schedule_epoch(
     joined = join_plans([p for p, _ in parts], plan, (dropped, duplicated))
     fractions = np.concatenate([np.full(p.num_steps, f) for p, f in parts])
     return replace(joined, step_fraction=fractions)
+
+
+def _with_smallest_steps(
+    plan: EpochPlan, kept: np.ndarray, carry: np.ndarray, plan_part: PlanPart
+) -> tuple[EpochPlan, np.ndarray]:
+    """``carry`` planned at the full budget with the plan's smallest step (its partial one).
+
+    A part that few examples cannot spread over whole steps would repeat some (each example
+    a micro-batch, say): then with another small step, or with more of them (up to four),
+    whichever first repeats nothing. Returns the part and the steps of ``kept`` it took.
+    """
+    smallest = np.argsort(plan.micro_batch_cost[kept].sum(axis=(1, 2)), kind="stable")[:4]
+    tries = [smallest[i : i + 1] for i in range(smallest.size)]
+    tries += [smallest[:n] for n in range(2, smallest.size + 1)]
+    best: tuple[EpochPlan, np.ndarray] | None = None
+    for js in tries:
+        ids = np.concatenate((carry, plan.ids_of_micro_batches(kept[js].reshape(-1))))
+        part = plan_part(ids, 1.0, "spread", -1)
+        if part.num_duplicated == 0:
+            return part, js
+        best = best or (part, js)
+    assert best is not None
+    return best
 
 
 def _without_underfilled(

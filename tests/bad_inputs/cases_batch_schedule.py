@@ -160,7 +160,7 @@ CASES: list[Case] = [
         "batch_schedule",
         "fraction 0.1",
         "12",
-        "at least 0.188",
+        "at least 0.1875",
         raises=SettingValueError,
         setting="batch_schedule",
         fix_in=PLAN,
