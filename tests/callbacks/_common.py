@@ -11,7 +11,7 @@ from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader
 
-from lightning_varbatch import keys
+from lightning_varbatch import TokenBudgetBatchSampler, keys, token_budget_dataloader
 
 BASE_LR = 0.1
 WARMUP = 4
@@ -43,6 +43,25 @@ class RecordingLogger(Logger):
 
     def series(self, key: str) -> dict[int, float]:
         return {step: m[key] for step, m in self.calls if key in m}
+
+
+class Tokens(LightningModule):
+    """Trains on a token-budget loader of its own: the monitor finds its batch sampler, the
+    library's collate puts the plan's counts on the batches."""
+
+    def __init__(self, sampler: TokenBudgetBatchSampler, docs: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.sampler, self.docs = sampler, docs
+
+    def train_dataloader(self) -> Any:
+        return token_budget_dataloader(self.docs, self.sampler)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.layer(batch["tokens"].float().unsqueeze(-1)).sum()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 class FakeClock:

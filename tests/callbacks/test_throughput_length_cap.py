@@ -6,32 +6,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Trainer
 
-from lightning_varbatch import TokenBudgetBatchSampler, token_budget_dataloader
+from lightning_varbatch import TokenBudgetBatchSampler
 from lightning_varbatch.callbacks import TokenThroughputMonitor
-from tests.callbacks._common import RecordingLogger
+from tests.callbacks._common import RecordingLogger, Tokens
 
 WARMUP = 5
-
-
-class Tokens(LightningModule):
-    """Trains on a token-budget loader of its own (the monitor finds its batch sampler)."""
-
-    def __init__(self, sampler: TokenBudgetBatchSampler, docs: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.sampler, self.docs = sampler, docs
-
-    def train_dataloader(self) -> Any:
-        return token_budget_dataloader(self.docs, self.sampler)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch["tokens"].float().unsqueeze(-1)).sum()
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 def _run(accumulate: int, **settings: Any) -> tuple[TokenBudgetBatchSampler, RecordingLogger]:

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import Trainer
 
-from lightning_varbatch import TokenBudgetBatchSampler, keys, token_budget_dataloader
+from lightning_varbatch import TokenBudgetBatchSampler, keys
 from lightning_varbatch.callbacks import TokenThroughputMonitor
 from lightning_varbatch.planner.scheduled_plan import schedule_counts
-from tests.callbacks._common import Module, RecordingLogger, fit, micro_batches
+from tests.callbacks._common import Module, RecordingLogger, Tokens, fit, micro_batches
 
 SCHEDULE_KEYS = (
     "train/schedule/budget_tokens",
@@ -88,24 +88,6 @@ def test_a_bad_count_names_the_batch_entry(value: torch.Tensor, error: type, mat
     batches[0][keys.STEP_COST] = value
     with pytest.raises(error, match=match):
         fit(Module(batches), [TokenThroughputMonitor()], max_steps=1)
-
-
-class Tokens(LightningModule):
-    """Trains on a token-budget loader of its own (the library's collate puts the keys on)."""
-
-    def __init__(self, sampler: TokenBudgetBatchSampler, docs: list[dict[str, Any]]) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(1, 1)
-        self.sampler, self.docs = sampler, docs
-
-    def train_dataloader(self) -> Any:
-        return token_budget_dataloader(self.docs, self.sampler)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self.layer(batch["tokens"].float().unsqueeze(-1)).sum()
-
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 def test_the_logged_schedule_is_the_plans() -> None:

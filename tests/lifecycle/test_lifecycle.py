@@ -40,12 +40,12 @@ def test_lifecycle_soak(capsys: pytest.CaptureFixture[str]) -> None:
     PATHS.clear()
     run_state_machine_as_test(
         LifecycleMachine,
-        settings=settings(max_examples=150, stateful_step_count=20, **_COMMON),
+        settings=settings(max_examples=100, stateful_step_count=16, **_COMMON),
     )
     scheduled = len(PATHS)
     run_state_machine_as_test(
         ScheduledMachine,
-        settings=settings(max_examples=60, stateful_step_count=20, **_COMMON),
+        settings=settings(max_examples=40, stateful_step_count=16, **_COMMON),
     )
     with capsys.disabled():
         print(

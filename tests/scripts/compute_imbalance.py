@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from callbacks_train import Recorder
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
-from lightning.pytorch.loggers import Logger
 from teardown import shutdown
 from torch.utils.data import DataLoader
 
@@ -29,26 +29,6 @@ from lightning_varbatch.callbacks import TokenThroughputMonitor
 STEPS = 8
 WINDOW = 4
 DELAY = 0.05  # rank 0's forward, seconds per micro-batch; rank 1's is twice as long
-
-
-class Recorder(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[int | None, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "recorder"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.calls.append((step, {k: float(v) for k, v in metrics.items()}))
 
 
 class WholeMicroBatch(Callback):

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from callbacks_train import Recorder
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
-from lightning.pytorch.loggers import Logger
 from strategy_common import MAX_TOKENS, loss_sum, make_model, make_sequences
 from teardown import shutdown
 
@@ -38,26 +38,6 @@ EPOCHS = 3
 SLOW = 2.0
 #: injected compute per padded token slot (s): rank 0 ~10 ms per micro-batch of 48 slots
 PER_SLOT = 0.2e-3
-
-
-class Recorder(Logger):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls: list[tuple[int | None, dict[str, float]]] = []
-
-    @property
-    def name(self) -> str:
-        return "recorder"
-
-    @property
-    def version(self) -> int:
-        return 0
-
-    def log_hyperparams(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        self.calls.append((step, {k: float(v) for k, v in metrics.items()}))
 
 
 class Model(LightningModule):
