@@ -34,7 +34,7 @@ QUICK = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-SOAK = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SOAK = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _schedule(spec: object, max_tokens: int = 64) -> BatchSchedule | None:

@@ -467,3 +467,18 @@ def test_a_per_batch_mixture_refuses_shares_set_at_run_time() -> None:
     with pytest.raises(SettingValueError, match="mixing='per_batch' would re-deal") as info:
         sampler.set_rank_shares([1.0, 0.5])
     assert info.value.setting == "mixing"
+
+
+def test_lanes_of_very_unequal_shares_on_few_examples_take_every_example_once() -> None:
+    """Found by the resume property test: 58 examples over 8 lanes whose shares span 16x.
+
+    A lane over its quota gave back every ``ceil(n / k)``-th position, which for 5 positions
+    and 4 to give back is only 3: the lanes' positions no longer matched the data.
+    """
+    lengths = np.array([4, 3, 3, 2, 2, 1, 1, 1, 1, 4, 3, 4, 3, 3, 4, 3, 3, 3, 3, 4, 2, 4, 3, 1, 2,
+                        4, 3, 1, 4, 3, 4, 1, 1, 4, 1, 3, 1, 2, 2, 2, 2, 1, 1, 1, 1, 3, 3, 3, 2, 3,
+                        4, 2, 2, 4, 4, 4, 2, 3])  # fmt: skip
+    shares = [1.0, 3.0, 3.0, 3.0, 1.5, 2.25, 4.0, 0.25]
+    plan = EpochPlanner(lengths, PlanConfig(75, rank_shares=shares)).plan(0, 8)
+    counts = np.bincount(plan.example_ids(), minlength=lengths.size)
+    assert counts.min() >= 1 and int(np.maximum(counts - 1, 0).sum()) == plan.num_duplicated

@@ -112,6 +112,14 @@ def _to_count(m: int, target: int, rng: np.random.Generator) -> np.ndarray:
     return np.sort(np.concatenate((seq, extra)))
 
 
+def _spaced(positions: np.ndarray, k: int) -> np.ndarray:
+    """``k`` evenly spaced entries of ``positions`` (every ``ceil(n / k)``-th, else spread)."""
+    picks = positions[:: max(1, -(-positions.size // k))][:k]
+    if picks.size < k:  # e.g. 3 of 5 by every second: spread the k over the n instead
+        picks = positions[(np.arange(k) * positions.size) // k]
+    return picks
+
+
 def _lane_positions(size: int, weights: Sequence[float]) -> list[np.ndarray]:
     """Each lane's sorted positions: exactly its largest-remainder share of ``size``.
 
@@ -126,11 +134,7 @@ def _lane_positions(size: int, weights: Sequence[float]) -> list[np.ndarray]:
     surplus = np.bincount(lane, minlength=world) - quota
     if surplus.any():  # move evenly spaced positions of the lanes over quota
         movers = np.concatenate(
-            [
-                np.flatnonzero(lane == r)[:: max(1, -(-int(np.sum(lane == r)) // int(k)))][:k]
-                for r, k in enumerate(surplus.tolist())
-                if k > 0
-            ]
+            [_spaced(np.flatnonzero(lane == r), k) for r, k in enumerate(surplus.tolist()) if k > 0]
         )
         lane[np.sort(movers)] = np.repeat(np.arange(world), np.maximum(-surplus, 0))
     out = [np.flatnonzero(lane == r) for r in range(world)]
