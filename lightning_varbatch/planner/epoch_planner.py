@@ -31,7 +31,7 @@ from lightning_varbatch.planner.lane_budgets import lane_budgets, single_example
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
 from lightning_varbatch.planner.rank_lanes import Lane, lane_config, lane_cuts, lane_plan
-from lightning_varbatch.planner.scheduled_plan import scaled_budgets, schedule_epoch
+from lightning_varbatch.planner.scheduled_plan import fraction_budgets, schedule_epoch
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_config
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import effective_tail, select_micro_batches, tail_cut
@@ -230,16 +230,18 @@ class EpochPlanner(EpochResume):
         if self.config.batch_schedule is None or plan.num_steps == 0:
             return plan
         # The batch-size schedule: the steps before it reaches 1, re-planned at its fractions
-        budgets = lane_budgets(self.config, world, rank_budgets, lambda: self.longest_cost)
-        full = budgets or (self.config.max_tokens,) * world
+        full = (
+            (self.config.max_tokens,) * world
+            if plan.rank_budget is None
+            else tuple(int(b) for b in plan.rank_budget)
+        )
 
         def part(ids: np.ndarray, fraction: float, tail: str | None, stage: int) -> EpochPlan:
-            scaled = full if fraction == 1.0 else scaled_budgets(full, fraction, self.longest_cost)
-            sub = SortedGroups.build(
-                self.prepared.key, np.sort(ids), self.config.bucket_width, self.shape_lengths
+            scaled = (
+                full if fraction == 1.0 else fraction_budgets(full, fraction, self.longest_cost)
             )
             sub_args = (*args[:3], 10_000 + 1_000 * salt + stage + 1, 0, 0, scaled)
-            return self._plan(sub, sub_args, True, cast(TailPolicy, tail))
+            return self._plan(self._groups_of(np.sort(ids)), sub_args, True, cast(TailPolicy, tail))
 
         return schedule_epoch(
             plan,

@@ -124,9 +124,12 @@ class EpochResume(ShapeBudget):
         """The sorted order of the planned examples that ``exclude`` does not mark."""
         exclude = check_exclude(exclude, self.prepared.num_examples)
         kept = self.prepared.kept
-        keep = np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]]
+        return self._groups_of(np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]])
+
+    def _groups_of(self, ids: np.ndarray) -> SortedGroups:
+        """The sorted order of the planned examples ``ids`` (sorted ids)."""
         return SortedGroups.build(
-            self.prepared.key, keep, self.config.bucket_width, self.shape_lengths
+            self.prepared.key, ids, self.config.bucket_width, self.shape_lengths
         )
 
     def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:

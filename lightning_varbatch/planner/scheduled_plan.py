@@ -33,12 +33,20 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.batch_schedule import BatchSchedule
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 
-__all__ = ["PlanPart", "join_plans", "scaled_budgets", "schedule_counts", "schedule_epoch"]
+__all__ = [
+    "PlanPart",
+    "fraction_budgets",
+    "join_plans",
+    "schedule_counts",
+    "schedule_epoch",
+    "step_budgets",
+]
 
 #: A level's step filled to less than this fraction of the median fill of the levels' steps
 #: joins the next level instead (a cut's remainder: with one micro-batch per step it would
@@ -48,14 +56,14 @@ UNDERFILLED = 0.9
 PlanPart = Callable[[np.ndarray, float, str | None, int], EpochPlan]
 
 
-def scaled_budgets(budgets: tuple[int, ...], fraction: float, longest: int) -> tuple[int, ...]:
+def fraction_budgets(budgets: tuple[int, ...], fraction: float, longest: int) -> tuple[int, ...]:
     """Every rank's budget at ``fraction``; refused when one cannot hold the longest example.
 
     Example:
-        >>> scaled_budgets((64, 32), 0.5, 10)
+        >>> fraction_budgets((64, 32), 0.5, 10)
         (32, 16)
     """
-    scaled = tuple(int(b * fraction) for b in budgets)
+    scaled = tuple(int(b) for b in step_budgets(budgets, np.array([fraction]), 1, per_rank=True)[0])
     if min(scaled) < longest:
         r = int(np.argmin(scaled))
         need = math.ceil(longest / budgets[r] * 10_000) / 10_000
@@ -67,6 +75,22 @@ def scaled_budgets(budgets: tuple[int, ...], fraction: float, longest: int) -> t
             value=fraction,
         )
     return scaled
+
+
+def step_budgets(
+    budgets: npt.ArrayLike, fractions: np.ndarray, acc: int, *, per_rank: bool = False
+) -> np.ndarray:
+    """The token budget of steps at ``fractions``: ``acc × Σ_r ⌊fraction × budgets[r]⌋``.
+
+    ``per_rank``: each rank's ``⌊fraction × budgets[r]⌋`` instead, ``(steps, ranks)``.
+
+    Example:
+        >>> step_budgets([64, 32], np.array([0.5, 1.0]), 2).tolist()
+        [96, 192]
+    """
+    full = np.asarray(budgets, dtype=np.float64)
+    ranks = np.floor(np.multiply.outer(fractions, full)).astype(np.int64)
+    return ranks if per_rank else ranks.sum(axis=1) * acc
 
 
 def schedule_counts(plan: EpochPlan, planner: Any) -> tuple[np.ndarray, np.ndarray] | None:
@@ -91,40 +115,32 @@ def schedule_counts(plan: EpochPlan, planner: Any) -> tuple[np.ndarray, np.ndarr
             else plan.rank_budget
         )
         fraction = np.ones(plan.num_steps) if plan.step_fraction is None else plan.step_fraction
-        per_rank = np.floor(fraction[:, None] * full[None, :]).astype(np.int64)
-        budget = per_rank.sum(axis=1) * plan.accumulate_grad_batches
+        budget = step_budgets(full, fraction, plan.accumulate_grad_batches)
         cost = np.ceil(plan.micro_batch_cost[plan.assign].sum(axis=(1, 2))).astype(np.int64)
         cached = (budget, cost)
         object.__setattr__(plan, "_schedule_counts", cached)
     return cached
 
 
-def _step_tokens(plan: EpochPlan, key: np.ndarray, steps: int) -> np.ndarray:
-    """Planning tokens of the plan's first ``steps`` steps."""
-    mbs = plan.assign[:steps].reshape(-1)
-    positions, firsts = plan.positions(mbs)
-    if positions.size == 0:
-        return np.zeros(steps, dtype=np.int64)
-    per_mb = np.add.reduceat(key[plan.order[positions]].astype(np.int64), firsts)
-    return np.asarray(per_mb.reshape(steps, -1).sum(axis=1))
+def _region(plan: EpochPlan, key: np.ndarray, clock: int, until: int) -> tuple[int, np.ndarray]:
+    """The plan's first steps that start before the clock reaches ``until``: count and ids.
 
-
-def _region(plan: EpochPlan, key: np.ndarray, clock: int, until: int) -> int:
-    """How many of the plan's first steps start before the clock reaches ``until``."""
+    The ids are those steps' examples in run order. The steps are read a few at a time from a
+    guess (the mean step's cost, at least its tokens).
+    """
     steps = plan.num_steps
-    guess = max(1, int(np.ceil((until - clock) / max(1.0, _mean_step(plan, key)))))
+    mean_cost = float(plan.micro_batch_cost[plan.assign].sum()) / steps
+    guess = max(1, int(np.ceil((until - clock) / max(1.0, mean_cost))))
     while True:
         take = min(steps, 2 * guess + 8)
-        starts = clock + np.concatenate(([0], np.cumsum(_step_tokens(plan, key, take))))
-        k = int(np.searchsorted(starts[:take], until, side="left"))
+        ids = plan.ids_of_micro_batches(plan.assign[:take].reshape(-1))
+        ends = np.cumsum(plan.step_examples[:take])  # each step's end in ``ids``
+        tokens = np.cumsum(key[ids], dtype=np.int64)
+        starts = clock + np.concatenate(([0], tokens[ends[:-1] - 1]))  # each step's clock
+        k = int(np.searchsorted(starts, until, side="left"))
         if k < take or take == steps:
-            return k
+            return k, ids[: int(ends[k - 1]) if k else 0]
         guess *= 4
-
-
-def _mean_step(plan: EpochPlan, key: np.ndarray) -> float:
-    sample = min(plan.num_steps, 64)
-    return float(_step_tokens(plan, key, sample).mean()) if sample else 1.0
 
 
 def schedule_epoch(
@@ -151,8 +167,7 @@ def schedule_epoch(
         return plan
     acc = plan.accumulate_grad_batches
     schedule = schedule.levels_for(acc * sum(budgets))
-    k = _region(plan, key, clock, schedule.full_from)
-    region = plan.ids_of_micro_batches(plan.assign[:k].reshape(-1))
+    k, region = _region(plan, key, clock, schedule.full_from)
     tokens = key[region].astype(np.int64)
     at = clock + np.cumsum(tokens) - tokens  # the clock at each example's start (increasing)
     bounds = np.searchsorted(at, np.asarray(schedule.tokens[1:]), side="left").tolist()
@@ -174,9 +189,8 @@ def schedule_epoch(
         final = last and stage == stages[-1]
         part = plan_part(pool, fraction, tail if final else "drop", stage)
         if not final and stage != scaled[-1] and part.num_steps:  # a remainder waits
-            part = _without_underfilled(
-                part, pool, key, fills, acc * sum(int(b * fraction) for b in budgets)
-            )
+            budget = int(step_budgets(budgets, np.array([fraction]), acc)[0])
+            part = _without_underfilled(part, pool, key, fills, budget)
         parts.append((part, fraction))
         done = part.example_ids()
         marks[done] = True
