@@ -18,9 +18,10 @@ import numpy as np
 
 from benchmarks.harness import TrainingSettings, proc_kib, reset_hwm
 
-CONFIGS = ("a", "b", "c")
+CONFIGS = ("a", "m", "b", "c")
 NAMES = {
     "a": "(a) ours: token budget",
+    "m": "(a') ours, pair_order=max",
     "b": "(b) random, fixed B",
     "c": "(c) sorted, fixed B",
 }
@@ -77,16 +78,19 @@ def make_batches(
     from lightning_varbatch import TokenBudgetBatchSampler
 
     tensor_lengths = plan_lengths(lengths)
-    ours = [
-        np.asarray(b, dtype=np.int64)
-        for b in TokenBudgetBatchSampler(
-            tensor_lengths, s.max_tokens, rank=0, world_size=1, seed=s.seed
-        )
-    ]
+    ours = {
+        order: [
+            np.asarray(b, dtype=np.int64)
+            for b in TokenBudgetBatchSampler(
+                tensor_lengths, s.max_tokens, rank=0, world_size=1, seed=s.seed, pair_order=order
+            )
+        ]
+        for order in ("two_sided", "max")
+    }
     n = lengths.shape[0]
-    fixed = max(1, round(n / len(ours)))
-    if kind == "a":
-        return ours, fixed
+    fixed = max(1, round(n / len(ours["two_sided"])))
+    if kind in ("a", "m"):  # the same cut: as many micro-batches in either order
+        return ours["two_sided" if kind == "a" else "max"], fixed
     rng = np.random.default_rng([s.seed, 7])
     if kind == "b":
         order = rng.permutation(n)

@@ -47,6 +47,7 @@ def scenarios(draw: st.DrawFn) -> dict:
             seed=draw(st.integers(0, 5)),
             tail=draw(st.sampled_from(["spread", "drop", "pad"])),
             oversize=oversize,
+            pair_order=draw(st.sampled_from(["two_sided", "max"])),
         ),
         "world": draw(st.sampled_from([1, 2, 3, 8, 64])),
         "acc": draw(st.integers(1, 3)),

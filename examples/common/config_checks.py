@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from lightning_varbatch import ON_MISMATCH
-from lightning_varbatch.planner import OVERSIZE_POLICIES, TAIL_POLICIES
+from lightning_varbatch.planner import OVERSIZE_POLICIES, PAIR_ORDERS, TAIL_POLICIES
 
 __all__ = [
     "GROUPS",
@@ -212,7 +212,8 @@ def check_batching(data: DictConfig) -> None:
 
     ``data.max_tokens``, ``data.val_max_tokens``, ``data.bucket_width``,
     ``data.pad_to_multiple_of``, ``data.num_workers``, ``data.tail`` (the library's
-    ``TAIL_POLICIES``) and ``data.oversize`` (its ``OVERSIZE_POLICIES``).
+    ``TAIL_POLICIES``), ``data.oversize`` (its ``OVERSIZE_POLICIES``) and ``data.pair_order``
+    (its ``PAIR_ORDERS``).
 
     Raises:
         ConfigError: naming the ``data.*`` setting.
@@ -239,6 +240,7 @@ def check_batching(data: DictConfig) -> None:
     )
     check_choice("data.tail", data.get("tail"), TAIL_POLICIES)
     check_choice("data.oversize", data.get("oversize"), OVERSIZE_POLICIES)
+    check_choice("data.pair_order", data.get("pair_order", "two_sided"), PAIR_ORDERS)
 
 
 def _check_length(trainer: DictConfig) -> None:

@@ -154,6 +154,7 @@ def _datamodule(
             bucket_width=data.bucket_width,
             max_shapes=data.get("max_shapes"),  # the shape budget (compile=true)
             tail=data.tail,
+            pair_order=data.get("pair_order", "two_sided"),
             oversize=data.oversize,
             pad_to_multiple_of=data.pad_to_multiple_of,
             seed=data.seed,

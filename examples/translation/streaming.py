@@ -436,6 +436,7 @@ def build(
         loss_offset=1,  # the planner counts target minus BOS per pair, after any cut
         bucket_width=data.bucket_width,
         tail=data.tail,
+        pair_order=data.get("pair_order", "two_sided"),
         oversize=data.oversize,
         pad_to_multiple_of=data.pad_to_multiple_of,
         seed=data.seed,

@@ -51,6 +51,12 @@ def _difference(name: str, saved: Any, now: Any) -> str:
             "the lengths (or loss lengths) differ from those the saved plan was made from "
             f"(lengths digest: saved {saved!r}, now {now!r})"
         )
+    if name == "fingerprint":  # the settings' hash, when the state cannot name them
+        return (
+            f"fingerprint: saved {saved!r}, now {now!r} (the settings that change the plan; "
+            "(source, target) pairs saved before pair_order existed were ordered by "
+            "max(source, target): resume those with pair_order='max')"
+        )
     return f"{name}: saved {saved!r}, now {now!r}"
 
 

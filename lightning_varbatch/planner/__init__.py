@@ -18,7 +18,7 @@ Example:
 from lightning_varbatch.planner.batch_schedule import BatchSchedule
 from lightning_varbatch.planner.diagnostics import PlanDiagnostics, diagnose, rank_loads
 from lightning_varbatch.planner.epoch_plan import EpochPlan
-from lightning_varbatch.planner.epoch_planner import EpochPlanner, plan_epoch
+from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.flops import FlopModel
 from lightning_varbatch.planner.length_warmup import SCHEDULES as LENGTH_WARMUP_SCHEDULES
 from lightning_varbatch.planner.length_warmup import LengthWarmupTrace
@@ -26,6 +26,8 @@ from lightning_varbatch.planner.lengths import MAX_OVERSIZE_FRACTION
 from lightning_varbatch.planner.mixture import MixturePlanner
 from lightning_varbatch.planner.mixture_datasets import MIXING_POLICIES, DataSource
 from lightning_varbatch.planner.mixture_report import dataset_breakdown, format_breakdown
+from lightning_varbatch.planner.one_call import plan_epoch
+from lightning_varbatch.planner.pair_order import PAIR_ORDERS, pair_slots
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.rank_shares import rank_budgets
 from lightning_varbatch.planner.schedule_report import (
@@ -52,6 +54,7 @@ __all__ = [
     "MAX_OVERSIZE_FRACTION",
     "MIXING_POLICIES",
     "OVERSIZE_POLICIES",
+    "PAIR_ORDERS",
     "TAIL_POLICIES",
     "BatchSchedule",
     "DataSource",
@@ -71,6 +74,7 @@ __all__ = [
     "dataset_breakdown",
     "diagnose",
     "format_breakdown",
+    "pair_slots",
     "plan_epoch",
     "rank_budgets",
     "rank_loads",

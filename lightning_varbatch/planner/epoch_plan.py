@@ -2,7 +2,7 @@
 
 Example:
     >>> import numpy as np
-    >>> from lightning_varbatch.planner.epoch_planner import plan_epoch
+    >>> from lightning_varbatch.planner import plan_epoch
     >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
     >>> plan.num_steps, plan.micro_batch(0, 1).tolist()
     (1, [1, 3])
@@ -224,7 +224,7 @@ class EpochPlan:
         """Positions in ``order`` of ``micro_batches``' examples, and where each one starts.
 
         Example:
-            >>> from lightning_varbatch.planner.epoch_planner import plan_epoch
+            >>> from lightning_varbatch.planner import plan_epoch
             >>> plan = plan_epoch(np.array([4, 4, 4]), max_tokens=8, shuffle=False)
             >>> [p.tolist() for p in plan.positions(np.array([1, 0]))]
             [[2, 0, 1], [0, 1]]

@@ -7,7 +7,7 @@ shuffles within buckets, applies the tail policy (:mod:`~.tail`), forms and deal
 
 Example:
     >>> import numpy as np
-    >>> from lightning_varbatch.planner.epoch_planner import plan_epoch
+    >>> from lightning_varbatch.planner import plan_epoch
     >>> plan = plan_epoch(np.array([3, 5, 2, 7, 4, 6]), max_tokens=10, world_size=2)
     >>> plan.num_micro_batches_per_rank, sorted(plan.example_ids().tolist())
     (2, [0, 1, 2, 3, 4, 5])
@@ -30,14 +30,16 @@ from lightning_varbatch.planner.epoch_resume import EpochResume
 from lightning_varbatch.planner.lane_budgets import lane_budgets, single_example_cost
 from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
+from lightning_varbatch.planner.pair_order import with_pair_work
 from lightning_varbatch.planner.rank_lanes import Lane, lane_config, lane_cuts, lane_plan
 from lightning_varbatch.planner.scheduled_plan import fraction_budgets, schedule_epoch
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_config
+from lightning_varbatch.planner.settings_identity import pair_fingerprint
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 from lightning_varbatch.planner.tail import effective_tail, select_micro_batches, tail_cut
 from lightning_varbatch.planner.warmup_plan import check_warmup_acts, warmup_caps
 
-__all__ = ["EpochPlan", "EpochPlanner", "PlanConfig", "plan_epoch"]
+__all__ = ["EpochPlan", "EpochPlanner", "PlanConfig"]
 
 
 class EpochPlanner(EpochResume):
@@ -99,6 +101,7 @@ class EpochPlanner(EpochResume):
         self._lane_cache: tuple[tuple[Any, ...], list[Lane]] | None = None  # last budgets'
         self._last: tuple[tuple[Any, ...], EpochPlan] | None = None  # plan_resumed's last plan
         self._epoch_tokens: int | None = None
+        self._pair_width: float | None = None
 
     @property
     def num_examples(self) -> int:
@@ -152,15 +155,15 @@ class EpochPlanner(EpochResume):
 
     def fingerprint(self) -> str:
         """A short hash of the settings that change the plan (for checkpoint checks)."""
-        return self.config.fingerprint()
+        return pair_fingerprint(
+            self.config.fingerprint(), self.prepared.pairs, self.config.pair_order
+        )
 
     @property
     def groups(self) -> SortedGroups:
         """The sorted order of all planned examples (computed once)."""
         if self._groups is None:
-            self._groups = SortedGroups.build(
-                self.prepared.key, self.prepared.kept, self.config.bucket_width, self.shape_lengths
-            )
+            self._groups = self._groups_of(self.prepared.kept)
         return self._groups
 
     def _cut(self, tail: TailPolicy = "pad", multiple: int = 1, budget: int = 0) -> SortedCut:
@@ -283,18 +286,23 @@ class EpochPlanner(EpochResume):
         rng = np.random.default_rng([cfg.seed, epoch, salt])
         order = groups.ids.copy()
         if cfg.shuffle:
-            starts = groups.starts
+            starts = groups.shuffle_starts
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
         budgets = lane_budgets(cfg, world, rank_budgets, lambda: self.longest_cost)
         caps = warmup_caps(cfg, self.prepared, epoch, first_step)
         floor = check_count("cap_floor", cap_floor, minimum=0)
         key, shapes = self.prepared.key, None
+        # packed rows and two-sided pairs: ranks balanced by a work that is not the cost
+        by_work = cfg.layout == "packed" or (
+            self.prepared.sides is not None and cfg.pair_order == "two_sided"
+        )
         if budgets is not None and len(set(budgets)) > 1:
             lanes = self._lanes(groups, order, budgets, replanned, acc)
             planned = lane_plan(lanes, order, cfg, acc, tail, rng, replanned)
             order, cut = planned.order, planned.cut
             warm = None if caps is None else (caps, floor, order, first_step)
+            cut = with_pair_work(cut, order, self.prepared.sides, cfg)
             assign, trace = order_steps(cut, planned.steps(acc), rng, cfg, key, warm)
             dropped, duplicated = planned.num_dropped, planned.num_duplicated
         else:
@@ -307,11 +315,20 @@ class EpochPlanner(EpochResume):
                 cut = tail_cut(SortedCut.build(groups, cut_config), groups, tail, wa, cut_config)
             else:
                 cut = self._cut(tail, wa, budget)
+            cut = with_pair_work(cut, order, self.prepared.sides, cfg)
             selected = select_micro_batches(cut, tail, world, acc, rng, cfg, replanned)
             warm = None if caps is None else (caps, floor, order, first_step)
             run = selected.micro_batches
             assign, trace = deal_run(
-                cut, run, (world, acc), rng, cfg, key, warm, rotate=self.rotate_ranks
+                cut,
+                run,
+                (world, acc),
+                rng,
+                cfg,
+                key,
+                warm,
+                rotate=self.rotate_ranks,
+                by_work=by_work,
             )
             dropped, duplicated = selected.num_dropped, selected.num_duplicated
             shapes = self._micro_batch_shapes(groups, cut)
@@ -323,7 +340,7 @@ class EpochPlanner(EpochResume):
             micro_batch_start=cut.starts,
             micro_batch_size=cut.sizes,
             micro_batch_cost=cut.cost,
-            micro_batch_work=cut.work if cfg.layout == "packed" else None,
+            micro_batch_work=cut.work if by_work else None,
             micro_batch_shape=shapes,
             assign=assign,
             num_dropped=dropped,
@@ -360,36 +377,3 @@ class EpochPlanner(EpochResume):
         if self._longest_cost is None:
             self._longest_cost = single_example_cost(self.prepared, self.config)
         return self._longest_cost
-
-
-def plan_epoch(
-    lengths: npt.ArrayLike,
-    max_tokens: int,
-    *,
-    epoch: int = 0,
-    world_size: int = 1,
-    accumulate_grad_batches: int = 1,
-    loss_lengths: npt.ArrayLike | None = None,
-    **config: Any,
-) -> EpochPlan:
-    """Plan one epoch in one call (see :class:`EpochPlanner` to plan many epochs).
-
-    Args:
-        lengths: ``(n,)`` or ``(n, 2)`` lengths.
-        max_tokens: the token budget of one micro-batch.
-        epoch: the epoch.
-        world_size: number of ranks.
-        accumulate_grad_batches: micro-batches per rank per optimizer step.
-        loss_lengths: loss tokens per example, when not the lengths / target column.
-        **config: any other :class:`PlanConfig` setting (``cost``, ``seed``, ``tail``, ...).
-
-    Returns:
-        The plan.
-
-    Example:
-        >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
-        >>> plan.micro_batch_size[plan.rank_micro_batches(0)].tolist()
-        [2]
-    """
-    planner = EpochPlanner(lengths, PlanConfig(max_tokens=max_tokens, **config), loss_lengths)
-    return planner.plan(epoch, world_size, accumulate_grad_batches)

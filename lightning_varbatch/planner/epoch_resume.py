@@ -24,6 +24,7 @@ import numpy as np
 
 from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.lane_budgets import uniform
+from lightning_varbatch.planner.pair_buckets import pair_width
 from lightning_varbatch.planner.protocol import Planner
 from lightning_varbatch.planner.remainder_guard import guard_remainder
 from lightning_varbatch.planner.resume_inputs import check_exclude, check_history
@@ -42,6 +43,7 @@ class EpochResume(ShapeBudget):
 
     plan: Callable[..., EpochPlan]
     _last: tuple[tuple[Any, ...], EpochPlan] | None
+    _pair_width: float | None  # pairs' bucket width (pair_buckets), chosen at the first build
 
     def plan_resumed(
         self,
@@ -126,10 +128,18 @@ class EpochResume(ShapeBudget):
         kept = self.prepared.kept
         return self._groups_of(np.flatnonzero(~exclude) if kept is None else kept[~exclude[kept]])
 
-    def _groups_of(self, ids: np.ndarray) -> SortedGroups:
-        """The sorted order of the planned examples ``ids`` (sorted ids)."""
+    def _groups_of(self, ids: np.ndarray | None) -> SortedGroups:
+        """The sorted order of the planned examples ``ids`` (sorted ids; ``None``: all)."""
+        sides = self.prepared.sides if self.config.pair_order == "two_sided" else None
+        if self._pair_width is None:  # chosen once, on all the data: every re-plan keeps it
+            self._pair_width = pair_width(self.prepared, self.config)
         return SortedGroups.build(
-            self.prepared.key, ids, self.config.bucket_width, self.shape_lengths
+            self.prepared.key,
+            ids,
+            self.config.bucket_width,
+            self.shape_lengths,
+            sides,
+            self._pair_width,
         )
 
     def _empty_plan(self, epoch: int, world: int, acc: int) -> EpochPlan:

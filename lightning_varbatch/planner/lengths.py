@@ -36,6 +36,8 @@ class PreparedLengths:
         num_truncated: examples cut by ``oversize="truncate"``.
         truncate_to: the length examples were cut to (``None`` when nothing was cut).
         pairs: whether the lengths were given as (source, target) pairs.
+        sides: ``(2, n)`` source lengths, then target lengths, after truncation (contiguous
+            rows), for pairs (else ``None``).
     """
 
     key: np.ndarray
@@ -45,6 +47,7 @@ class PreparedLengths:
     num_truncated: int
     truncate_to: int | None
     pairs: bool
+    sides: np.ndarray | None = None
 
     @property
     def num_examples(self) -> int:
@@ -80,6 +83,11 @@ class PreparedLengths:
             num_truncated=sum(p.num_truncated for p in preps),
             truncate_to=truncate_to,
             pairs=all(p.pairs for p in preps),
+            sides=(
+                np.concatenate([p.sides for p in preps], axis=1)
+                if all(p.sides is not None for p in preps)
+                else None
+            ),
         )
 
 
@@ -205,7 +213,14 @@ def prepare_lengths(
         num_truncated=num_truncated,
         truncate_to=truncate_to,
         pairs=pairs,
+        sides=_sides(arr, truncate_to) if pairs else None,
     )
+
+
+def _sides(arr: np.ndarray, truncate_to: int | None) -> np.ndarray:
+    """Pairs' ``(2, n)`` source and target lengths, contiguous, cut to ``truncate_to``."""
+    sides = np.ascontiguousarray(arr.T, dtype=np.uint16 if int(arr.max()) < 2**16 else np.int32)
+    return sides if truncate_to is None else np.minimum(sides, truncate_to)
 
 
 def _check_oversize_share(config: PlanConfig, key: np.ndarray, num_over: int, fit: int) -> None:

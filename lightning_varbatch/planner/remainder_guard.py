@@ -138,7 +138,7 @@ def consumed_ledger(plan: EpochPlan, start: int) -> tuple[int, int]:
     The same figures :func:`guard_remainder` returns, without its checks (a checkpoint's).
 
     Example:
-        >>> from lightning_varbatch.planner.epoch_planner import plan_epoch
+        >>> from lightning_varbatch.planner import plan_epoch
         >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
         >>> consumed_ledger(plan, 1) == (4, ids_digest(np.arange(4)))
         True

@@ -15,12 +15,14 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypeAlias
 
 from lightning_varbatch.checks import check_choice, check_count, check_flag, check_real
-from lightning_varbatch.errors import SettingTypeError, SettingValueError
+from lightning_varbatch.errors import SettingTypeError
 from lightning_varbatch.planner.batch_schedule import check_schedule_setting
 from lightning_varbatch.planner.costs import CostFn, CostName, check_cost, resolve_cost
 from lightning_varbatch.planner.length_warmup import ScheduleFn, ScheduleName, check_warmup_settings
+from lightning_varbatch.planner.pair_order import PAIR_ORDERS, PairOrder
 from lightning_varbatch.planner.rank_shares import check_rank_settings, rank_budgets
 from lightning_varbatch.planner.settings_identity import fingerprint_of, plain_settings
+from lightning_varbatch.planner.shape_settings import check_shape_settings
 
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
 LayoutName: TypeAlias = Literal["padded", "packed"]
@@ -101,6 +103,17 @@ class PlanConfig:
             """examples whose lengths fall in the same ``bucket_width``-wide bucket are mixed
             freely (1: exact length sorting, the tightest padding; larger values add
             randomness at the price of padding, budgeted with the bucket's longest example)"""
+        ),
+    )
+    pair_order: PairOrder = field(
+        default="two_sided",
+        metadata=_help(
+            """how (source, target) pairs of one planning length are ordered:
+            ``"two_sided"`` (default) by ``source - target``, so that each side pads to its
+            own longest less (:mod:`~lightning_varbatch.planner.pair_order`); ``"max"``: by
+            ``max(source, target)`` only (the order of plans before it existed). The same
+            budget on each side, at most 1 % more micro-batches; ranks balanced by both sides'
+            padded slots; no effect on one length per example"""
         ),
     )
     shuffle: bool = field(
@@ -253,6 +266,7 @@ class PlanConfig:
         check_choice(
             "tail", self.tail, TAIL_POLICIES, what=" (what to do with a partial last step)"
         )
+        check_choice("pair_order", self.pair_order, PAIR_ORDERS, what=" (how pairs are ordered)")
         check_choice(
             "oversize",
             self.oversize,
@@ -283,7 +297,7 @@ class PlanConfig:
         object.__setattr__(self, "flop_attention", float(flops))
         if self.max_shapes is not None:
             object.__setattr__(self, "max_shapes", check_count("max_shapes", self.max_shapes))
-            self._check_shape_budget()
+            check_shape_settings(self)
         for name, value in check_warmup_settings(self).items():
             object.__setattr__(self, name, value)
         for name, value in check_rank_settings(self).items():
@@ -313,32 +327,6 @@ class PlanConfig:
         if shares is None and self.rank_max_tokens is None:
             return None
         return rank_budgets(self.max_tokens, world_size, shares, self.rank_max_tokens)
-
-    def _check_shape_budget(self) -> None:
-        """Refuse the settings a shape budget cannot keep (``max_shapes`` is set)."""
-        clashes = {
-            "layout": (self.layout != "padded", "a packed row already has one shape"),
-            "cost": (
-                self.cost not in ("padded", "quadratic"),
-                "a shape's rows are priced by their count, so the cost must be 'padded' or "
-                "'quadratic'",
-            ),
-            "bucket_width": (self.bucket_width != 1, "the shapes are the buckets"),
-            "batch_size_multiple": (
-                self.batch_size_multiple != 1,
-                "each shape's rows are fixed at the most that fit; pick max_tokens so they "
-                "are the multiple you want",
-            ),
-        }
-        for name, (clash, why) in clashes.items():
-            if clash:
-                raise SettingValueError(
-                    f"max_shapes={self.max_shapes} cannot be combined with {name}="
-                    f"{getattr(self, name)!r}: {why}. Leave {name} at its default or unset "
-                    "max_shapes.",
-                    setting="max_shapes",
-                    value=self.max_shapes,
-                )
 
     @property
     def cost_fn(self) -> CostFn:

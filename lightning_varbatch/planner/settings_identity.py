@@ -20,7 +20,13 @@ from typing import Any
 
 from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS, schedule_values
 
-__all__ = ["LATER_SETTINGS", "RANK_SETTINGS", "fingerprint_of", "plain_settings"]
+__all__ = [
+    "LATER_SETTINGS",
+    "RANK_SETTINGS",
+    "fingerprint_of",
+    "pair_fingerprint",
+    "plain_settings",
+]
 
 #: Settings added after checkpoints were first saved, with their defaults: at its default such
 #: a setting is left out of the plain values and the fingerprint, so the states of plans made
@@ -31,6 +37,9 @@ LATER_SETTINGS: dict[str, Any] = {
     "rank_shares": None,
     "rank_max_tokens": None,
     "batch_schedule": None,
+    # at its default, left out: a state of pairs saved before it existed (ordered by max)
+    # differs in the planner's fingerprint (pair_fingerprint) and is refused
+    "pair_order": "two_sided",
 }
 #: Settings that say how the work is shared between ranks, not which examples go together:
 #: like the world size, they are left out of both (a saved plan records its budgets).
@@ -68,8 +77,10 @@ def fingerprint_of(values: dict[str, Any]) -> str:
         del values["layout"], values["flop_attention"]
     if values["max_shapes"] is None:
         del values["max_shapes"]
+    # the pair order changes only plans of pairs: their planner adds it (pair_fingerprint)
+    del values["pair_order"]
     for name, default in LATER_SETTINGS.items():
-        if values[name] == default or name in RANK_SETTINGS:
+        if name in values and (values[name] == default or name in RANK_SETTINGS):
             del values[name]
     if callable(values["cost"]):
         values["cost"] = getattr(values["cost"], "__qualname__", repr(values["cost"]))
@@ -77,3 +88,18 @@ def fingerprint_of(values: dict[str, Any]) -> str:
         values["length_warmup_schedule"] = schedule
     blob = json.dumps(values, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:16]
+
+
+def pair_fingerprint(fingerprint: str, pairs: bool, pair_order: str) -> str:
+    """A planner's fingerprint: its settings' (``fingerprint``), marked for two-sided pairs.
+
+    Pairs in the two-sided order plan otherwise than under ``"max"`` (the order of plans made
+    before the setting existed, and the only one for one length per example).
+
+    Example:
+        >>> pair_fingerprint("abc", pairs=False, pair_order="two_sided")
+        'abc'
+    """
+    if not pairs or pair_order == "max":
+        return fingerprint
+    return hashlib.sha1(f"{fingerprint}-pairs-{pair_order}".encode()).hexdigest()[:16]

@@ -22,6 +22,7 @@ import numpy as np
 from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.planner.costs import checked_cost
 from lightning_varbatch.planner.flops import work
+from lightning_varbatch.planner.pair_order import order_within
 from lightning_varbatch.planner.search import largest_true
 from lightning_varbatch.planner.settings import PlanConfig
 
@@ -34,16 +35,25 @@ class SortedGroups:
         ids: example ids, longest first (int32 when they fit).
         starts: ``(G + 1,)`` start position of each group, then the total count.
         longest: ``(G,)`` the longest length in each group.
+        cells: ``(C + 1,)`` starts of the runs an epoch shuffles within, when they are finer
+            than the groups (pairs in the two-sided order,
+            :func:`~lightning_varbatch.planner.pair_order.order_within`); ``None``: the groups.
     """
 
     ids: np.ndarray
     starts: np.ndarray
     longest: np.ndarray
+    cells: np.ndarray | None = None
 
     @property
     def size(self) -> int:
         """Number of examples."""
         return int(self.ids.shape[0])
+
+    @property
+    def shuffle_starts(self) -> np.ndarray:
+        """Starts of the runs an epoch shuffles within: the cells, else the groups."""
+        return self.starts if self.cells is None else self.cells
 
     @classmethod
     def build(
@@ -52,13 +62,36 @@ class SortedGroups:
         subset: np.ndarray | None,
         bucket_width: int,
         shape_lengths: np.ndarray | None = None,
+        sides: np.ndarray | None = None,
+        relative_width: float = 0.0,
     ) -> SortedGroups:
         """Sort ``key`` (or its ``subset`` of ids) by decreasing bucket, stably.
 
         A stable counting sort in cache-sized chunks: the extra memory is the 4-byte ids plus
         one chunk. With ``shape_lengths`` (the shape budget's, ascending) the buckets are those
-        lengths: an example goes to the shortest that holds it.
+        lengths: an example goes to the shortest that holds it. With ``sides`` (pairs' source
+        and target lengths) each bucket is ordered by ``source - target`` in cells; with a
+        ``relative_width`` too, the ``bucket_width`` buckets are joined into geometric ones
+        about that fraction wide (:mod:`~lightning_varbatch.planner.pair_buckets`).
         """
+        if relative_width > 0 and key.size and (subset is None or subset.size):
+            groups = cls._build_relative(key, subset, bucket_width, relative_width)
+        else:
+            groups = cls._build(key, subset, bucket_width, shape_lengths)
+        if sides is None:
+            return groups
+        ids, cells = order_within(groups.ids, groups.starts, sides)
+        return cls(ids=ids, starts=groups.starts, longest=groups.longest, cells=cells)
+
+    @classmethod
+    def _build(
+        cls,
+        key: np.ndarray,
+        subset: np.ndarray | None,
+        bucket_width: int,
+        shape_lengths: np.ndarray | None,
+    ) -> SortedGroups:
+        """:meth:`build` by bucket alone."""
         k = key if subset is None else key[subset]
         if k.size == 0:
             empty = np.zeros(0, dtype=np.int64)
@@ -83,6 +116,36 @@ class SortedGroups:
         offset = np.where(per_bucket > 0, np.arange(bucket_width), -1).max(axis=1)
         longest = np.arange(nb, dtype=np.int64) * bucket_width + offset
         nonempty = np.flatnonzero(sizes)[::-1]  # longest bucket first
+        starts = np.concatenate(([0], np.cumsum(sizes[nonempty]))).astype(np.int64)
+        return cls(ids=ids, starts=starts, longest=longest[nonempty])
+
+    @classmethod
+    def _build_relative(
+        cls, key: np.ndarray, subset: np.ndarray | None, bucket_width: int, width: float
+    ) -> SortedGroups:
+        """:meth:`build` into geometric buckets, each priced at its longest example.
+
+        ``bucket_width`` buckets ``b`` are joined by ``floor(log(b + 1) / log(1 + width))``.
+        """
+        k = key if subset is None else key[subset]
+        dense = int(k.max()) < _DENSE_BUCKETS  # then one lookup per length, not a log each
+        # every length's bucket (or every example's), never decreasing in the length
+        values = np.arange(int(k.max()) + 1) if dense else k.astype(np.int64)
+        of_value = np.floor(np.log1p(values // bucket_width) / np.log1p(width)).astype(np.int64)
+        bucket = of_value[k] if dense else of_value
+        top = int(of_value.max())
+        id_dtype = np.int32 if key.shape[0] < 2**31 else np.int64
+        ids = np.argsort((top - bucket).astype(np.uint16), kind="stable").astype(id_dtype)
+        if subset is not None:
+            ids = subset[ids].astype(id_dtype)
+        sizes = np.bincount(bucket, minlength=top + 1)
+        longest = np.zeros(top + 1, dtype=np.int64)
+        if dense:
+            present = np.flatnonzero(np.bincount(k))  # ascending: a bucket's last is longest
+            longest[of_value[present]] = present
+        else:
+            np.maximum.at(longest, bucket, values)
+        nonempty = np.flatnonzero(sizes)[::-1]  # the longest bucket first
         starts = np.concatenate(([0], np.cumsum(sizes[nonempty]))).astype(np.int64)
         return cls(ids=ids, starts=starts, longest=longest[nonempty])
 
@@ -137,7 +200,13 @@ class SortedGroups:
         """The sorted order from position ``start`` on (positions renumbered from 0)."""
         g0 = int(self.group_of(np.array([start]))[0])
         starts = np.concatenate(([0], self.starts[g0 + 1 :] - start)).astype(np.int64)
-        return SortedGroups(ids=self.ids[start:], starts=starts, longest=self.longest[g0:])
+        cells = None
+        if self.cells is not None:
+            c0 = int(np.searchsorted(self.cells, start, side="right")) - 1
+            cells = np.concatenate(([0], self.cells[c0 + 1 :] - start)).astype(np.int64)
+        return SortedGroups(
+            ids=self.ids[start:], starts=starts, longest=self.longest[g0:], cells=cells
+        )
 
     def group_of(self, pos: np.ndarray) -> np.ndarray:
         """Group index of each position."""

@@ -136,7 +136,7 @@ def warmup_position(plan: EpochPlan, consumed: int, first: int, floor: int) -> t
     schedule (``trace.levels``), a single dataset's in tokens.
 
     Example:
-        >>> from lightning_varbatch.planner.epoch_planner import plan_epoch
+        >>> from lightning_varbatch.planner import plan_epoch
         >>> plan = plan_epoch(np.arange(1, 200), 400, world_size=2, length_warmup=5)
         >>> step, cap = warmup_position(plan, 3, 0, 0)
         >>> step, cap == int(plan.length_warmup.realised[:3].max())

@@ -34,6 +34,7 @@ from lightning_varbatch.planner.epoch_plan import EpochPlan
 from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.lengths import largest_fitting_length, single_cost
 from lightning_varbatch.planner.settings import PlanConfig, check_config
+from lightning_varbatch.planner.settings_identity import pair_fingerprint
 
 __all__ = ["MIN_WINDOW", "WINDOW_BATCHES", "WindowPlan", "WindowedPlanner", "auto_window"]
 
@@ -167,8 +168,11 @@ class WindowedPlanner:
         self.shard_names = None if shard_names is None else [str(n) for n in shard_names]
         self._shard_lengths = shard_lengths
         self._cache: dict[int, np.ndarray] = {}
+        first = int(np.flatnonzero(self.shard_rows)[0])
+        # pairs or not (checked against the rows when the window is planned)
+        sample = self._lengths(first) if window is None else self._shard_lengths(first)
+        self.pairs = np.ndim(sample) == 2
         if window is None:
-            first = int(np.flatnonzero(self.shard_rows)[0])
             window = auto_window(self._lengths(first), config)
         self.window = check_count("window", window, what=" (examples planned together)")
 
@@ -184,10 +188,8 @@ class WindowedPlanner:
 
     def fingerprint(self) -> str:
         """The settings' fingerprint plus the window (for checkpoint checks)."""
-        return (
-            f"{self.config.fingerprint()}-w{self.window}-s{int(self.shuffle_shards)}"
-            f"-o{self.loss_offset}"
-        )
+        settings = pair_fingerprint(self.config.fingerprint(), self.pairs, self.config.pair_order)
+        return f"{settings}-w{self.window}-s{int(self.shuffle_shards)}-o{self.loss_offset}"
 
     def shard_order(self, epoch: int) -> np.ndarray:
         """The order the shards are read in during ``epoch``."""

@@ -390,6 +390,18 @@ CASES: list[Case] = [
         setting="tail",
     ),
     error(
+        "dm-pair_order-unknown",
+        "DataModule",
+        "TokenBudgetDataModule(pair_order='sorted')",
+        lambda tmp: _built(pair_order="sorted"),
+        "pair_order",
+        "sorted",
+        "max",
+        fix_in=DM,
+        raises=SettingValueError,
+        setting="pair_order",
+    ),
+    error(
         "dm-pad_to_multiple_of-zero",
         "DataModule",
         "TokenBudgetDataModule(pad_to_multiple_of=0)",

@@ -66,6 +66,17 @@ def _stream_with_shares(tmp: Path) -> None:
 
 CASES: list[Case] = [
     error(
+        "examples-pair_order-unknown",
+        AREA,
+        "translation: data.pair_order=min",
+        _built("translation", "data.pair_order=min"),
+        "data.pair_order",
+        "min",
+        "two_sided",
+        raises=ConfigError,
+        fix_in=KEYS,
+    ),
+    error(
         "examples-rank_shares-too-small",
         AREA,
         "translation: trainer.devices=2 data.rank_shares=[1.0,0.01] (rank 1: 2 tokens)",

@@ -375,6 +375,18 @@ CASES: list[Case] = [
         setting="tail",
     ),
     error(
+        "config-pair_order-unknown",
+        "planner API",
+        "PlanConfig(pair_order='min')",
+        lambda tmp: PlanConfig(16, pair_order="min"),
+        "pair_order",
+        "min",
+        "two_sided",
+        fix_in=CONFIG,
+        raises=SettingValueError,
+        setting="pair_order",
+    ),
+    error(
         "config-oversize-unknown",
         "planner API",
         "PlanConfig(oversize='clip')",

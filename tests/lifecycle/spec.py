@@ -224,6 +224,8 @@ def run_specs(draw: st.DrawFn, kinds: tuple[str, ...] = KINDS, scheduled: bool =
         settings["pad_to_multiple_of"] = 4
     if draw(st.booleans()):
         settings["bucket_width"] = 4
+    if pairs and draw(st.booleans()):
+        settings["pair_order"] = "max"
     settings["tail"] = draw(st.sampled_from(["spread", "drop", "pad"]))
     if draw(st.integers(0, 3)) == 0:
         settings["loss_offset"] = 1
@@ -310,6 +312,8 @@ def changes(draw: st.DrawFn, spec: RunSpec) -> tuple[str, RunSpec, str]:
         options += ["batch_schedule", "batch_schedule_form"]
     if spec.kind == "mixture":
         options.remove("data")
+    if spec.lengths[0].ndim == 2:
+        options.append("pair_order")
     what = draw(st.sampled_from(options))
     longest = single_cost(spec, int(spec.key.max()))
     if what == "nothing":
@@ -364,6 +368,9 @@ def changes(draw: st.DrawFn, spec: RunSpec) -> tuple[str, RunSpec, str]:
         settings = {**spec.settings, "batch_schedule": new_value}
         # another schedule is refused naming it; the same one written otherwise is honoured
         return what, spec.replace(settings=settings), "batch_schedule" if changed else HONOURED
+    if what == "pair_order":  # the other order plans pairs otherwise: refused, named
+        other = "two_sided" if spec.settings.get("pair_order") == "max" else "max"
+        return what, spec.replace(settings={**spec.settings, "pair_order": other}), "pair_order"
     if what == "seed":
         settings = {**spec.settings, "seed": int(spec.settings.get("seed", 0)) + 1}
         return what, spec.replace(settings=settings), "seed"
