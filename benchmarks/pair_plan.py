@@ -40,7 +40,8 @@ import numpy as np
 
 from benchmarks.harness import print_table
 from benchmarks.pair_reference import bucket_order, greedy_cut, optimum, padded_slots
-from lightning_varbatch.planner import EpochPlan, EpochPlanner, PlanConfig, wmt_like_lengths
+from lightning_varbatch import EpochPlan, EpochPlanner, PlanConfig
+from lightning_varbatch.planner import wmt_like_lengths
 
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 WIDTHS = (0.02, 0.05, 0.1)

@@ -7,6 +7,7 @@ the narrow-bucket order cut by a plain greedy loop, and the exact optimum of sma
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import numpy as np
@@ -20,8 +21,13 @@ from benchmarks.pair_reference import (
     padded_slots,
 )
 from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler
-from lightning_varbatch.errors import ResumeMismatchError
+from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
 from lightning_varbatch.planner import EpochPlan, pair_slots, wmt_like_lengths
+from lightning_varbatch.planner.lengths import prepare_lengths
+from lightning_varbatch.planner.one_call import plan_epoch
+from lightning_varbatch.planner.pair_buckets import MOST_PAIRS_TRIED, WIDTHS, pair_width
+from lightning_varbatch.planner.pair_order import MIN_CELL, order_within
+from lightning_varbatch.planner.shape_settings import check_shape_settings
 
 PAIRS = wmt_like_lengths(20_000, seed=0).astype(np.int64)
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -153,3 +159,48 @@ def test_a_state_of_the_max_order_is_refused_by_the_two_sided_one_naming_it() ->
     again.load_state_dict(state)
     rest = [list(b) for b in again]
     assert sorted(i for b in taken + rest for i in b) == list(range(3000))
+
+
+def test_order_within_alternates_direction_and_keeps_cells_of_alike_pairs() -> None:
+    rng = np.random.default_rng(5)
+    pairs = rng.integers(1, 30, size=(400, 2))
+    sides = np.ascontiguousarray(pairs.T)
+    ids = np.arange(400, dtype=np.int32)
+    starts = np.array([0, 150, 400])
+    ordered, cells = order_within(ids.copy(), starts, sides)
+    diff = pairs[ordered, 0] - pairs[ordered, 1]
+    assert np.all(np.diff(diff[:150]) >= 0) and np.all(np.diff(diff[150:]) <= 0)
+    assert sorted(ordered[:150].tolist()) == list(range(150))  # groups keep their members
+    assert cells[0] == 0 and cells[-1] == 400 and {0, 150} <= set(cells.tolist())
+    ends = set(starts.tolist())
+    for a, b in ((0, 150), (150, 400)):  # at most one cell per MIN_CELL pairs of a group
+        assert ((cells >= a) & (cells < b)).sum() <= (b - a) // MIN_CELL + 1
+    for b in cells[1:-1].tolist():  # a cell never splits a run of equal source - target
+        assert b in ends or diff[b] != diff[b - 1]
+
+
+def test_pair_width_is_the_planners_and_only_for_pairs_it_can_reorder() -> None:
+    pairs = PAIRS[:2000]
+    config = PlanConfig(512)
+    planner = EpochPlanner(pairs, config)
+    planner.plan(0)
+    assert pair_width(prepare_lengths(pairs, config), config) == planner._pair_width in WIDTHS
+    assert pair_width(prepare_lengths(pairs[:, 0], config), config) == 0.0  # one length each
+    flat = PlanConfig(512, pair_order="max")
+    assert pair_width(prepare_lengths(pairs, flat), flat) == 0.0
+    many = np.ones((MOST_PAIRS_TRIED + 1, 2), dtype=np.int16)
+    assert pair_width(prepare_lengths(many, config), config) == 0.0
+
+
+def test_plan_epoch_is_one_planners_epoch() -> None:
+    one = plan_epoch(PAIRS[:500], 1024, epoch=2, world_size=2, seed=4)
+    many = EpochPlanner(PAIRS[:500], PlanConfig(1024, seed=4)).plan(2, 2)
+    assert np.array_equal(one.order, many.order) and np.array_equal(one.assign, many.assign)
+
+
+def test_a_shape_budget_names_the_setting_it_cannot_keep() -> None:
+    config = PlanConfig(64)
+    check_shape_settings(config)  # no clash at the defaults
+    with pytest.raises(SettingValueError, match="bucket_width") as caught:
+        check_shape_settings(dataclasses.replace(config, bucket_width=2, max_shapes=4))
+    assert caught.value.setting == "max_shapes"

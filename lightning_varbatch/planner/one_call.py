@@ -44,7 +44,7 @@ def plan_epoch(
         The plan.
 
     Example:
-        >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
+        >>> plan = plan_epoch([4, 4, 4, 4], max_tokens=8, world_size=2)
         >>> plan.micro_batch_size[plan.rank_micro_batches(0)].tolist()
         [2]
     """
