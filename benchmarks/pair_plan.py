@@ -131,8 +131,9 @@ def example_padding() -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         dm = build_datamodule(cfg, Path(tmp))[0]
     planner = dm.planner("train")
-    assert planner.prepared.sides is not None
-    pairs = planner.prepared.sides.T.astype(np.int64)
+    sides = planner.prepared.sides
+    assert sides is not None
+    pairs = sides.T
     out = {}
     for order in ("max", "two_sided"):
         config = PlanConfig(**{**vars(planner.config), "pair_order": order})

@@ -293,16 +293,16 @@ class EpochPlanner(EpochResume):
         caps = warmup_caps(cfg, self.prepared, epoch, first_step)
         floor = check_count("cap_floor", cap_floor, minimum=0)
         key, shapes = self.prepared.key, None
-        # packed rows and two-sided pairs: ranks balanced by a work that is not the cost
-        by_work = cfg.layout == "packed" or (
-            self.prepared.sides is not None and cfg.pair_order == "two_sided"
-        )
+        # ranks balanced by a work that is not the cost: packed rows (steps formed by it) and
+        # two-sided pairs (steps of neighbouring lengths, dealt by both sides' slots)
+        by_work = cfg.layout == "packed"
+        pair_work = self.prepared.diff is not None and cfg.pair_order == "two_sided"
         if budgets is not None and len(set(budgets)) > 1:
             lanes = self._lanes(groups, order, budgets, replanned, acc)
             planned = lane_plan(lanes, order, cfg, acc, tail, rng, replanned)
             order, cut = planned.order, planned.cut
             warm = None if caps is None else (caps, floor, order, first_step)
-            cut = with_pair_work(cut, order, self.prepared.sides, cfg)
+            cut = with_pair_work(cut, order, self.prepared, cfg)
             assign, trace = order_steps(cut, planned.steps(acc), rng, cfg, key, warm)
             dropped, duplicated = planned.num_dropped, planned.num_duplicated
         else:
@@ -315,7 +315,7 @@ class EpochPlanner(EpochResume):
                 cut = tail_cut(SortedCut.build(groups, cut_config), groups, tail, wa, cut_config)
             else:
                 cut = self._cut(tail, wa, budget)
-            cut = with_pair_work(cut, order, self.prepared.sides, cfg)
+            cut = with_pair_work(cut, order, self.prepared, cfg)
             selected = select_micro_batches(cut, tail, world, acc, rng, cfg, replanned)
             warm = None if caps is None else (caps, floor, order, first_step)
             run = selected.micro_batches
@@ -340,7 +340,7 @@ class EpochPlanner(EpochResume):
             micro_batch_start=cut.starts,
             micro_batch_size=cut.sizes,
             micro_batch_cost=cut.cost,
-            micro_batch_work=cut.work if by_work else None,
+            micro_batch_work=cut.work if by_work or pair_work else None,
             micro_batch_shape=shapes,
             assign=assign,
             num_dropped=dropped,

@@ -130,7 +130,7 @@ class EpochResume(ShapeBudget):
 
     def _groups_of(self, ids: np.ndarray | None) -> SortedGroups:
         """The sorted order of the planned examples ``ids`` (sorted ids; ``None``: all)."""
-        sides = self.prepared.sides if self.config.pair_order == "two_sided" else None
+        diff = self.prepared.diff if self.config.pair_order == "two_sided" else None
         if self._pair_width is None:  # chosen once, on all the data: every re-plan keeps it
             self._pair_width = pair_width(self.prepared, self.config)
         return SortedGroups.build(
@@ -138,7 +138,7 @@ class EpochResume(ShapeBudget):
             ids,
             self.config.bucket_width,
             self.shape_lengths,
-            sides,
+            diff,
             self._pair_width,
         )
 

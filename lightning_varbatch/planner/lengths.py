@@ -36,8 +36,9 @@ class PreparedLengths:
         num_truncated: examples cut by ``oversize="truncate"``.
         truncate_to: the length examples were cut to (``None`` when nothing was cut).
         pairs: whether the lengths were given as (source, target) pairs.
-        sides: ``(2, n)`` source lengths, then target lengths, after truncation (contiguous
-            rows), for pairs (else ``None``).
+        diff: ``source - target`` of every pair after truncation, int16 when it fits (with
+            :attr:`key` it gives both sides: :attr:`sides`); ``None`` for one length each and
+            under ``pair_order="max"``.
     """
 
     key: np.ndarray
@@ -47,7 +48,20 @@ class PreparedLengths:
     num_truncated: int
     truncate_to: int | None
     pairs: bool
-    sides: np.ndarray | None = None
+    diff: np.ndarray | None = None
+
+    @property
+    def sides(self) -> np.ndarray | None:
+        """``(2, n)`` source, then target lengths as planned (``None`` without pairs).
+
+        Example:
+            >>> prepare_lengths(np.array([[3, 4], [9, 2]]), PlanConfig(16)).sides.tolist()
+            [[3, 9], [4, 2]]
+        """
+        if self.diff is None:
+            return None
+        key = self.key.astype(np.int64)
+        return np.stack((key + np.minimum(self.diff, 0), key - np.maximum(self.diff, 0)))
 
     @property
     def num_examples(self) -> int:
@@ -83,9 +97,9 @@ class PreparedLengths:
             num_truncated=sum(p.num_truncated for p in preps),
             truncate_to=truncate_to,
             pairs=all(p.pairs for p in preps),
-            sides=(
-                np.concatenate([p.sides for p in preps], axis=1)
-                if all(p.sides is not None for p in preps)
+            diff=(
+                np.concatenate([p.diff for p in preps])  # type: ignore[misc]
+                if all(p.diff is not None for p in preps)
                 else None
             ),
         )
@@ -213,14 +227,21 @@ def prepare_lengths(
         num_truncated=num_truncated,
         truncate_to=truncate_to,
         pairs=pairs,
-        sides=_sides(arr, truncate_to) if pairs else None,
+        diff=_diff(arr, truncate_to) if pairs and config.pair_order == "two_sided" else None,
     )
 
 
-def _sides(arr: np.ndarray, truncate_to: int | None) -> np.ndarray:
-    """Pairs' ``(2, n)`` source and target lengths, contiguous, cut to ``truncate_to``."""
-    sides = np.ascontiguousarray(arr.T, dtype=np.uint16 if int(arr.max()) < 2**16 else np.int32)
-    return sides if truncate_to is None else np.minimum(sides, truncate_to)
+def _diff(arr: np.ndarray, truncate_to: int | None) -> np.ndarray:
+    """Pairs' ``source - target``, both cut to ``truncate_to``; int16 when it fits."""
+    longest = int(arr.max()) if truncate_to is None else truncate_to
+    diff = np.empty(arr.shape[0], dtype=np.int16 if longest < 2**15 else np.int64)
+    chunk = 1 << 18  # bounded temporaries for millions of pairs
+    for lo in range(0, arr.shape[0], chunk):
+        part = arr[lo : lo + chunk].astype(np.int64)
+        if truncate_to is not None:
+            np.minimum(part, truncate_to, out=part)
+        diff[lo : lo + chunk] = part[:, 0] - part[:, 1]
+    return diff
 
 
 def _check_oversize_share(config: PlanConfig, key: np.ndarray, num_over: int, fit: int) -> None:

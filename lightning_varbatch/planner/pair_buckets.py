@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from lightning_varbatch.planner.lengths import PreparedLengths
-from lightning_varbatch.planner.pair_order import pair_slots
+from lightning_varbatch.planner.pair_order import with_pair_work
 from lightning_varbatch.planner.settings import PlanConfig
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
 
@@ -48,8 +48,8 @@ def pair_width(prepared: PreparedLengths, config: PlanConfig) -> float:
     0 without pairs, under ``pair_order="max"``, with a shape budget (its shapes are the
     buckets) and above :data:`MOST_PAIRS_TRIED` pairs.
     """
-    sides = prepared.sides
-    if sides is None or config.pair_order != "two_sided" or config.max_shapes is not None:
+    diff = prepared.diff
+    if diff is None or config.pair_order != "two_sided" or config.max_shapes is not None:
         return 0.0
     planned = prepared.key.shape[0] if prepared.kept is None else prepared.kept.shape[0]
     if planned > MOST_PAIRS_TRIED:
@@ -57,10 +57,10 @@ def pair_width(prepared: PreparedLengths, config: PlanConfig) -> float:
     best, chosen, most = np.inf, 0.0, np.inf
     for width in WIDTHS:
         groups = SortedGroups.build(
-            prepared.key, prepared.kept, config.bucket_width, None, sides, width
+            prepared.key, prepared.kept, config.bucket_width, None, diff, width
         )
-        cut = SortedCut.build(groups, config)
-        slots = pair_slots(groups.ids, cut.starts, cut.sizes, sides, config.pad_to_multiple_of)
+        cut = with_pair_work(SortedCut.build(groups, config), groups.ids, prepared, config)
+        slots = cut.work
         if width == 0.0:
             most = MORE_MICRO_BATCHES * cut.num_micro_batches
         if slots.sum() < best and cut.num_micro_batches <= most:

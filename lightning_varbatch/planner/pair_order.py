@@ -17,9 +17,9 @@ alike pairs (``docs/planning.md``, "Pairs").
 
 Example:
     >>> import numpy as np
-    >>> sides = np.array([[4, 9], [9, 2], [9, 9], [9, 5], [3, 9]]).T  # sources, then targets
-    >>> ids, cells = order_within(np.arange(5), np.array([0, 5]), sides)
-    >>> ids.tolist(), cells.tolist()  # source - target: -6, -5, 0, 4, 7
+    >>> diff = np.array([-5, 7, 0, 4, -6])  # source - target of five pairs of one length
+    >>> ids, cells = order_within(np.arange(5), np.array([0, 5]), diff)
+    >>> ids.tolist(), cells.tolist()
     ([4, 0, 2, 3, 1], [0, 5])
 """
 
@@ -48,14 +48,14 @@ __all__ = [
 
 
 def order_within(
-    ids: np.ndarray, starts: np.ndarray, sides: np.ndarray
+    ids: np.ndarray, starts: np.ndarray, diff: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """``ids`` reordered within each group by ``source - target``, and the cells that remain.
 
     Args:
         ids: example ids sorted by group (``SortedGroups.ids``).
         starts: ``(G + 1,)`` start of each group, then the count.
-        sides: ``(2, num_examples)``: every example's source, then target length as planned.
+        diff: every example's ``source - target`` as planned (``PreparedLengths.diff``).
 
     Returns:
         ``ids``, reordered in place, and ``(C + 1,)`` starts of the cells (runs of equal group
@@ -64,11 +64,11 @@ def order_within(
     """
     if ids.size == 0:
         return ids, np.zeros(1, dtype=np.int64)
-    span = int(sides.max())  # |source - target| < the longest length
+    span = int(np.abs(diff).max())
     if starts.size > _LOOP_GROUPS:  # many groups (very long lengths): one sort of both keys
         group = np.repeat(np.arange(starts.size - 1, dtype=np.int64), np.diff(starts))
-        diff = sides[0][ids].astype(np.int64) - sides[1][ids]
-        signed = np.where(group % 2 == 0, diff, -diff)
+        mine = diff[ids].astype(np.int64)
+        signed = np.where(group % 2 == 0, mine, -mine)
         order = np.argsort(group * (2 * span + 1) + signed, kind="stable")
         signed = signed[order]
         ids[:] = ids[order]
@@ -76,7 +76,7 @@ def order_within(
     runs = []  # one group at a time: temporaries of one group's size
     for g, (a, b) in enumerate(itertools.pairwise(starts.tolist())):
         members = ids[a:b]
-        signed = sides[0][members].astype(np.int32) - sides[1][members]
+        signed = diff[members].astype(np.int32)
         if g % 2:  # the direction alternates
             np.negative(signed, out=signed)
         keys = (signed + span).astype(np.uint16) if 2 * span < 1 << 16 else signed
@@ -90,10 +90,10 @@ def order_within(
 #: Above this many groups :func:`order_within` sorts once instead of group by group.
 _LOOP_GROUPS = 4096
 #: The pairs a cell holds on average (at most one cell per this many pairs of a group): runs
-#: of equal ``source - target`` are joined up to it, so that an epoch's shuffle changes micro-batches' members
-#: about as much as under ``"max"`` (on 20k WMT-like pairs at 512-4096 tokens, 3-5 % of
-#: micro-batches repeat between epochs, 2-3 % under ``"max"``; single runs: 19-22 %) for
-#: 0.1-0.3 points more padding than single runs.
+#: of equal ``source - target`` are joined up to it, so that an epoch's shuffle changes
+#: micro-batches' members about as much as under ``"max"`` (on 20k WMT-like pairs at
+#: 512-4096 tokens, 3-5 % of micro-batches repeat between epochs, 2-3 % under ``"max"``;
+#: single runs: 19-22 %) for 0.1-0.3 points more padding than single runs.
 MIN_CELL = 8
 
 
@@ -115,33 +115,52 @@ def _cells(runs: np.ndarray, starts: np.ndarray) -> np.ndarray:
 
 
 def longest_sides(
-    order: np.ndarray, starts: np.ndarray, sizes: np.ndarray, sides: np.ndarray
+    order: np.ndarray, starts: np.ndarray, sizes: np.ndarray, key: np.ndarray, diff: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every micro-batch's longest source and longest target (0 for an empty one), int64.
 
+    ``key``: every pair's ``max(source, target)``; ``diff``: its ``source - target``.
+
     Example:
-        >>> sides = np.array([[4, 9, 3], [9, 2, 9]])
-        >>> src, tgt = longest_sides(np.array([0, 2, 1]), np.array([0, 2]), np.array([2, 1]), sides)
+        >>> key, diff = np.array([9, 9, 9]), np.array([-5, 7, -6])  # (4, 9), (9, 2), (3, 9)
+        >>> src, tgt = longest_sides(np.array([0, 2, 1]), np.array([0, 2]), np.array([2, 1]),
+        ...                          key, diff)
         >>> src.tolist(), tgt.tolist()
         ([4, 9], [9, 2])
     """
     sizes = np.asarray(sizes, dtype=np.int64)
-    if not (sizes > 0).any():
-        return np.zeros(sizes.shape[0], np.int64), np.zeros(sizes.shape[0], np.int64)
+    src = np.zeros(sizes.shape[0], dtype=np.int64)
+    tgt = np.zeros(sizes.shape[0], dtype=np.int64)
     offsets = np.cumsum(sizes) - sizes
-    members = order
-    if not np.array_equal(starts, offsets) or offsets[-1] + sizes[-1] != order.size:
-        positions = np.repeat(np.asarray(starts, dtype=np.int64) - offsets, sizes)
-        members = order[positions + np.arange(int(sizes.sum()))]  # micro-batches may overlap
-    first = np.minimum(offsets, members.size - 1)
-    src = np.maximum.reduceat(sides[0][members], first).astype(np.int64)
-    tgt = np.maximum.reduceat(sides[1][members], first).astype(np.int64)
-    src[sizes == 0] = tgt[sizes == 0] = 0
+    nonempty = np.flatnonzero(sizes)
+    # micro-batches a chunk of positions at a time: bounded temporaries for millions of pairs
+    bounds = np.searchsorted(offsets[nonempty], np.arange(0, int(sizes.sum()), _CHUNK))
+    starts = np.asarray(starts, dtype=np.int64)
+    contiguous = np.array_equal(starts[nonempty], offsets[nonempty])  # the usual cut
+    for m0, m1 in itertools.pairwise([*bounds.tolist(), nonempty.size]):
+        mbs = nonempty[m0:m1]
+        if mbs.size == 0:
+            continue
+        n = sizes[mbs]
+        local = np.cumsum(n) - n
+        if contiguous:
+            members = order[starts[mbs[0]] : starts[mbs[-1]] + n[-1]]
+        else:  # micro-batches may overlap (repeats) or skip positions
+            positions = np.repeat(starts[mbs] - local, n)
+            members = order[positions + np.arange(int(n.sum()))]
+        k = key[members].astype(diff.dtype)  # int16 when the lengths fit it
+        d = diff[members]
+        src[mbs] = np.maximum.reduceat(k + np.minimum(d, 0), local)
+        tgt[mbs] = np.maximum.reduceat(k - np.maximum(d, 0), local)
     return src, tgt
 
 
+#: Positions :func:`longest_sides` reads at a time.
+_CHUNK = 1 << 18
+
+
 def pair_slots(
-    order: np.ndarray, starts: np.ndarray, sizes: np.ndarray, sides: np.ndarray, multiple: int
+    order: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pairs: np.ndarray, multiple: int
 ) -> np.ndarray:
     """Padded slots of both tensors of every micro-batch: ``n * (longest src + longest tgt)``.
 
@@ -152,32 +171,36 @@ def pair_slots(
         order: the plan's example ids in sorted position.
         starts: ``(m,)`` first position of each micro-batch.
         sizes: ``(m,)`` examples of each micro-batch.
-        sides: ``(2, num_examples)`` source, then target lengths.
+        pairs: ``(num_examples, 2)`` (source, target) lengths.
         multiple: ``pad_to_multiple_of``.
 
     Example:
-        >>> sides = np.array([[4, 9, 3], [9, 2, 9]])
-        >>> pair_slots(np.array([0, 2, 1]), np.array([0, 2]), np.array([2, 1]), sides, 1)
+        >>> pairs = np.array([[4, 9], [9, 2], [3, 9]])
+        >>> pair_slots(np.array([0, 2, 1]), np.array([0, 2]), np.array([2, 1]), pairs, 1)
         array([26., 11.])
     """
-    src, tgt = longest_sides(order, starts, sizes, sides)
+    pairs = np.asarray(pairs, dtype=np.int64)
+    key, diff = pairs.max(axis=1), pairs[:, 0] - pairs[:, 1]
+    return _slots(sizes, *longest_sides(order, starts, sizes, key, diff), multiple)
+
+
+def _slots(sizes: np.ndarray, src: np.ndarray, tgt: np.ndarray, multiple: int) -> np.ndarray:
     padded = -(-src // multiple) * multiple - (-tgt // multiple) * multiple
     return (np.asarray(sizes, dtype=np.int64) * padded).astype(np.float64)
 
 
-def with_pair_work(cut: _Cut, order: np.ndarray, sides: np.ndarray | None, config: Any) -> _Cut:
+def with_pair_work(cut: _Cut, order: np.ndarray, prepared: Any, config: Any) -> _Cut:
     """``cut`` (a ``SortedCut``) with both sides' padded slots as its work (two-sided pairs).
 
-    ``sides``: ``PreparedLengths.sides`` (``None``, or ``pair_order="max"``: ``cut`` itself).
-    The planner then forms steps by this work and records it as ``micro_batch_work``; the
-    cost is recomputed from the micro-batches' own longest pair (a bucket wider than one
-    length was cut at its longest: a bound).
+    ``prepared``: the ``PreparedLengths`` (one length each, or ``pair_order="max"``: ``cut``
+    itself). The plan records the work as ``micro_batch_work``; the cost is recomputed from
+    the micro-batches' own longest pair (a bucket wider than one length was cut at its
+    longest: a bound).
     """
-    if sides is None or config.pair_order != "two_sided":
+    if prepared.diff is None or config.pair_order != "two_sided":
         return cut
-    src, tgt = longest_sides(order, cut.starts, cut.sizes, sides)
+    src, tgt = longest_sides(order, cut.starts, cut.sizes, prepared.key, prepared.diff)
     p = config.pad_to_multiple_of
-    slots = (cut.sizes * (-(-src // p) * p - (-tgt // p) * p)).astype(np.float64)
     longest = -(-np.maximum(src, tgt) // p) * p
     cost = np.minimum(checked_cost(config.cost_fn, cut.sizes, longest, cut.total), cut.cost)
-    return dataclasses.replace(cut, work=slots, cost=cost)
+    return dataclasses.replace(cut, work=_slots(cut.sizes, src, tgt, p), cost=cost)

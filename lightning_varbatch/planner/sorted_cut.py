@@ -62,15 +62,15 @@ class SortedGroups:
         subset: np.ndarray | None,
         bucket_width: int,
         shape_lengths: np.ndarray | None = None,
-        sides: np.ndarray | None = None,
+        diff: np.ndarray | None = None,
         relative_width: float = 0.0,
     ) -> SortedGroups:
         """Sort ``key`` (or its ``subset`` of ids) by decreasing bucket, stably.
 
         A stable counting sort in cache-sized chunks: the extra memory is the 4-byte ids plus
         one chunk. With ``shape_lengths`` (the shape budget's, ascending) the buckets are those
-        lengths: an example goes to the shortest that holds it. With ``sides`` (pairs' source
-        and target lengths) each bucket is ordered by ``source - target`` in cells; with a
+        lengths: an example goes to the shortest that holds it. With ``diff`` (pairs' source
+        minus target lengths) each bucket is ordered by ``source - target`` in cells; with a
         ``relative_width`` too, the ``bucket_width`` buckets are joined into geometric ones
         about that fraction wide (:mod:`~lightning_varbatch.planner.pair_buckets`).
         """
@@ -78,9 +78,9 @@ class SortedGroups:
             groups = cls._build_relative(key, subset, bucket_width, relative_width)
         else:
             groups = cls._build(key, subset, bucket_width, shape_lengths)
-        if sides is None:
+        if diff is None:
             return groups
-        ids, cells = order_within(groups.ids, groups.starts, sides)
+        ids, cells = order_within(groups.ids, groups.starts, diff)
         return cls(ids=ids, starts=groups.starts, longest=groups.longest, cells=cells)
 
     @classmethod
