@@ -33,6 +33,7 @@ QUICK = {
     "remainder_guard": ["--quick", "--repeats", "1"],
     "batch_schedule": ["--quick", "--repeats", "1"],
     "batch_schedule_training": ["--quick"],
+    "pair_plan": ["--quick"],
 }
 NO_PLOT = {
     "hf_datasets",
@@ -44,6 +45,7 @@ NO_PLOT = {
     "remainder_guard",
     "batch_schedule",
     "batch_schedule_training",
+    "pair_plan",
 }
 HF_CONFIGS = {
     *(f"lengths/{case}/{m}" for case in "abc" for m in ("ours", "loop", "map")),
@@ -135,8 +137,16 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
             assert abs(none["tokens"] - ramp["tokens"]) <= data["scale"]["max_tokens"]
             assert ramp["steps"] > none["steps"] and ramp["smallest_step"] < none["smallest_step"]
         assert len(data["table"]) == 4
+    elif name == "pair_plan":
+        rows = {r["budget"]: r for r in data["by_budget"]["0"]}
+        assert set(rows) == {512, 4096}
+        assert rows[512]["two_sided"] < rows[512]["better_ref"] < rows[512]["max"]
+        assert rows[4096]["two_sided"] <= rows[4096]["max"] + 1e-3  # few pairs per length
+        for inputs in data["optimum"].values():  # the exact optimum bounds every plan
+            assert 1.0 <= inputs["two_sided_mean"] <= inputs["two_sided_max"]
+        assert all(v > 0 for v in data["planning_s"].values())
     else:
-        assert set(data["configs"]) == {"a", "b", "c"} and data["predicted"] > 1.0
+        assert set(data["configs"]) == {"a", "m", "b", "c"} and data["predicted"] > 1.0
     if name in NO_PLOT:
         return
     plots = _run(["benchmarks.plots", "--results", str(tmp_path), "--out", str(tmp_path)])
