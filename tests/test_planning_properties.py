@@ -224,7 +224,11 @@ def test_epochs_change_order_and_composition_but_not_padding() -> None:
         for b in range(a + 1, 4):
             shared = len(compositions[a] & compositions[b]) / len(compositions[a])
             assert shared < 0.5  # most batches hold different examples
-    assert len({float(p.micro_batch_cost.sum()) for p in plans}) == 1  # padding stays as tight
+    # padding stays as tight: the cut is the same every epoch (pairs in buckets of neighbouring
+    # lengths may swap a length between micro-batches: their exact costs move by a hair)
+    costs = [float(p.micro_batch_cost.sum()) for p in plans]
+    assert max(costs) <= 1.001 * min(costs)
+    assert len({p.micro_batch_size.tobytes() for p in plans}) == 1
 
 
 def test_seed_changes_the_plan() -> None:

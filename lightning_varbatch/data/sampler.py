@@ -82,7 +82,7 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
         >>> sampler = TokenBudgetBatchSampler(np.array([[3, 4], [9, 2], [5, 5]]), 12,
         ...                                   rank=0, world_size=1)
         >>> [(list(b), b.ntokens, b.step_ntokens) for b in sampler]
-        [([2, 0], 9, 9), ([1], 2, 2)]
+        [([1], 2, 2), ([2, 0], 9, 9)]
         >>> same = TokenBudgetBatchSampler([[3, 4], [9, 2], [5, 5]], rank=0, world_size=1,
         ...                                config=sampler.config)
         >>> [list(b) for b in same] == [list(b) for b in sampler]

@@ -74,16 +74,19 @@ def order_within(
         ids[:] = ids[order]
         return ids, _cells(np.flatnonzero(signed[1:] != signed[:-1]) + 1, starts)
     runs = []  # one group at a time: temporaries of one group's size
+    short = diff.dtype == np.int16
     for g, (a, b) in enumerate(itertools.pairwise(starts.tolist())):
         members = ids[a:b]
-        signed = diff[members].astype(np.int32)
-        if g % 2:  # the direction alternates
-            np.negative(signed, out=signed)
-        keys = (signed + span).astype(np.uint16) if 2 * span < 1 << 16 else signed
-        local = np.argsort(keys, kind="stable")  # 16-bit keys: a radix sort
+        if short:  # int16 -> uint16 keeping the order (flip the sign bit): a radix sort
+            keys = diff[members].view(np.uint16) ^ np.uint16(0x8000)
+            if g % 2:  # the direction alternates
+                np.invert(keys, out=keys)
+        else:
+            keys = diff[members].astype(np.int64) * (1 if g % 2 == 0 else -1)
+        local = np.argsort(keys, kind="stable")
         members[:] = members[local]
-        signed = signed[local]
-        runs.append(np.flatnonzero(signed[1:] != signed[:-1]) + (a + 1))
+        keys = keys[local]
+        runs.append(np.flatnonzero(keys[1:] != keys[:-1]) + (a + 1))
     return ids, _cells(np.concatenate(runs), starts)
 
 
@@ -148,10 +151,16 @@ def longest_sides(
         else:  # micro-batches may overlap (repeats) or skip positions
             positions = np.repeat(starts[mbs] - local, n)
             members = order[positions + np.arange(int(n.sum()))]
-        k = key[members].astype(diff.dtype)  # int16 when the lengths fit it
+        k = key[members]
+        if diff.dtype == np.int16 and k.dtype == np.uint16:
+            k = k.view(np.int16)  # lengths under 2**15 (diff fits int16): no widening
         d = diff[members]
-        src[mbs] = np.maximum.reduceat(k + np.minimum(d, 0), local)
-        tgt[mbs] = np.maximum.reduceat(k - np.maximum(d, 0), local)
+        side = np.minimum(d, 0)
+        side += k  # the source: key + min(d, 0)
+        src[mbs] = np.maximum.reduceat(side, local)
+        np.maximum(d, 0, out=side)
+        np.subtract(k, side, out=side)  # the target: key - max(d, 0)
+        tgt[mbs] = np.maximum.reduceat(side, local)
     return src, tgt
 
 
