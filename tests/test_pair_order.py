@@ -21,6 +21,7 @@ from benchmarks.pair_reference import (
     padded_slots,
 )
 from lightning_varbatch import EpochPlanner, PlanConfig, TokenBudgetBatchSampler
+from lightning_varbatch.callbacks.worst_micro_batches import worst_micro_batches
 from lightning_varbatch.errors import ResumeMismatchError, SettingValueError
 from lightning_varbatch.planner import EpochPlan, pair_slots, wmt_like_lengths
 from lightning_varbatch.planner.lengths import prepare_lengths
@@ -203,3 +204,11 @@ def test_a_shape_budget_names_the_setting_it_cannot_keep() -> None:
     with pytest.raises(SettingValueError, match="bucket_width") as caught:
         check_shape_settings(dataclasses.replace(config, bucket_width=2, max_shapes=4))
     assert caught.value.setting == "max_shapes"
+
+
+def test_worst_batch_check_picks_the_micro_batch_whose_two_sides_pad_most() -> None:
+    """Equal budget cost, unequal tensors: the memory check must run the larger pair."""
+    pairs = np.array([[8, 2], [8, 2], [8, 8], [8, 8], [2, 8], [2, 8]])
+    sampler = TokenBudgetBatchSampler(pairs, 16, rank=0, world_size=1, shuffle=False)
+    worst = worst_micro_batches(sampler, ["padded_tokens"])[0]
+    assert sorted(sampler.plan.micro_batch_ids(worst.micro_batch).tolist()) == [2, 3]

@@ -1,7 +1,8 @@
 """Which micro-batches :class:`~lightning_varbatch.callbacks.WorstBatchCheck` runs.
 
 Among this rank's micro-batches of the sampler's current epoch plan,
-:func:`worst_micro_batches` picks the one with the most padded tokens (examples x longest),
+:func:`worst_micro_batches` picks the one with the most padded tokens (examples x longest; of
+pairs in the two-sided order, among those the one whose two padded tensors are largest),
 the one with the most examples and the one with the largest attention term (examples x
 longest², a packed row's Σ length²), plus, for a plan of static shapes, one per shape.
 :class:`WorstBatch` describes a pick (and, once run, its peak memory); :func:`check_names`
@@ -109,6 +110,11 @@ def worst_micro_batches(
         return []
     score = {"padded_tokens": slots, "examples": figures.size, "attention": attention}
     picks = [(kind, int(run[int(np.argmax(score[kind][mine[run]]))])) for kind in kinds]
+    if plan.micro_batch_work is not None and planner.config.layout == "padded":
+        # pairs in the two-sided order: of the fullest, the one whose two sides pad most
+        both = plan.micro_batch_work[mine[run]]
+        first = run[np.lexsort((run, -both, -slots[mine[run]]))[0]]
+        picks = [(k, int(first) if k == "padded_tokens" else p) for k, p in picks]
     picks += _shape_picks(sampler, figures, mine, run)
     return [
         WorstBatch(
