@@ -64,10 +64,6 @@ def by_batch_size(row: str) -> bool:
 
 def row_status(row: str, n: int) -> str | None:
     """``None`` if the row runs here, else why not."""
-    from lightning_varbatch import PlanConfig
-
-    if row == "ours_max" and "pair_order" not in PlanConfig.__dataclass_fields__:
-        return "the planner has no pair_order"
     if row == "deepspeed" and n > DEEPSPEED_MAX_N:
         return f"not run above {DEEPSPEED_MAX_N:,} pairs (batch_by_seqlens ~n^3)"
     if row == "fairseq_pkg":

@@ -103,19 +103,16 @@ def deal_run(
     warm: Warm | None,
     *,
     rotate: bool = False,
-    by_work: bool = False,
 ) -> tuple[np.ndarray, LengthWarmupTrace | None]:
     """``(steps, world, acc)`` micro-batch ids: ``run`` formed into steps, dealt, ordered.
 
     ``shape``: ``(world, acc)``; ``rotate``: give the ranks each step's micro-batches in a
-    random order (see ``EpochPlanner``'s ``rotate_ranks``); ``by_work``: form the steps of
-    micro-batches of neighbouring work (packed rows, pairs), not neighbouring positions.
+    random order (see ``EpochPlanner``'s ``rotate_ranks``).
     """
     world, acc = shape
-    if by_work:
-        # Packed rows of equal tokens differ in compute (Σ L²), pairs of one planning length
-        # in their two sides' padding: steps take micro-batches of neighbouring compute, so
-        # that dealing can even the ranks out.
+    if config.layout == "packed":
+        # Packed rows of equal tokens differ in compute (Σ L²): steps take micro-batches
+        # of neighbouring compute, so that dealing can even the ranks out.
         run = run[np.argsort(-cut.work[run], kind="stable")]
     assign = deal_steps(run.reshape(-1, world * acc), cut.work, world, acc)
     assign, trace = order_steps(cut, assign, rng, config, key, warm)

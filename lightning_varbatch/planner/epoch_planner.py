@@ -293,9 +293,8 @@ class EpochPlanner(EpochResume):
         caps = warmup_caps(cfg, self.prepared, epoch, first_step)
         floor = check_count("cap_floor", cap_floor, minimum=0)
         key, shapes = self.prepared.key, None
-        # ranks balanced by a work that is not the cost: packed rows (steps formed by it) and
-        # two-sided pairs (steps of neighbouring lengths, dealt by both sides' slots)
-        by_work = cfg.layout == "packed"
+        # ranks dealt by a work that is not the cost: packed rows' FLOPs, two-sided pairs'
+        # slots of both sides (their steps stay of neighbouring lengths: with_pair_work)
         pair_work = self.prepared.diff is not None and cfg.pair_order == "two_sided"
         if budgets is not None and len(set(budgets)) > 1:
             lanes = self._lanes(groups, order, budgets, replanned, acc)
@@ -320,15 +319,7 @@ class EpochPlanner(EpochResume):
             warm = None if caps is None else (caps, floor, order, first_step)
             run = selected.micro_batches
             assign, trace = deal_run(
-                cut,
-                run,
-                (world, acc),
-                rng,
-                cfg,
-                key,
-                warm,
-                rotate=self.rotate_ranks,
-                by_work=by_work,
+                cut, run, (world, acc), rng, cfg, key, warm, rotate=self.rotate_ranks
             )
             dropped, duplicated = selected.num_dropped, selected.num_duplicated
             shapes = self._micro_batch_shapes(groups, cut)
@@ -340,7 +331,7 @@ class EpochPlanner(EpochResume):
             micro_batch_start=cut.starts,
             micro_batch_size=cut.sizes,
             micro_batch_cost=cut.cost,
-            micro_batch_work=cut.work if by_work or pair_work else None,
+            micro_batch_work=cut.work if cfg.layout == "packed" or pair_work else None,
             micro_batch_shape=shapes,
             assign=assign,
             num_dropped=dropped,

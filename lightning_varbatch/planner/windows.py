@@ -168,12 +168,9 @@ class WindowedPlanner:
         self.shard_names = None if shard_names is None else [str(n) for n in shard_names]
         self._shard_lengths = shard_lengths
         self._cache: dict[int, np.ndarray] = {}
-        first = int(np.flatnonzero(self.shard_rows)[0])
-        # pairs or not (checked against the rows when the window is planned)
-        sample = self._lengths(first) if window is None else self._shard_lengths(first)
-        self.pairs = np.ndim(sample) == 2
+        self._pairs: bool | None = None
         if window is None:
-            window = auto_window(self._lengths(first), config)
+            window = auto_window(self._lengths(self._first_shard), config)
         self.window = check_count("window", window, what=" (examples planned together)")
 
     @property
@@ -185,6 +182,17 @@ class WindowedPlanner:
     def num_windows(self) -> int:
         """Windows per epoch: ``ceil(num_examples / window)`` of (near) equal size."""
         return max(1, -(-self.num_examples // self.window))
+
+    @property
+    def _first_shard(self) -> int:
+        return int(np.flatnonzero(self.shard_rows)[0])
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the shards hold (source, target) pairs (the first shard's lengths say)."""
+        if self._pairs is None:  # read when first needed: a checkpoint's fingerprint
+            self._pairs = self._lengths(self._first_shard).ndim == 2
+        return self._pairs
 
     def fingerprint(self) -> str:
         """The settings' fingerprint plus the window (for checkpoint checks)."""
