@@ -187,7 +187,6 @@ def assert_on_schedule(
     budgets: list[int],
     acc: int,
     longest: int,
-    lanes: bool,
 ) -> None:
     """Every step at its schedule's fraction, within what planning in whole steps allows.
 
@@ -197,8 +196,7 @@ def assert_on_schedule(
     (never more than a level, 1 %, below the schedule at ``clock - longest``; a ramp's levels
     are merged to span a few steps, ``docs/batch-schedule.md``: by as much more). What a level
     leaves over (whole steps only) joins the next one, so a step may also run ahead of its
-    schedule: with equal budgets by less than two steps at its fraction. With per-rank budgets
-    (``lanes``) what a level leaves over is not bounded by a step: only the first is asserted.
+    schedule: by less than two steps at its fraction, with per-rank budgets (``lanes``) too.
     """
     behind = []
     for s, (f, c) in enumerate(zip(found.fractions.tolist(), found.clocks.tolist(), strict=False)):
@@ -208,8 +206,6 @@ def assert_on_schedule(
     assert not behind, (
         f"steps smaller than their schedule (step, fraction, clock, schedule): {behind}"
     )
-    if lanes:
-        return
     for s, f in enumerate(found.fractions.tolist()):
         allowed = 2 * step_capacity(f, budgets, acc)
         assert found.lag[s] <= allowed, (

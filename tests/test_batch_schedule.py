@@ -193,7 +193,7 @@ def _plan_and_check(case: Scenario) -> None:
         assert np.isin(again, last).all(), "tail='spread' repeated examples before its last step"
         assert np.unique(last).size < case.world * case.acc
         assert found.clocks[-2] < case.reference.full_from
-    assert_on_schedule(found, case.reference, budgets, case.acc, int(key.max()), lanes)
+    assert_on_schedule(found, case.reference, budgets, case.acc, int(key.max()))
     if found.clocks[0] >= case.reference.full_from:
         assert (found.fractions == 1.0).all()
     # determinism: another planner of the same settings plans the same steps

@@ -46,6 +46,8 @@ class WorstBatch:
         memory: how ``peak_bytes`` was measured (see
             :func:`~lightning_varbatch.peak_memory.measure_peak`).
         rank: the rank that ran it.
+        rows: its padded rows under a shape budget (``max_shapes``: the shape's rows, masked
+            ones included), ``None`` otherwise (one row per example).
     """
 
     kind: str
@@ -58,10 +60,22 @@ class WorstBatch:
     peak_bytes: int | None = None
     memory: str | None = None
     rank: int = 0
+    rows: int | None = None
 
     def shape(self) -> str:
-        """``"<examples> examples x <longest> tokens"``."""
-        return f"{self.examples} examples x {self.longest} tokens"
+        """How many examples of how many tokens, and under a shape budget in how many rows.
+
+        ``"<examples> examples x <longest> tokens"``, or under a shape budget
+        ``"<examples> examples in <rows> rows x <longest> tokens"`` (rows × longest is
+        :attr:`padded_tokens`).
+
+        Example:
+            >>> WorstBatch("examples", 0, 0, 11, 17, 510, 8670, rows=30).shape()
+            '11 examples in 30 rows x 17 tokens'
+        """
+        if self.rows is None or self.rows == self.examples:
+            return f"{self.examples} examples x {self.longest} tokens"
+        return f"{self.examples} examples in {self.rows} rows x {self.longest} tokens"
 
     @property
     def tile(self) -> int:
@@ -126,6 +140,7 @@ def worst_micro_batches(
             padded_tokens=int(slots[mine[position]]),
             attention=int(attention[mine[position]]),
             rank=sampler.rank,
+            rows=None if plan.micro_batch_shape is None else int(figures.rows[mine[position]]),
         )
         for kind, position in picks
     ]

@@ -80,8 +80,14 @@ def format_report(report: Sequence[Mapping[str, Any]], limit: int | None = None)
     lines = [head]
     for r in report:
         peak = "?" if r["peak_bytes"] is None else gib(int(r["peak_bytes"]))
+        rows = r.get("rows")
+        shape = (
+            f"{r['examples']}"
+            if rows in (None, r["examples"])
+            else (f"{r['examples']} in {rows} rows")
+        )
         lines.append(
-            f"  {r['kind']:<14} {r['examples']} x {r['longest']} tokens   "
+            f"  {r['kind']:<14} {shape} x {r['longest']} tokens   "
             f"{r['padded_tokens']} padded tokens   peak {peak}"
         )
     return "\n".join(lines)

@@ -5,8 +5,9 @@ Fixed shares come from ``PlanConfig.rank_shares``; a run may replace them
 :class:`~lightning_varbatch.callbacks.RankShareBalancer`). The budgets they give
 (:func:`~lightning_varbatch.planner.rank_shares.rank_budgets`) are what the planner cuts each
 rank's micro-batches to. Shares set by a run are raised where needed so that every rank's budget
-still holds the longest example (a measured share cannot make the plan impossible); fixed
-shares that cannot are refused with the rank named.
+still holds the longest example, also at the batch schedule's first fraction (a measured
+share cannot make the plan impossible); fixed shares that cannot are refused with the rank
+named when the sampler is built.
 
 Example:
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
@@ -103,11 +104,21 @@ class RankShareSetting:
         if not isinstance(planner, LANE_PLANNERS):
             return None
         if self.shares is None and config.rank_max_tokens is None:
-            return (config.max_tokens,) * world_size
-        floor = planner.longest_cost if self.set_by_run else 0
-        return rank_budgets(
-            config.max_tokens, world_size, self.shares, config.rank_max_tokens, floor=floor
-        )
+            budgets = (config.max_tokens,) * world_size
+        else:
+            floor = 0
+            if self.set_by_run:
+                floor = (
+                    planner.least_rank_budget
+                    if isinstance(planner, EpochPlanner)
+                    else planner.longest_cost
+                )
+            budgets = rank_budgets(
+                config.max_tokens, world_size, self.shares, config.rank_max_tokens, floor=floor
+            )
+        if isinstance(planner, EpochPlanner):  # the schedule's first fraction holds them
+            planner.check_schedule(budgets)
+        return budgets
 
 
 #: The planners that plan ranks of their own budgets (``plan_resumed(..., rank_budgets=)``).

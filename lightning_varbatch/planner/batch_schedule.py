@@ -79,7 +79,20 @@ def _fraction(value: object, spec: object) -> float:
             "e.g. 0.5 for half of it",
             spec,
         ) from None
-    if not 0 < fraction <= 1:
+    if math.isnan(fraction):
+        raise _error(
+            "every fraction of the full step must be a number in (0, 1], got nan: write "
+            "e.g. 0.5 for half of it",
+            spec,
+        )
+    if fraction <= 0:
+        raise _error(
+            f"every fraction of the full step must be in (0, 1], got {fraction:g}: a step "
+            "must hold tokens; start above 0, e.g. '0:0.1 1M:1', 'ramp:0.1:1M' or "
+            "min(1.0, 0.1 + tokens / 1e6) in place of a warm-up from 0",
+            spec,
+        )
+    if fraction > 1:
         raise _error(
             f"every fraction of the full step must be in (0, 1], got {fraction:g}: the full "
             "step (1) is every rank's budget times the accumulation; raise max_tokens or "
@@ -203,12 +216,25 @@ def _thresholds(points: Sequence[tuple[int, float]], spec: object) -> BatchSched
     return BatchSchedule(tuple(tokens[i] for i in keep), tuple(fractions[i] for i in keep))
 
 
-def _levels(fraction: Callable[[float], float], start: float, end: int) -> list[tuple[int, float]]:
-    """Thresholds of a non-decreasing ``fraction`` on a grid up to ``end``, levels ≥1 % apart."""
+def _levels(
+    fraction: Callable[[float], float], start: float, end: int, name: str
+) -> list[tuple[int, float]]:
+    """Thresholds of a non-decreasing ``fraction`` on a grid up to ``end``, levels ≥1 % apart.
+
+    A ``fraction`` that decreases between two points of the grid is refused (``name``: the
+    user's callable), as a decreasing schedule written as text is.
+    """
     grid = np.unique(np.linspace(0, end, _SAMPLES + 1).round().astype(np.int64))
-    points, level = [(0, start)], start
+    points, level, last = [(0, start)], start, (0, start)
     for t in grid[1:].tolist():
         value = fraction(t)
+        if value < last[1]:
+            raise _error(
+                f"the callable decreases between {last[0]} and {t} tokens ({last[1]:g} -> "
+                f"{value:g}): a step's size may only grow; return the running maximum",
+                name,
+            )
+        last = (t, value)
         if value >= 1.0:  # the full step from the first sample that reaches it
             break
         if value >= level * LEVEL_STEP:
@@ -254,7 +280,7 @@ def _from_callable(fn: Callable[[float], float], max_tokens: int) -> BatchSchedu
                 "full step is reached, e.g. min(1.0, 0.25 + tokens / 8e6)",
                 name,
             )
-    return _thresholds(_levels(value, value(0), end), name)
+    return _thresholds(_levels(value, value(0), end, name), name)
 
 
 def check_batch_schedule(spec: object, max_tokens: int) -> str | None:

@@ -32,7 +32,11 @@ from lightning_varbatch.planner.lengths import PreparedLengths, prepare_lengths
 from lightning_varbatch.planner.packed_rows import cuts_each_epoch, exact_groups, packed_cut
 from lightning_varbatch.planner.pair_order import with_pair_work
 from lightning_varbatch.planner.rank_lanes import Lane, lane_config, lane_cuts, lane_plan
-from lightning_varbatch.planner.scheduled_plan import fraction_budgets, schedule_epoch
+from lightning_varbatch.planner.scheduled_plan import (
+    fraction_budgets,
+    least_budget,
+    schedule_epoch,
+)
 from lightning_varbatch.planner.settings import PlanConfig, TailPolicy, check_config
 from lightning_varbatch.planner.settings_identity import pair_fingerprint
 from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
@@ -102,6 +106,7 @@ class EpochPlanner(EpochResume):
         self._last: tuple[tuple[Any, ...], EpochPlan] | None = None  # plan_resumed's last plan
         self._epoch_tokens: int | None = None
         self._pair_width: float | None = None
+        self.check_schedule()
 
     @property
     def num_examples(self) -> int:
@@ -361,6 +366,35 @@ class EpochPlanner(EpochResume):
         if self._lane_cache is None or self._lane_cache[0] != (budgets, acc):
             self._lane_cache = ((budgets, acc), lane_cuts(*cut))
         return self._lane_cache[1]
+
+    def check_schedule(self, budgets: Sequence[int] | None = None) -> None:
+        """Refuse budgets too small for the longest example at the schedule's first fraction.
+
+        ``budgets``: every rank's (``None``: the settings' own, as many as ``rank_shares`` or
+        ``rank_max_tokens`` name). Run when the planner, and so the sampler or DataModule, is
+        built, not at the first plan.
+
+        Raises:
+            SettingValueError: naming ``batch_schedule`` (see :func:`fraction_budgets`).
+        """
+        if self.config.batch_schedule is not None and self.num_planned:
+            if budgets is None:
+                cfg = self.config
+                world = len(cfg.rank_shares or cfg.rank_max_tokens or (0,))
+                budgets = cfg.rank_budgets(world) or (cfg.max_tokens,)
+            smallest = BatchSchedule.parse(self.config.batch_schedule).smallest
+            fraction_budgets(tuple(int(b) for b in budgets), smallest, self.longest_cost)
+
+    @property
+    def least_rank_budget(self) -> int:
+        """The least budget a rank may get (what shares a run sets are raised to).
+
+        The longest example's cost, at the schedule's first fraction when there is one.
+        """
+        if self.config.batch_schedule is None:
+            return self.longest_cost
+        smallest = BatchSchedule.parse(self.config.batch_schedule).smallest
+        return least_budget(self.longest_cost, smallest)
 
     @property
     def longest_cost(self) -> int:

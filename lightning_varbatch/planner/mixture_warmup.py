@@ -45,8 +45,9 @@ def mixture_warmup_caps(
 
     Raises:
         SettingValueError: a ``DataSource`` ``length_warmup_min`` / ``length_warmup_max``
-            without a common ``length_warmup``, or a dataset whose minimum is above its
-            maximum; ``.setting`` names the setting, the message the dataset.
+            without a common ``length_warmup``, a dataset whose minimum is above its
+            maximum, or a ``DataSource`` ``length_warmup_min`` at or above its own longest
+            example; ``.setting`` names the setting, the message the dataset.
     """
     fields = ("length_warmup_min", "length_warmup_max")
     for source, name in zip(sources, names, strict=True):
@@ -76,6 +77,17 @@ def mixture_warmup_caps(
     if config.length_warmup is None:
         return None
     longest = [int(p.prepared.planned_key.max(initial=0)) for p in planners]
+    for source, name, top in zip(sources, names, longest, strict=True):
+        own = source.length_warmup_min
+        if own is not None and own >= top:  # set for this dataset, yet it caps none of it
+            raise SettingValueError(
+                f"DataSource {name!r} has length_warmup_min={own}, at or above its longest "
+                f"example ({top}): its cap would hold every example from the first step, so "
+                f"it would never warm up. Lower its length_warmup_min below {top} (e.g. to "
+                f"{max(1, top // 4)}), or leave it unset to use the common one.",
+                setting="length_warmup_min",
+                value=own,
+            )
     lows = [
         config.length_warmup_min if s.length_warmup_min is None else s.length_warmup_min
         for s in sources

@@ -43,6 +43,7 @@ __all__ = [
     "PlanPart",
     "fraction_budgets",
     "join_plans",
+    "least_budget",
     "schedule_counts",
     "schedule_epoch",
     "step_budgets",
@@ -54,10 +55,16 @@ __all__ = [
 UNDERFILLED = 0.9
 #: ``(ids, fraction, tail, stage)`` -> the plan of ``ids`` at ``fraction`` of every budget.
 PlanPart = Callable[[np.ndarray, float, str | None, int], EpochPlan]
+#: A level's examples are planned in at most this many passes (:func:`_whole_steps`).
+_PASSES = 4
 
 
 def fraction_budgets(budgets: tuple[int, ...], fraction: float, longest: int) -> tuple[int, ...]:
     """Every rank's budget at ``fraction``; refused when one cannot hold the longest example.
+
+    Raises:
+        SettingValueError: naming ``batch_schedule``, the rank and the least first fraction
+            that works (and the rank's share or memory budget when the ranks' budgets differ).
 
     Example:
         >>> fraction_budgets((64, 32), 0.5, 10)
@@ -67,14 +74,28 @@ def fraction_budgets(budgets: tuple[int, ...], fraction: float, longest: int) ->
     if min(scaled) < longest:
         r = int(np.argmin(scaled))
         need = math.ceil(longest / budgets[r] * 10_000) / 10_000
+        other = "" if len(set(budgets)) == 1 else f", raise rank {r}'s entry of rank_shares"
         raise SettingValueError(
             f"batch_schedule: at fraction {fraction:g} rank {r}'s micro-batch budget is "
             f"{scaled[r]} tokens, below the longest example's cost {longest}: start the "
-            f"schedule at a fraction of at least {need:g}, or raise max_tokens.",
+            f"schedule at a fraction of at least {need:g}{other}, or raise max_tokens.",
             setting="batch_schedule",
             value=fraction,
         )
     return scaled
+
+
+def least_budget(longest: int, fraction: float) -> int:
+    """The least budget whose ``fraction`` holds the longest example's cost ``longest``.
+
+    Example:
+        >>> least_budget(10, 0.3)
+        34
+    """
+    budget = math.ceil(longest / fraction)
+    while math.floor(fraction * budget) < longest:  # float64 as step_budgets computes it
+        budget += 1
+    return budget
 
 
 def step_budgets(
@@ -178,7 +199,6 @@ def schedule_epoch(
     carry = region[:0]
     marks = np.zeros(key.shape[0], dtype=bool)  # the ids of one part, to find what is left
     fills: list[np.ndarray] = []  # the levels' step fills so far (cost / budget)
-    scaled = [stage for stage in stages if schedule.fractions[stage] < 1.0]
     for stage in stages:
         end = bounds[stage] if stage < len(bounds) else region.size
         pool = np.concatenate((carry, region[starts[stage] : end]))
@@ -187,10 +207,13 @@ def schedule_epoch(
             carry = pool
             break
         final = last and stage == stages[-1]
-        part = plan_part(pool, fraction, tail if final else "drop", stage)
-        if not final and stage != scaled[-1] and part.num_steps:  # a remainder waits
-            budget = int(step_budgets(budgets, np.array([fraction]), acc)[0])
-            part = _without_underfilled(part, pool, key, fills, budget)
+        budget = int(step_budgets(budgets, np.array([fraction]), acc)[0])
+        if final:
+            part = plan_part(pool, fraction, tail, stage)
+        else:  # whole steps; a remainder (and an under-filled step) waits for the next level
+            part = _whole_steps(pool, fraction, stage, plan_part, key, budget)
+            if part.num_steps:
+                part = _without_underfilled(part, pool, key, fills, budget)
         parts.append((part, fraction))
         done = part.example_ids()
         marks[done] = True
@@ -231,6 +254,32 @@ def schedule_epoch(
     joined = join_plans([p for p, _ in parts], plan, (dropped, duplicated))
     fractions = np.concatenate([np.full(p.num_steps, f) for p, f in parts])
     return replace(joined, step_fraction=fractions)
+
+
+def _whole_steps(
+    pool: np.ndarray, fraction: float, stage: int, plan_part: PlanPart, key: np.ndarray, step: int
+) -> EpochPlan:
+    """``pool`` planned in whole steps at ``fraction``, leaving at most a step's worth over.
+
+    One pass of the planner under ``tail="drop"`` leaves a cut's remainder; with per-rank
+    budgets each lane leaves its own, together often many steps' worth (whole micro-batches
+    dropped to equal the lanes' counts). What a pass leaves over is planned again at the same
+    fraction (up to :data:`_PASSES` passes) while it holds more than one step (``step``
+    tokens), so that a level never hands more than about a step to the next one.
+    """
+    part = plan_part(pool, fraction, "drop", stage)
+    taken = np.zeros(key.shape[0], dtype=bool)
+    for again in range(1, _PASSES):
+        taken[part.example_ids()] = True
+        left = pool[~taken[pool]]
+        taken[part.example_ids()] = False
+        if int(key[left].sum(dtype=np.int64)) <= step:
+            break
+        more = plan_part(left, fraction, "drop", stage + 100_000 * again)
+        if more.num_steps == 0:
+            break
+        part = join_plans([part, more], part, (more.num_dropped, 0))
+    return part
 
 
 def _with_smallest_steps(

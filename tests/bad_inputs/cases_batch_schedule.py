@@ -60,6 +60,10 @@ def _boom(tokens: float) -> float:
     raise RuntimeError("no")
 
 
+def _dips(tokens: float) -> float:
+    return 0.5 if tokens < 1000 else 0.25 if tokens < 2000 else 1.0
+
+
 def _flat(tokens: float) -> float:
     return 0.5
 
@@ -94,7 +98,7 @@ CASES: list[Case] = [
     _bad("no-fraction", "'0:0.25 2M'", "0:0.25 2M", "'2M'", "TOKENS:FRACTION"),
     _bad("commas", "'0:0.5,1K:1'", "0:0.5,1K:1", "TOKENS:FRACTION"),
     _bad("not-a-fraction", "'0:half 1K:1'", "0:half 1K:1", "'half'", "fraction"),
-    _bad("zero", "'0:0 1K:1'", "0:0 1K:1", "(0, 1]", "got 0"),
+    _bad("zero", "'0:0 1K:1'", "0:0 1K:1", "(0, 1]", "got 0", "start above 0"),
     _bad("negative", "'0:-0.5 1K:1'", "0:-0.5 1K:1", "(0, 1]", "-0.5"),
     _bad("above-one", "'0:0.5 1K:1.5'", "0:0.5 1K:1.5", "(0, 1]", "1.5"),
     _bad("nan", "'0:nan 1K:1'", "0:nan 1K:1", "(0, 1]", "nan"),
@@ -112,6 +116,15 @@ CASES: list[Case] = [
     _bad("pair-of-three", "[(0, 0.5, 1)]", [(0, 0.5, 1)], "(0, 0.5, 1)", "(tokens, fraction)"),
     _bad("dict-above-one", "{0: 0.5, 1000: 2}", {0: 0.5, 1000: 2}, "(0, 1]", "got 2"),
     _bad("callable-above-one", "lambda t: 2.0", lambda t: 2.0, "(0, 1]", "got 2"),
+    _bad(
+        "callable-from-zero",
+        "lambda t: min(1.0, t / 1e4) (a linear warm-up from 0)",
+        lambda t: min(1.0, t / 1e4),
+        "got 0",
+        "start above 0",
+        "ramp:0.1:1M",
+    ),
+    _bad("callable-dips", "a function 0.5, then 0.25, then 1", _dips, "_dips", "decreases"),
     _bad("callable-never-full", "a function always 0.5", _flat, "_flat", "never reaches 1"),
     _bad("callable-raises", "a function that raises", _boom, "_boom", "RuntimeError"),
     _bad("float", "0.5", 0.5, "float", "'ramp:0.25:8M'", raises=SettingTypeError),
@@ -161,6 +174,37 @@ CASES: list[Case] = [
         "fraction 0.1",
         "12",
         "at least 0.1875",
+        raises=SettingValueError,
+        setting="batch_schedule",
+        fix_in=PLAN,
+    ),
+    error(
+        "sampler-batch_schedule-first-fraction-too-small",
+        "sampler",
+        "TokenBudgetBatchSampler(longest example 12, 64, batch_schedule='0:0.1 1K:1') "
+        "(built, nothing planned yet)",
+        lambda tmp: TokenBudgetBatchSampler(
+            L, 64, rank=0, world_size=2, batch_schedule="0:0.1 1K:1"
+        ),
+        "batch_schedule",
+        "fraction 0.1",
+        "at least 0.1875",
+        raises=SettingValueError,
+        setting="batch_schedule",
+        fix_in=PLAN,
+    ),
+    error(
+        "dm-batch_schedule-first-fraction-too-small-with-shares",
+        "DataModule",
+        "TokenBudgetDataModule(longest 12, 64, rank_shares=[1, 0.5], "
+        "batch_schedule='0:0.25 1K:1') (built, no Trainer yet)",
+        lambda tmp: TokenBudgetDataModule(
+            _items(), L, 64, rank_shares=[1, 0.5], batch_schedule="0:0.25 1K:1"
+        ),
+        "batch_schedule",
+        "rank 1",
+        "at least 0.375",
+        "rank_shares",
         raises=SettingValueError,
         setting="batch_schedule",
         fix_in=PLAN,

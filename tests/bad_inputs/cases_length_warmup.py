@@ -184,6 +184,23 @@ CASES: list[Case] = [
         fix_in="lightning_varbatch/planner/warmup_plan.py",
     ),
     error(
+        "mixture-length_warmup_min-above-its-longest",
+        "mixing/DataSource",
+        "MixturePlanner([DataSource(lengths up to 12, length_warmup_min=40), b], "
+        "PlanConfig(..., length_warmup=4))",
+        lambda tmp: MixturePlanner(
+            [DataSource(L, length_warmup_min=40, name="short"), L * 2],
+            PlanConfig(32, length_warmup=4),
+        ),
+        "DataSource 'short'",
+        "length_warmup_min=40",
+        "longest example (12)",
+        "never warm up",
+        setting="length_warmup_min",
+        raises=SettingValueError,
+        fix_in="lightning_varbatch/planner/mixture_warmup.py",
+    ),
+    error(
         "stream-length_warmup",
         "streaming",
         "WindowedPlanner(..., PlanConfig(..., length_warmup=4))",

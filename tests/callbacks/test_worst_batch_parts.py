@@ -282,3 +282,25 @@ def test_every_ranks_results_and_the_largest_peak_of_each_kind() -> None:
         "memory/worst/attention/examples": 1.0,
         "memory/worst/attention/longest": 8.0,
     }
+
+
+def test_under_a_shape_budget_the_words_name_examples_and_padded_rows_apart() -> None:
+    lengths = np.random.default_rng(0).integers(1, 60, 500)
+    sampler = TokenBudgetBatchSampler(lengths, 512, rank=0, world_size=1, max_shapes=3)
+    picks = worst_micro_batches(sampler)
+    shapes = sampler.planner.shapes.tolist()  # type: ignore[attr-defined]
+    masked = 0
+    for w in picks:
+        assert w.rows is not None and [w.rows, w.longest] in shapes
+        assert w.padded_tokens == w.rows * w.longest  # what the words multiply out to
+        if w.rows != w.examples:
+            masked += 1
+            assert w.shape() == f"{w.examples} examples in {w.rows} rows x {w.longest} tokens"
+            line = format_report([{**w.to_dict(), "memory": "cpu", "peak_bytes": None}])
+            assert f"{w.examples} in {w.rows} rows x {w.longest} tokens" in line
+            assert w.shape() in failure_message(sampler, w, "ran out of memory", "")
+        else:
+            assert w.shape() == f"{w.examples} examples x {w.longest} tokens"
+    assert masked, "no pick with masked rows: the case no longer tests the words"
+    plain = TokenBudgetBatchSampler(lengths, 512, rank=0, world_size=1)
+    assert all(w.rows is None for w in worst_micro_batches(plain))

@@ -15,8 +15,9 @@ cost of every micro-batch, computed from the lengths; the refusals a change must
   budget the plan gave it);
 * under a batch schedule, no micro-batch over ``floor(fraction × budget)`` of its rank, the
   fraction the plan gives its step; the step budget a batch reports is that fraction of every
-  rank's budget; and (an epoch run from its start) no step a level (1 %) below the schedule
-  at its clock, the planning tokens trained before it, as the model counts them;
+  rank's budget; and no step a level (1 %) below the schedule at its clock (the planning
+  tokens trained before it, as the model counts them, across saves, loads and epochs), nor
+  two of its steps ahead of it;
 * every rank the same number of micro-batches, always;
 * the optimizer step a micro-batch reports never goes back within an epoch;
 * a change the library cannot honour raises ``ResumeMismatchError`` naming it, before any
@@ -37,7 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from lightning_varbatch.errors import ResumeMismatchError, SettingError
-from tests.batch_schedule_oracle import behind_allowed
+from tests.batch_schedule_oracle import behind_allowed, step_capacity
 from tests.lifecycle.drivers import Driver, SamplerDriver, Taken, build
 from tests.lifecycle.spec import (
     HONOURED,
@@ -51,7 +52,8 @@ from tests.lifecycle.spec import (
 
 #: Every explored path: (rule, kind) tuples of one run.
 PATHS: set[tuple[tuple[str, ...], ...]] = set()
-#: Failures seen (by kind of rule that found them), for a soak's report.
+#: What the runs checked, by kind (epochs, micro-batches, scheduled steps, resumes), for a
+#: soak's report: every one of them passed, or the soak failed.
 FINDINGS: collections.Counter[str] = collections.Counter()
 
 _BUILD_ERRORS = (SettingError, ValueError, TypeError)
@@ -81,6 +83,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.step_tokens: collections.Counter[int] = collections.Counter()
         self.step_ids: collections.defaultdict[int, list[int]] = collections.defaultdict(list)
         self.step_budgets: dict[int, list[int]] = {}
+        self.resumed_tokens = 0  # planning tokens of the examples run before this epoch's load
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -105,6 +108,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         spec = self.spec
         counts = [len(g) for g in got]
         assert len(set(counts)) == 1, f"ranks took different numbers of micro-batches: {counts}"
+        FINDINGS["micro-batches"] += sum(counts)
         for rank, batches in enumerate(got):
             for t in batches:
                 cost = micro_batch_cost(spec, list(t.ids))
@@ -154,24 +158,41 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.step_ids[t.step] += t.ids
 
     def _check_clock(self) -> None:
-        """Every step of an epoch run from its start at most a level below its schedule (at
-        its clock less the longest example: a level's steps run in another order)."""
+        """Every step at its schedule's fraction at its clock, within the documented bound.
+
+        The clock is the planning tokens trained before the step, as the model counts them:
+        ``epoch × epoch tokens``, plus (a resumed epoch) those of the examples run before the
+        save, plus those of the steps before. A step is at most a level below the schedule at
+        its clock less the longest example (a level's steps run in another order; a ramp's
+        levels are merged to span a few steps: by as much more), and starts less than two of
+        its own steps before the schedule reaches its fraction (what a level leaves over joins
+        the next one). The first step after a load may have begun before the save: its clock
+        is known within one full step.
+        """
         assert self.spec is not None and self.driver is not None
-        if self.loaded or not self.step_fraction:
+        if not self.step_fraction:
             return
-        reference = reference_of(self.spec.settings["batch_schedule"])
-        clock = self.driver.epoch * int(self.spec.key.sum())
-        longest = int(self.spec.key.max())  # a level's steps run in another order: by as much
-        for step in sorted(self.step_fraction):
-            f = self.step_fraction[step]
-            # a ramp is planned in levels merged to span a few steps: by as much more
-            merged = behind_allowed(f, reference, self.step_budgets[step], self.spec.acc)
-            at = clock - longest - merged
+        spec = self.spec
+        reference = reference_of(spec.settings["batch_schedule"])
+        clock = self.driver.epoch * int(spec.key.sum()) + self.resumed_tokens
+        longest = int(spec.key.max())
+        for i, step in enumerate(sorted(self.step_fraction)):
+            f, budgets = self.step_fraction[step], self.step_budgets[step]
+            cut = step_capacity(1.0, budgets, spec.acc) if i == 0 and self.loaded else 0
+            merged = behind_allowed(f, reference, budgets, spec.acc)
+            at = clock - longest - merged - cut
             assert f * 1.01 >= reference.at(at) - 1e-6, (
                 f"step {step} runs at fraction {f:g}, its schedule says "
-                f"{reference.at(at):g} at {clock} - {longest} - {merged} tokens trained"
+                f"{reference.at(at):g} at {clock} - {longest} - {merged} - {cut} tokens trained"
+            )
+            ahead = reference.reached(f) - clock
+            allowed = 2 * step_capacity(f, budgets, spec.acc)
+            assert ahead <= allowed, (
+                f"step {step} at fraction {f:g} starts at {clock} tokens, {ahead} before its "
+                f"schedule reaches it (more than two of its steps, {allowed} tokens)"
             )
             clock += self.step_tokens[step]
+            FINDINGS["scheduled steps"] += 1
 
     def _part(self, example: int) -> tuple[int, int]:
         """The plan ``example`` is in: its dataset, and its window of a stream."""
@@ -257,6 +278,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             else:
                 raise AssertionError(f"a resume with another {what} was not refused")
             self.path.append(("resume", what, "refused"))
+            FINDINGS["resumes refused"] += 1
             return
         try:
             driver.load(state, epoch, trained)
@@ -284,6 +306,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             top = max(self.last_step, default=0)
             self.last_step = [top] * new_spec.world
         self.loaded = True
+        self.resumed_tokens = int(new_spec.key[sorted(self.seen)].sum()) if self.seen else 0
         self.started = True
         multiple = new_spec.world * new_spec.acc
         # a re-planned part of the epoch (a dataset; a stream's window) with fewer examples
@@ -299,6 +322,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert ours == theirs, "two loads of one state on one spec ran different batches"
             self._twin = None
         self.path.append(("resume", what, "honoured"))
+        FINDINGS["resumes honoured"] += 1
 
     @precondition(
         lambda self: (
@@ -347,7 +371,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.step_ids.clear()
         self.last_step = [0] * self.spec.world
         self.loaded = self.short_remainder = False
-        self.repeats_before = 0
+        self.repeats_before = self.resumed_tokens = 0
         self.saved = None if self.saved is None else self.saved  # an old state may be loaded
         self.path.append(("epoch",))
 
@@ -362,6 +386,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         repeated = int(np.maximum(counts - 1, 0).sum())
         tail = spec.settings.get("tail", "spread")
         note(f"epoch end: tail={tail}, missing={missing}, repeated={repeated}")
+        FINDINGS["epochs"] += 1
         self._check_clock()
         if tail in ("spread", "pad"):
             assert missing == 0, f"tail={tail!r}: {missing} examples never trained this epoch"

@@ -197,10 +197,17 @@ def holds(
 
 
 def _lengths(draw: st.DrawFn, n: int, pairs: bool, low: int) -> np.ndarray:
+    """``n`` lengths drawn one by one, or (one run in four) 300-1200 from a drawn seed: large
+    enough that a schedule's levels hold many steps, and lanes drop whole micro-batches."""
     top = draw(st.sampled_from([8, 24, 48]))
-    size = n * (2 if pairs else 1)
-    values = draw(st.lists(st.integers(low, top), min_size=size, max_size=size))
-    out = np.asarray(values, dtype=np.int64)
+    if draw(st.integers(0, 3)) == 0:
+        n = draw(st.integers(300, 1200))
+        rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+        out = rng.integers(low, top + 1, size=n * (2 if pairs else 1))
+    else:
+        size = n * (2 if pairs else 1)
+        out = np.asarray(draw(st.lists(st.integers(low, top), min_size=size, max_size=size)))
+    out = out.astype(np.int64)
     return out.reshape(n, 2) if pairs else out
 
 

@@ -8,11 +8,13 @@ refusal not named. The soak prints how many distinct paths it explored.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from tests.lifecycle.machine import PATHS, LifecycleMachine, ScheduledMachine
+from tests.lifecycle.machine import FINDINGS, PATHS, LifecycleMachine, ScheduledMachine
 
 _COMMON = {
     "deadline": None,
@@ -35,20 +37,28 @@ def test_lifecycle_quick_under_a_batch_schedule() -> None:
     )
 
 
+#: Lifecycles of the soak: ``LIFECYCLE_SOAK=2000 pytest -m slow tests/lifecycle`` for a long
+#: one (a quarter of them under a batch schedule); CI runs the default.
+SOAK = int(os.environ.get("LIFECYCLE_SOAK", "140"))
+
+
 @pytest.mark.slow
 def test_lifecycle_soak(capsys: pytest.CaptureFixture[str]) -> None:
     PATHS.clear()
+    FINDINGS.clear()
+    scheduled_runs = max(1, SOAK // 4)
     run_state_machine_as_test(
         LifecycleMachine,
-        settings=settings(max_examples=100, stateful_step_count=16, **_COMMON),
+        settings=settings(max_examples=SOAK - scheduled_runs, stateful_step_count=16, **_COMMON),
     )
-    scheduled = len(PATHS)
+    before = len(PATHS)
     run_state_machine_as_test(
         ScheduledMachine,
-        settings=settings(max_examples=40, stateful_step_count=16, **_COMMON),
+        settings=settings(max_examples=scheduled_runs, stateful_step_count=16, **_COMMON),
     )
     with capsys.disabled():
         print(
-            f"\nlifecycle soak: {len(PATHS)} distinct paths, {len(PATHS) - scheduled} more "
-            "under a batch schedule"
+            f"\nlifecycle soak: {SOAK} lifecycles, {len(PATHS)} distinct paths "
+            f"({len(PATHS) - before} more under a batch schedule); checks passed: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(FINDINGS.items()))
         )
