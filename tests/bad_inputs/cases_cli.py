@@ -235,6 +235,23 @@ def _dataset_selected(tmp: Path) -> None:
 PNG_NOTE = "the figure lands where the printed path says, or exit 2 naming `--png` and the path"
 
 CASES: list[Case] = [
+    *(
+        error(
+            f"cli-batch-schedule-{name}",
+            "plan CLI",
+            f"--batch-schedule '{value}' (lengths up to 8, --max-tokens 16)",
+            _flags("--max-tokens", "16", "--batch-schedule", value),
+            "--batch-schedule",
+            *words,
+            raises=CliError,
+            fix_in="lightning_varbatch/planner/batch_schedule.py",
+        )
+        for name, value, words in (
+            ("from-zero", "0:0 1K:1", ("got 0", "start above 0")),
+            ("decreasing", "0:0.5 1K:0.25 2K:1", ("decreases",)),
+            ("first-fraction-too-small", "0:0.1 1K:1", ("at least 0.5",)),
+        )
+    ),
     error(
         "cli-lengths-missing-file",
         "plan CLI",

@@ -65,6 +65,23 @@ def _stream_with_shares(tmp: Path) -> None:
 
 
 CASES: list[Case] = [
+    *(
+        error(
+            f"examples-batch_schedule-{name}-{example}",
+            AREA,
+            f"{example}: data.batch_schedule='{value}' (data.max_tokens=256, longest 64)",
+            _built(example, f'data.batch_schedule="{value}"'),
+            "data.batch_schedule",
+            *words,
+            raises=ConfigError,
+            fix_in=KEYS,
+        )
+        for example in ("translation", "lm")
+        for name, value, words in (
+            ("from-zero", "0:0 1K:1", ("got 0", "start above 0")),
+            ("first-fraction-too-small", "0:0.01 1K:1", ("at least 0.25",)),
+        )
+    ),
     error(
         "examples-pair_order-unknown",
         AREA,
