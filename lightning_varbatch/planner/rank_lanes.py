@@ -191,18 +191,22 @@ def lane_cuts(
     # A lane has fewer examples than the others have micro-batches (whole examples fill the
     # budgets coarsely): size the lanes by their examples per micro-batch, which evens the
     # counts, then move the shortest examples of lanes with more than they need to lanes
-    # with fewer, so that no lane repeats an example while the data has enough.
+    # with fewer, so that no lane repeats an example while the data has enough. With too
+    # few examples for every lane's micro-batches (the small rest of an epoch) the spare
+    # ones still move, neediest lane first: each lane then repeats only what no lane spares.
     lanes = cut(_lane_positions(groups.size, sizes / counts))
     for _ in range(len(lanes)):
         sizes, counts, target = short(lanes)
         need, spare = np.maximum(target - sizes, 0), np.maximum(sizes - target, 0)
-        if not need.any() or spare.sum() < need.sum():
+        give = _take(spare, need)
+        if not give.any():
             break
+        need = _take(need, give)  # all of it, or what the spare lanes can give
         positions = [lane.positions for lane in lanes]
         moved = np.concatenate(
-            [positions[r][positions[r].size - k :] for r, k in enumerate(_take(spare, need))]
+            [positions[r][positions[r].size - k :] for r, k in enumerate(give.tolist())]
         )
-        for r, k in enumerate(_take(spare, need).tolist()):
+        for r, k in enumerate(give.tolist()):
             positions[r] = positions[r][: positions[r].size - k]
         ends = np.cumsum(need)
         for r in np.flatnonzero(need).tolist():
@@ -214,7 +218,7 @@ def lane_cuts(
 
 
 def _take(spare: np.ndarray, need: np.ndarray) -> np.ndarray:
-    """How many examples each lane gives: ``need.sum()`` in all, from the most spare first."""
+    """How many each lane gives: ``min(need.sum(), spare.sum())``, the most spare first."""
     give = np.zeros_like(spare)
     left = int(need.sum())
     for r in np.argsort(-spare, kind="stable").tolist():

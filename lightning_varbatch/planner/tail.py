@@ -65,9 +65,10 @@ def effective_tail(
 ) -> TailPolicy:
     """The tail policy that applies to ``available`` examples planned for ``world x acc``.
 
-    ``config.tail`` (or ``policy``, for a part of an epoch), except that ``"spread"`` pads a
-    ``replanned`` rest of an epoch with fewer examples than a step has micro-batches
-    (counted).
+    ``config.tail`` (or ``policy``, for a part of an epoch). A ``replanned`` rest of an epoch
+    with fewer examples than a step has micro-batches stays ``"spread"``: it is split into
+    one example per micro-batch and only the empty slots repeat an example (counted), the
+    fewest repeats that make a whole step.
 
     Raises:
         ValueError: ``tail="spread"`` for a whole epoch with fewer examples than a step has
@@ -78,13 +79,10 @@ def effective_tail(
         >>> effective_tail(config, 10, 2, 1, replanned=True)
         'drop'
         >>> effective_tail(PlanConfig(max_tokens=8), 1, 2, 1, replanned=True)
-        'pad'
+        'spread'
     """
     tail = config.tail if policy is None else policy
-    multiple = world * acc
-    if replanned and tail == "spread" and available < multiple:
-        tail = "pad"
-    if tail == "spread" and available < multiple:
+    if tail == "spread" and available < world * acc and not replanned:
         raise ValueError(too_few_message(available, "examples", world, acc, config))
     return tail
 
