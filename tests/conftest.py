@@ -3,12 +3,17 @@
 ``python -m pytest -m "not slow"`` is the inner loop (every unit, property, doc and bad-input
 test that runs in under ~1.5 s); the full suite, as CI runs it, is plain ``python -m pytest``.
 A test that starts several ranks is marked ``multiprocess``, one that needs CUDA ``gpu``; both
-are slow too, so the inner loop never starts a process group or waits for a device.
+are slow too, so the inner loop never starts a process group or waits for a device: a test
+that calls :func:`tests.launch.launch` without the marker fails, naming itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
+
+import tests.launch
 
 #: Markers that imply ``slow``.
 SLOW_KINDS = ("multiprocess", "gpu")
@@ -19,3 +24,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _launch_needs_the_marker(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Let :func:`tests.launch.launch` refuse a test not marked ``multiprocess``."""
+    marked = request.node.get_closest_marker("multiprocess") is not None
+    tests.launch.UNMARKED = None if marked else request.node.nodeid
+    yield
+    tests.launch.UNMARKED = None

@@ -11,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 SCRIPTS = Path(__file__).parent / "scripts"
+#: The test running now when it is not marked ``multiprocess`` (set by ``tests/conftest.py``):
+#: :func:`launch` refuses it, so that the inner loop (``-m "not slow"``) starts no process group.
+UNMARKED: str | None = None
 
 
 def free_port() -> int:
@@ -41,6 +44,11 @@ def launch(
     Each rank must write ``out/rank<r>.json``; the call fails unless every rank exited 0 and
     wrote its record (a crashed or hung rank is reported with its output).
     """
+    if UNMARKED is not None:
+        raise RuntimeError(
+            f"{UNMARKED} starts {world_size} processes but is not marked multiprocess: add "
+            "@pytest.mark.multiprocess (the inner loop never starts a process group)"
+        )
     port = free_port()
     procs = []
     for rank in range(world_size):

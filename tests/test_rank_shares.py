@@ -365,6 +365,7 @@ def test_a_mixture_sampler_takes_shares_at_run_time() -> None:
 # -- the budget finder per rank ------------------------------------------------------------
 
 
+@pytest.mark.multiprocess
 def test_each_rank_finds_its_own_budget_and_the_plan_keeps_every_rank_within_its_memory(
     tmp_path: Path,
 ) -> None:

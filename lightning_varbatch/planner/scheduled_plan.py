@@ -20,7 +20,7 @@ Example:
     >>> plan = EpochPlanner(np.full(100, 8), cfg).plan(0)
     >>> half = plan.step_fraction == 0.5
     >>> int(half.sum()), int(plan.step_tokens[half].max()), int(plan.step_tokens.max())
-    (10, 32, 64)
+    (9, 32, 64)
     >>> sorted(plan.example_ids().tolist()) == list(range(100))
     True
 """

@@ -48,6 +48,9 @@ from tests.strategies._reference import (
     step_micro_batches,
 )
 
+#: Every test here reads a run of real processes (several tests share one run per key).
+pytestmark = pytest.mark.multiprocess
+
 WORLD_SIZE = 2
 STEPS = 3
 TIMEOUT = 150.0
@@ -156,7 +159,6 @@ def max_update_error(
     }
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize(("strategy", "source", "layout"), ALL_LAYOUTS)
 def test_every_rank_trains_the_same_steps_and_parameters(
     strategy: str, source: str, layout: str, tmp_path_factory: pytest.TempPathFactory
@@ -188,7 +190,6 @@ def test_every_rank_trains_the_same_steps_and_parameters(
     assert records[0]["params"][str(STEPS)] != records[0]["init"]
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("strategy", "source", "layout"),
     ALL_LAYOUTS + [pytest.param(s, "list", "padded", id=s) for s in EXTRA],
@@ -220,7 +221,6 @@ def assert_every_step_is_the_token_mean(records: list[dict[str, Any]]) -> None:
         assert records[0]["params"][step] == records[1]["params"][step], step
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", SHARES)
 def test_update_equals_single_process_token_mean_during_a_length_warmup(
     strategy: str, tmp_path_factory: pytest.TempPathFactory
@@ -244,7 +244,6 @@ def padded_cost(ids: list[int], lengths: list[int]) -> int:
     return len(ids) * max(lengths[i] for i in ids)
 
 
-@pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", SHARES)
 def test_update_equals_single_process_token_mean_with_unequal_rank_shares(
     strategy: str, tmp_path_factory: pytest.TempPathFactory
@@ -350,7 +349,6 @@ def test_deepspeed_batch_settings_follow_the_trainer(
         }
 
 
-@pytest.mark.multiprocess
 def test_inconsistent_deepspeed_config_fails_on_every_rank_with_the_setting_named(
     tmp_path: Path,
 ) -> None:
@@ -369,7 +367,6 @@ def test_inconsistent_deepspeed_config_fails_on_every_rank_with_the_setting_name
         assert "remove train_batch_size from the DeepSpeed config, or set it to 8" in r["error"]
 
 
-@pytest.mark.multiprocess
 def test_user_deepspeed_config_trains_with_a_torch_optimizer(tmp_path: Path) -> None:
     """The recipe of docs/migrate-deepspeed.md: config={"zero_optimization": ...} and SGD."""
     config = {"zero_optimization": {"stage": 2}}
