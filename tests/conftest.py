@@ -9,8 +9,6 @@ that calls :func:`tests.launch.launch` without the marker fails, naming itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 import tests.launch
@@ -26,10 +24,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
-@pytest.fixture(autouse=True)
-def _launch_needs_the_marker(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Let :func:`tests.launch.launch` refuse a test not marked ``multiprocess``."""
-    marked = request.node.get_closest_marker("multiprocess") is not None
-    tests.launch.UNMARKED = None if marked else request.node.nodeid
-    yield
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Let :func:`tests.launch.launch` refuse a test not marked ``multiprocess`` (before any
+    fixture of the test is set up: a module fixture that launches counts as the test's)."""
+    marked = item.get_closest_marker("multiprocess") is not None
+    tests.launch.UNMARKED = None if marked else item.nodeid
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Teardown runs no launch: forget the test."""
+    del item
     tests.launch.UNMARKED = None

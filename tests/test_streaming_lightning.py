@@ -92,6 +92,7 @@ def test_ddp_ranks_end_together_and_see_every_example_once(
         assert not [w for w in r["warnings"] if "ampler" in w or "IterableDataset" in w], r
 
 
+@pytest.mark.multiprocess
 def test_workers_stream_each_epochs_plan_in_order(trained: dict[str, Any], data: Path) -> None:
     """With 2 workers, every epoch is the stream's plan of that epoch (the epoch reached the
     workers' copies of the dataset), in plan order."""
