@@ -146,14 +146,22 @@ def git_revision() -> str:
 
 def git_dirty(path: str) -> bool:
     """Whether ``path`` has uncommitted changes (``False`` when git cannot run)."""
+    return bool(git_changed([path]))
+
+
+def git_changed(paths: Sequence[str]) -> list[str]:
+    """The files under ``paths`` with uncommitted changes, from the root (none without git)."""
     try:
-        return bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", path], capture_output=True, text=True, check=False
-            ).stdout.strip()
-        )
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--", *paths],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=ROOT,
+        ).stdout
     except OSError:
-        return False
+        return []
+    return sorted(line[3:] for line in out.splitlines() if line.strip())
 
 
 def load_average() -> str:

@@ -44,6 +44,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from benchmarks.results import Run, add_result_option, result_path
 from lightning_varbatch import EpochPlanner, PlanConfig
 from lightning_varbatch.planner import warmup_report, wmt_like_lengths
 from lightning_varbatch.planner.length_warmup import ScheduleName, scheduled_caps
@@ -51,6 +52,13 @@ from lightning_varbatch.planner.settings import LayoutName
 from lightning_varbatch.planner.warmup_report import step_figures
 
 WORLD, BUDGET, MIN_CAP = 8, 16384, 8
+MEASURED = [
+    "lightning_varbatch.planner.epoch_planner",
+    "lightning_varbatch.planner.warmup_report",
+    "lightning_varbatch.planner.length_warmup",
+    "lightning_varbatch.planner.synthetic",
+]
+"""The package code the figures measure (with its imports; :mod:`benchmarks.results`)."""
 SCHEDULE: Final[ScheduleName] = "root"
 
 
@@ -181,7 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="300k pairs and 100k documents")
     p.add_argument("--repeats", type=int, default=3)
+    add_result_option(p, "length_warmup")
     args = p.parse_args(argv)
+    bench = ["benchmarks.length_warmup"]
+    run = Run("length_warmup", settings=vars(args), package=MEASURED, bench=bench)
     wmt = wmt_like_lengths(300_000 if args.quick else 4_500_000)
     lm = lm_lengths(100_000 if args.quick else 1_000_000)
     rows = [
@@ -190,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_case("lm", lm, "packed", args.repeats),
     ]
     _print(rows)
+    discarded = [r["truncating"]["discarded"] for r in rows]
+    summary = {"discarded_min": min(discarded), "discarded_max": max(discarded)}
+    run.write({"rows": rows, **summary}, result_path(args))
     return 0
 
 

@@ -40,9 +40,14 @@ import numpy as np
 
 from benchmarks.harness import print_table
 from benchmarks.pair_reference import bucket_order, greedy_cut, optimum, padded_slots
+from benchmarks.results import Run, add_result_option, result_path
 from lightning_varbatch import EpochPlan, EpochPlanner, PlanConfig
 from lightning_varbatch.planner import wmt_like_lengths
 
+MEASURED = ["lightning_varbatch.planner.epoch_planner", "lightning_varbatch.planner.synthetic"]
+"""The package code the figures measure (with its imports; :mod:`benchmarks.results`); (d)
+also builds the translation example's data module, listed under ``EXAMPLE``."""
+EXAMPLE = ["examples.translation.datamodule"]
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 WIDTHS = (0.02, 0.05, 0.1)
 
@@ -146,14 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke test: small sizes")
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    add_result_option(p, "pair_plan")
     args = p.parse_args(argv)
     quick = args.quick
+    package = MEASURED if quick else MEASURED + EXAMPLE
+    run = Run("pair_plan", settings=vars(args), package=package, bench=["benchmarks.pair_plan"])
     seeds = (0,) if quick else (0, 1, 2)
     budgets = (512, 4096) if quick else BUDGETS
     n = 2_000 if quick else 20_000
     runs = {s: by_budget(wmt_like_lengths(n, seed=s).astype(np.int64), budgets) for s in seeds}
     print(f"\n(a) padding of both tensors: {n:,} WMT-like pairs, 2 ranks, data seeds {seeds}")
-    rows, out = [], {"by_budget": runs}
+    rows: list[list[str]] = []
+    table: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"by_budget": runs, "table": table, "n": n, "seeds": list(seeds)}
     for i, budget in enumerate(budgets):
         per = [runs[s][i] for s in seeds]
 
@@ -161,6 +171,16 @@ def main(argv: list[str] | None = None) -> int:
             return statistics.median(r[key] for r in per)
 
         wins = all(r["two_sided"] <= r["better_ref"] for r in per)
+        table.append(
+            {
+                "budget": budget,
+                **{k: med(k) for k in ("max", "two_sided", "better_ref")},
+                **{f"b{w}": med(f"b{w}") for w in WIDTHS},
+                "ratio": med("two_sided") / med("better_ref"),
+                "wins_every_seed": wins,
+                "mbs": {k: med(f"{k}_mbs") for k in ("two_sided", "max", "b0.05")},
+            }
+        )
         rows.append(
             [
                 f"{budget:,}",
@@ -221,8 +241,11 @@ def main(argv: list[str] | None = None) -> int:
             "\n(d) the translation example (default settings, 2 ranks): padding efficiency of "
             f"both tensors {eff['max']:.3f} (max order) -> {eff['two_sided']:.3f} (two-sided)"
         )
+    out["wins"] = sum(r["wins_every_seed"] for r in table)
+    out["budgets"] = len(table)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=float))
+    run.write(json.loads(json.dumps(out, default=float)), result_path(args))
     return 0
 
 

@@ -9,6 +9,9 @@ a small input is found by a dynamic program over all subsets. :mod:`benchmarks.p
   target)``, what the padding collate allocates (each side padded to its own longest).
 * :func:`max_order` / :func:`bucket_order`: fairseq's order by ``max(source, target)``, and
   the key in narrow (geometric) buckets then ``source - target`` (NeMo's 2-D bucketing idea).
+* :func:`lexicographic`: longest first by one list of keys, e.g. ``("max", "source",
+  "target")`` (the exact lengths) or ``("source", "target")`` (fairseq's ``batch_by_size``
+  with ``num_tokens_vec`` ordered by source, then target).
 * :func:`greedy_cut`: cut an order left to right, a micro-batch growing while ``n · max(source,
   target) <= budget`` (a budget on each side: fairseq's ``max_tokens`` rule).
 * :func:`optimum`: the least padded slots of any partition into at most ``m`` micro-batches
@@ -28,7 +31,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["bucket_order", "greedy_cut", "max_order", "optimum", "padded_slots"]
+__all__ = [
+    "bucket_order",
+    "greedy_cut",
+    "lexicographic",
+    "max_order",
+    "optimum",
+    "padded_slots",
+]
 
 
 def padded_slots(batches: list[np.ndarray], pairs: np.ndarray) -> int:
@@ -52,6 +62,17 @@ def bucket_order(pairs: np.ndarray, width: float) -> np.ndarray:
     key = pairs.max(axis=1).astype(np.float64)
     bucket = np.floor(np.log(key) / np.log1p(width)).astype(np.int64)
     return np.lexsort((pairs[:, 0] - pairs[:, 1], -bucket))
+
+
+def lexicographic(pairs: np.ndarray, keys: tuple[str, ...]) -> np.ndarray:
+    """Ids longest first by ``keys`` in turn, each ``"max"``, ``"source"`` or ``"target"``.
+
+    Example:
+        >>> lexicographic(np.array([[3, 9], [9, 2], [9, 4]]), ("source", "target")).tolist()
+        [2, 1, 0]
+    """
+    columns = {"max": pairs.max(axis=1), "source": pairs[:, 0], "target": pairs[:, 1]}
+    return np.lexsort(tuple(-columns[k] for k in reversed(keys)))
 
 
 def greedy_cut(order: np.ndarray, pairs: np.ndarray, budget: int) -> list[np.ndarray]:

@@ -172,7 +172,8 @@ def _lhotse(key: np.ndarray, tl: np.ndarray, m: int, rank: int, world: int, seed
     return [b.tolist() for b in out]
 
 
-def _prepared(dataloader: Any, rank: int, world: int) -> Any:
+def prepared_loader(dataloader: Any, rank: int, world: int) -> Any:
+    """``dataloader`` as Hugging Face's Trainer prepares it for rank ``rank`` of ``world``."""
     from accelerate.data_loader import prepare_data_loader
 
     return prepare_data_loader(
@@ -190,7 +191,7 @@ def _hf_group(key: np.ndarray, tl: np.ndarray, b: int, rank: int, world: int, se
     loader = DataLoader(
         list(range(key.size)), batch_size=b, sampler=sampler, drop_last=False, collate_fn=list
     )
-    return [list(map(int, x)) for x in _prepared(loader, rank, world)]
+    return [list(map(int, x)) for x in prepared_loader(loader, rank, world)]
 
 
 def _hf_rebalance(
@@ -207,7 +208,7 @@ def _hf_rebalance(
         rank=rank,
         drop_last=False,
     )
-    loader = _prepared(
+    loader = prepared_loader(
         DataLoader(list(range(key.size)), batch_sampler=sampler, collate_fn=list), rank, world
     )
     shard = getattr(loader, "batch_sampler", None)  # Trainer._get_dataloader's passthrough

@@ -1,4 +1,4 @@
-"""The measured cost model of :mod:`benchmarks.peer_seeds`, its rows and its real-run check.
+"""The fitted cost model of :mod:`benchmarks.peer_seeds` (an explanation) and its extra rows.
 
 **Time model.** The forward + loss + backward of :mod:`benchmarks.peer_training`'s step
 (``TranslationModel`` of :mod:`benchmarks.training_workload`, 1 thread, train mode) is timed
@@ -14,8 +14,10 @@ slowdown once activations outgrow the caches, ~1.5x per token at 2,000 tokens a 
 500), fitted by least squares on the relative error (non-negative) on the grid (each shape
 full and ragged, to tell ``R`` from ``nT``) and every other real micro-batch; the rest are
 held out. The **per-step cost** (flatten and divide the gradients, Adam, ``zero_grad``) is
-timed too; the all-reduce comes from the real runs. **Unpadded**, a micro-batch costs the same
-sum with every feature per pair (``sum s_i``, ``sum s_i^2``, ..., ``(sum s_i)^1.5``).
+timed too; the all-reduce is left out. The model ranks configurations and explains the
+measurement of :mod:`benchmarks.peer_timing`; it measures nothing itself. **Unpadded**, a
+micro-batch costs the same sum with every feature per pair (``sum s_i``, ``sum s_i^2``, ...,
+``(sum s_i)^1.5``).
 
 **Memory model.** The peak of torch's CPU allocations during the same forward + backward
 (weights, Adam's state and inputs already held): ``torch.profiler(profile_memory=True)``
@@ -26,13 +28,14 @@ rank micro-batches; the peaks that set a limit are measured.
 
 **Extra rows.** ``ours_max``: our sampler with ``pair_order="max"``. ``fairseq_pkg``: fairseq's
 own ``batch_by_size`` (the ``ve-fairseq`` 0.12.3 wheel for CPython 3.11), dealt by fairseq's
-own ``EpochBatchIterator``. ``deepspeed`` is not run above :data:`DEEPSPEED_MAX_N` pairs.
+own ``EpochBatchIterator``. The bare ``deepspeed`` row (DeepSpeed's own ``batch_by_seqlens``,
+~n^3) is not run above :data:`DEEPSPEED_MAX_N` pairs; its configurations of
+:mod:`benchmarks.peer_sweep` are (an equal result in O(n log n)).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import time
 from collections.abc import Callable
@@ -40,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.harness import print_table
 from benchmarks.peer_batches import BY_NAME, deal, unavailable, versions
 
 NAMES = ("1", "n", "nS", "nT", "nS^2", "nT^2", "nST", "R", "(nS)^1.5", "(nT)^1.5")
@@ -55,16 +57,23 @@ FAIRSEQ_NOTE = "fairseq's own: ShardedIterator(fill_value=[]) + trainer dummy ba
 
 
 def label(row: str) -> str:
-    return EXTRA.get(row) or BY_NAME[row].label
+    """A row's or configuration's label (``lhotse DynamicBucketing [buckets=30]``)."""
+    from benchmarks.peer_sweep import knob_text, split
+
+    base = split(row)[0]
+    text = EXTRA.get(base) or BY_NAME[base].label
+    return f"{text} [{knob_text(row)}]" if ":" in row else text
 
 
 def by_batch_size(row: str) -> bool:
-    return row in BY_NAME and BY_NAME[row].setting == "batch_size"
+    base = row.partition(":")[0]
+    return base in BY_NAME and BY_NAME[base].setting == "batch_size"
 
 
 def row_status(row: str, n: int) -> str | None:
-    """``None`` if the row runs here, else why not."""
-    if row == "deepspeed" and n > DEEPSPEED_MAX_N:
+    """``None`` if the row (or configuration) runs here, else why not."""
+    knobs, row = ":" in row, row.partition(":")[0]
+    if row == "deepspeed" and n > DEEPSPEED_MAX_N and not knobs:
         return f"not run above {DEEPSPEED_MAX_N:,} pairs (batch_by_seqlens ~n^3)"
     if row == "fairseq_pkg":
         try:
@@ -75,6 +84,7 @@ def row_status(row: str, n: int) -> str | None:
 
 
 def row_versions(row: str) -> dict[str, str]:
+    row = row.partition(":")[0]
     if row == "fairseq_pkg":
         return {"ve-fairseq": importlib.metadata.version("ve-fairseq")}
     return versions(BY_NAME["ours" if row == "ours_max" else row])
@@ -118,7 +128,12 @@ def _fairseq_pkg(tl: np.ndarray, m: int, rank: int, world: int, seed: int) -> li
 
 
 def deal_row(name: str, tl: np.ndarray, setting: int, rank: int, world: int, seed: int) -> Any:
-    """One rank's batches of row ``name``: a peer of ``peer_batches`` or an extra row."""
+    """One rank's batches of row ``name``: a peer of ``peer_batches``, an extra row, or a
+    configuration with knobs (:func:`benchmarks.peer_sweep.deal_config`)."""
+    if ":" in name:
+        from benchmarks.peer_sweep import deal_config
+
+        return deal_config(name, tl, setting, rank, world, seed)
     if name == "fairseq_pkg":
         return _fairseq_pkg(tl, setting, rank, world, seed)
     if name == "ours_max":
@@ -328,68 +343,3 @@ def calibrate(
         )
     log(f"calibrated in {time.perf_counter() - t0:.0f} s; per-step cost {1000 * step_s:.1f} ms")
     return out | {"shapes": rows.tolist(), "seconds": secs.tolist(), "peak_bytes": peaks.tolist()}
-
-
-# -- the real-run check (children of peer_seeds) --------------------------------------------------
-
-
-def child_main(payload: str, rank: str, port: str, settings: str) -> int:
-    """One rank of the real-run check: ``peer_training.run_rank`` on this benchmark's workload.
-
-    ``peer_training`` trains the workload of ``training_workload.workload_lengths`` and a whole
-    epoch; here its two look-ups are replaced (in this child process only) by the seed's
-    ``wmt_like_lengths(n, seed)`` and by this benchmark's rows truncated to the first
-    ``steps`` micro-batches of each rank.
-    """
-    import benchmarks.peer_training as pt
-    import benchmarks.training_workload as tw
-    from benchmarks.harness import emit_result
-    from lightning_varbatch.planner import wmt_like_lengths
-
-    job = json.loads(payload)
-    s = tw.TranslationSettings.from_json(settings)
-    raw = wmt_like_lengths(job["n"], seed=s.seed).astype(np.int64)
-    tw.workload_lengths = lambda _s: raw  # type: ignore[assignment]
-
-    def first_steps(name: str, tl: np.ndarray, setting: int, r: int, w: int, seed: int) -> Any:
-        return deal_row(name, tl, setting, r, w, seed)[: job["steps"]]
-
-    pt.deal = first_steps  # type: ignore[assignment]
-    specs = [pt.RunSpec(**x) for x in job["specs"]]
-    for run in pt.run_rank(specs, int(rank), int(job["world"]), int(port), s):
-        emit_result(pt.as_dict(run))
-    return 0
-
-
-def real_runs(
-    rows: list[tuple[str, int]], n: int, world: int, steps: int, s: Any, timeout: float
-) -> list[list[Any]]:
-    """Train ``rows`` ((row, setting)) for ``steps`` micro-batches per rank on ``world`` gloo
-    processes: one group for all, a discarded warm-up run, then ``rows`` and ``rows`` reversed;
-    per row, the two runs' per-rank :class:`benchmarks.peer_training.RankRun`s."""
-    from benchmarks.harness import child_command, child_env, run_children
-    from benchmarks.peer_training import RankRun
-    from benchmarks.training_peers import free_port
-
-    order = [rows[0], *rows, *rows[::-1]]
-    specs = [{"peer": r, "setting": x, "tag": "budget"} for r, x in order]
-    job = json.dumps({"n": n, "world": world, "steps": steps, "specs": specs})
-    port = str(free_port())
-    commands = [
-        child_command(MODULE, "--rank-child", job, str(r), port, "--settings", s.to_json())
-        for r in range(world)
-    ]
-    found = run_children(commands, env=child_env(OMP_NUM_THREADS="1"), timeout=timeout)
-    runs = [[RankRun(**found[r][i]) for r in range(world)] for i in range(len(specs))]
-    return [[runs[1 + i], runs[-1 - i]] for i in range(len(rows))]
-
-
-def print_real(real: list[dict[str, Any]], cal: dict[str, Any]) -> None:
-    """The real runs against the model, the same steps."""
-    print(f"\nreal runs (the better of 2 rounds; all-reduce {1000 * cal['allreduce_s']:.1f} ms)")
-    head = ["seed", "configuration", "setting", "tok/s real", "tok/CPU-s", "tok/s model", "ratio"]
-    keys = [("tps_real", ",.0f"), ("tps_cpu", ",.0f"), ("tps_model", ",.0f")]
-    cells = [[str(x["seed"]), label(x["row"]), str(x["setting"])] for x in real]
-    for c, x in zip(cells, real, strict=True):
-        c += [format(x[k], f) for k, f in keys] + [f"{x['real_over_model']:.2f}"]
-    print_table(head, cells)

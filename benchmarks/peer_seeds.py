@@ -1,71 +1,65 @@
-"""Every peer's batches over seeds 0-7, recounted, modelled and set at measured memory (issue 33).
+"""Every peer at its best, measured against ours over seeds (issues 33 and 39).
 
 Run from the repository root (installs: benchmarks/RESULTS.md, "Peers over seeds")::
 
-    python -m benchmarks.peer_seeds            # 20,000 pairs, seeds 0-7, budgets 512-2048
+    python -m benchmarks.peer_seeds            # 20,000 pairs, seeds 0-3, budgets 512-2048
     python -m benchmarks.peer_seeds --quick    # smoke test: 2,000 pairs, 1 seed, 1 budget
 
 **Workload.** Per seed ``s``: ``wmt_like_lengths(n, seed=s)``, pairs ``(source, [BOS] +
 target)``; the seed seeds every sampler too. Ours gets the ``(n, 2)`` pairs; the peers the key
-``max(source, [BOS] + target)`` (:mod:`benchmarks.peer_batches` says how each is driven);
-extra rows in :mod:`benchmarks.peer_model`. ``--world`` ranks (2), dealt in this process.
+``max(source, [BOS] + target)`` (:mod:`benchmarks.peer_batches` and
+:mod:`benchmarks.peer_sweep` say how each is driven). ``--world`` ranks (2), dealt here.
 
-**Recount** from the ids each rank gets (a micro-batch: ``n`` pairs, longest source ``S``,
-longest ``[BOS]+target`` ``T``): dropped / repeated examples; micro-batches *over* ``M`` (``nS``
-or ``nT`` > ``M``); padding fraction ``1 - sum(s + t) / sum(nS + nT)``; critical-path slots
-(per step the larger rank's ``nS + nT``; ``slot eff`` = ``sum(s + t)`` / (world x those),
-issue 33's load-independent measure); counts per rank. Unequal counts would hang the last
-all-reduce: the row gets its peer's workaround (fairseq's: the short rank re-runs its first
-batch with the loss x 0) or ``hangs``.
+**Sweep** (plans only): every configuration of every peer (:data:`benchmarks.peer_sweep.GROUPS`)
+at every budget ``M`` and seed: ``max_tokens = M``, batch sizes ``B`` = our mean pairs per
+micro-batch. The recount, from the ids each rank gets (a micro-batch: ``n`` pairs, longest
+source ``S``, longest ``[BOS]+target`` ``T``): dropped / repeated examples; micro-batches over
+``M`` (``nS`` or ``nT`` > ``M``); padding fraction ``1 - sum(s + t) / sum(nS + nT)``; slot
+efficiency (real slots / (world x per step the larger rank's ``nS + nT``)); counts per rank
+(unequal counts would hang the last all-reduce: fairseq's own workaround, a dummy batch with
+the loss x 0, or ``hangs``). A peer's **best** configuration at ``M`` is the one with the most
+modelled tokens/s (median over seeds; one that never exceeds ``M`` before one that does):
+:mod:`benchmarks.peer_model`'s fitted time model ranks, it does not measure.
 
-**Tokens/s (modelled)**: time = sum over steps of (the slowest rank's micro-batch in the
-measured time model of :mod:`benchmarks.peer_model` + the per-step cost ``c``, all-reduce
-included); tokens/s = real target tokens trained (repeats included) / time. Load-independent.
+**Measured** (:mod:`benchmarks.peer_timing`): ours, each peer's best and each peer's default
+configuration, in paired blocks of one step each, shuffled per block, wall and CPU time; the
+ratio ours / peer with a bootstrap 90 % interval over blocks and seeds; ``ours leads`` only
+where the interval excludes 1, ``tie`` otherwise, no verdict from one seed. The model's ratio
+is printed beside the measured one as the explanation. The main table takes the faster of the
+best and the default by measurement (the model's pick can be wrong).
 
-**Ceiling** of a configuration: its micro-batches each costed *unpadded* (the model's sum with
-every feature per pair: ``c0 + sum_i (c1 + c2 s_i + c3 t_i + c4 s_i^2 + c5 t_i^2 + c6 s_i t_i)
-+ c7 R + c8 (sum_i s_i)^1.5 + c9 (sum_i t_i)^1.5``), each step's ranks *perfectly balanced*
-(their mean, not their max; a dummy batch costs 0), plus ``c`` per step. ``x ceiling`` =
-ceiling time / modelled time, in (0, 1]: what padding and imbalance leave at this batch count.
-
-**Comparisons** at each ``M``: *same budget* (``max_tokens = M``, batch sizes ``B`` = our mean
-pairs per micro-batch); *same memory (measured)*: the limit is the measured peak (torch's CPU
-allocations over forward + backward) of ours' 2 worst micro-batches at ``M`` by the memory
-model; every other row gets the largest setting (to ``M/32`` for budgets; a galloping search
-from the proportional guess) whose worst micro-batch the model puts at or below it; that
-micro-batch is measured and shown; *same memory (proxy)*: the largest setting whose worst
-padded cost ``n x max(S, T)`` is <= ``M`` (:mod:`benchmarks.training_peers`' rule).
-
-**Real runs.** ``--real-seeds`` at ``--real-budget``, the same-budget rows, the first
-``--real-steps`` micro-batches of each rank trained by :func:`benchmarks.peer_training.run_rank`
-on ``world`` gloo processes: their wall-clock tokens/s against the model's for those steps.
-Every round goes to ``--out``/rounds.jsonl, the rest to calibration.json.
+**Same memory** (``--memory``; measured peaks only): the limit is the measured peak (torch's
+CPU allocations over forward + backward, :meth:`benchmarks.peer_model.Bench.peak_bytes`) of
+ours' 2 worst micro-batches at ``M`` on the first seed; each peer's best configuration gets the
+largest setting (to ``M/32`` for budgets) whose 2 worst micro-batches, by the memory model,
+*measure* at or below it; then measured like the rest.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import logging
-import os
-import statistics
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
 from benchmarks import peer_model as pm
-from benchmarks.harness import command_line, print_table, torch_machine_line, uptime
-from benchmarks.peer_batches import BY_NAME, PEERS, WORKAROUNDS, preload
+from benchmarks import peer_sweep as sw
+from benchmarks import peer_timing as pt
+from benchmarks.harness import command_line, torch_machine_line, uptime
+from benchmarks.peer_batches import WORKAROUNDS, preload
+from benchmarks.peer_tables import print_measured, print_sweep
 
 MODULE = "benchmarks.peer_seeds"
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results_peer_seeds")
 Batches = list[list[int]]
 TINY = {"d_model": 32, "ffn": 64, "vocab": 500, "layers": 1, "nhead": 2}  # --quick
+BENCH_MODULES = ["benchmarks.peer_seeds", "benchmarks.peer_model", "benchmarks.peer_sweep",
+                 "benchmarks.peer_timing", "benchmarks.peer_batches", "benchmarks.baselines_libs",
+                 "benchmarks.training_workload"]  # fmt: skip
 
 
 # -- the recount ----------------------------------------------------------------------------------
@@ -77,7 +71,8 @@ def figures(
     """The recount and the modelled figures of one configuration (every rank's batches)."""
     counts = [len(r) for r in ranks]
     steps, equal = max(counts), len(set(counts)) == 1
-    fix = None if equal else pm.FAIRSEQ_NOTE if row == "fairseq_pkg" else WORKAROUNDS.get(row)
+    base = row.partition(":")[0]
+    fix = None if equal else pm.FAIRSEQ_NOTE if base == "fairseq_pkg" else WORKAROUNDS.get(base)
     out: dict[str, Any] = {"counts": counts, "equal_counts": equal, "workaround": fix}
     out["hangs"] = not equal and fix is None
     weights = [[1.0] * c + [0.0] * (0 if out["hangs"] else steps - c) for c in counts]
@@ -127,7 +122,7 @@ def figures(
 
 
 class Seed:
-    """One seed's workload, its dealt configurations (cached) and its peak measurements."""
+    """One seed's workload, its dealt configurations (cached) and its measured peaks."""
 
     def __init__(self, seed: int, a: argparse.Namespace, cal: dict[str, Any], bench: Any) -> None:
         self.seed, self.world, self.cal, self.bench = seed, a.world, cal, bench
@@ -146,16 +141,6 @@ class Seed:
             self.dealt[(row, setting)] = (ranks, max(secs))
         return self.dealt[(row, setting)]
 
-    def worst(self, row: str, setting: int, key: str) -> float:
-        """The worst micro-batch by ``key``: the memory model's peak (MB) or the padded cost."""
-        ranks, _ = self.deal(row, setting)
-        stats = [pm.per_batch(r, self.tl) for r in ranks if r]
-        if key == "cost":
-            return max(float((x["n"] * np.maximum(x["S"], x["T"])).max()) for x in stats)
-        mcoef = np.array(self.cal["mem_coef"])
-        mem = [pm.padded_features(x["n"], x["S"], x["T"], x["R"]) @ mcoef for x in stats]
-        return max(float(x.max()) for x in mem) / 2**20
-
     def measured_mb(self, ids: list[int]) -> float:
         """The measured peak (MB) of one micro-batch (cached by its shape)."""
         raw = self.raw[np.asarray(ids)]
@@ -164,137 +149,43 @@ class Seed:
             self.peaks[key] = self.bench.peak_bytes(self.bench.batch(raw)) / 2**20
         return self.peaks[key]
 
-    def setting_under(self, row: str, m: int, b_mean: int, key: str, limit: float) -> int | None:
-        """The largest setting of ``row`` found whose worst micro-batch (``key``) is <= ``limit``
-        (a setting the row refuses does not fit); ``None`` if none does."""
-        if key == "cost" and row in BY_NAME and BY_NAME[row].fixed_size:
-            return max(1, m // int(self.tl.max()))  # fixed sizes: room for the longest pair
+    def worst_measured(self, row: str, setting: int) -> float:
+        """The measured peak (MB) of the 2 micro-batches the memory model puts highest."""
+        ranks, _ = self.deal(row, setting)
+        f = figures(row, ranks, self.tl, setting, self.cal)
+        return max((self.measured_mb(ids) for ids in f.get("worst", [])), default=0.0)
+
+    def setting_under(self, row: str, m: int, b_mean: int, limit: float) -> int | None:
+        """The largest setting found whose worst micro-batches measure <= ``limit`` MB."""
         start = b_mean if pm.by_batch_size(row) else m
-        guess = max(1, int(start * limit / self.worst(row, start, key)))
 
         def fits(s: int) -> bool:
             try:
-                return self.worst(row, s, key) <= limit
+                return self.worst_measured(row, s) <= limit
             except Exception:  # e.g. a budget below the longest example
                 return False
 
+        res = 1 if pm.by_batch_size(row) else max(1, m // 32)
         try:
-            return pm.largest(fits, guess, 1, 8 * start, 1 if pm.by_batch_size(row) else m // 32)
+            return pm.largest(fits, start, 1, 4 * start, res)
         except RuntimeError:
             return None
 
-    def budget(self, m: int, rows: Sequence[str]) -> list[dict[str, Any]]:
-        """Every row at budget ``m`` in the three comparisons, as round records."""
-        ours, _ = self.deal("ours", m)
-        b_mean = max(1, round(len(self.tl) / sum(len(r) for r in ours)))
-        out: list[dict[str, Any]] = []
-        ours_fig = figures("ours", ours, self.tl, m, self.cal)
-        limit = max(self.measured_mb(ids) for ids in ours_fig["worst"])
-        for comparison in ("budget", "memory", "proxy"):
-            for row in rows:
-                if comparison == "budget" or row == "ours":
-                    setting = b_mean if pm.by_batch_size(row) else m
-                else:
-                    key = "cost" if comparison == "proxy" else "mem"
-                    setting = self.setting_under(row, m, b_mean, key, m if key == "cost" else limit)
-                if setting is None:
-                    print(f"  seed {self.seed}, M = {m}, {comparison}: no setting of {row} fits")
-                    continue
-                ranks, plan_s = self.deal(row, setting)
-                f = figures(row, ranks, self.tl, m, self.cal)
-                worst = f.pop("worst", [])
-                if comparison == "memory" and worst:
-                    f["peak_measured_mb"] = self.measured_mb(worst[0])
-                f.update(seed=self.seed, budget=m, comparison=comparison, row=row)
-                f.update(setting=setting, b_mean=b_mean, plan_s=plan_s, limit_mb=limit)
-                out.append(f)
-        return out
+    def record(self, row: str, setting: int, m: int, comparison: str, b: int) -> dict[str, Any]:
+        ranks, plan_s = self.deal(row, setting)
+        f = figures(row, ranks, self.tl, m, self.cal)
+        f.pop("worst", None)
+        f.update(seed=self.seed, budget=m, comparison=comparison, row=row, setting=setting,
+                 plan_s=plan_s, b_mean=b)  # fmt: skip
+        return f
 
-
-# -- the real runs against the model --------------------------------------------------------------
-
-
-def real_check(a: argparse.Namespace, rows: Sequence[str], cal: dict[str, Any]) -> list[dict]:
-    """Seeds ``--real-seeds`` at ``--real-budget``: tokens/s of the first steps, real (the
-    better of 2 rounds: the least disturbed by other jobs) and modelled, the same steps."""
-    from benchmarks.training_workload import DEFAULTS
-
-    out = []
-    for seed in a.real_seeds:
-        s = replace(DEFAULTS, **(TINY if a.quick else {}), max_tokens=a.real_budget, seed=seed)
-        _, tl = pm.workload(a.n, seed)
-        ours = pm.deal_row("ours", tl, a.real_budget, 0, a.world, seed)
-        b_mean = max(1, round(len(tl) / (len(ours) * a.world)))
-        todo = [(r, b_mean if pm.by_batch_size(r) else a.real_budget) for r in rows]
-        runs = pm.real_runs(todo, a.n, a.world, a.real_steps, s, 900)
-        for (row, setting), both in zip(todo, runs, strict=True):
-            if not both[0][0].trained:
-                continue
-            timed = [pm.per_batch(x.batches[x.warmup :], tl) for x in both[0]]
-            feats = [pm.padded_features(x["n"], x["S"], x["T"], x["R"]) for x in timed]
-            busy = np.array([f @ cal["time_coef"] for f in feats]).max(axis=0)
-            ar = np.concatenate([np.array([x.allreduce_s for x in r]).min(axis=0) for r in both])
-            tokens = sum(sum(x.tokens) for x in both[0])
-            out.append(
-                dict(seed=seed, row=row, setting=setting, steps=len(busy), tokens=tokens,
-                     busy_s=float(busy.sum()), allreduce_s=float(np.median(ar)),
-                     tps_real=max(tokens / max(x.wall_s for x in r) for r in both),
-                     tps_cpu=max(tokens / statistics.mean(x.cpu_s for x in r) for r in both))
-            )  # fmt: skip
-            print(f"  real runs seed {seed} {pm.label(row):<30} {out[-1]['tps_real']:8.0f} tok/s")
-    return out
-
-
-# -- tables ---------------------------------------------------------------------------------------
-
-TITLES = {"budget": "same token budget", "memory": "same memory (measured peak)",
-          "proxy": "same memory (padded-cost proxy)"}  # fmt: skip
-HEADERS = ["configuration", "setting", "tok/s (model)", "ours/peer by seed", "ours leads"]
-HEADERS += ["x ceiling", "slot eff", "pad frac", "drop/rep/over", "counts", "plan ms", "peak MB"]
-
-
-def span(xs: Sequence[float], f: str) -> str:
-    """``median [min-max]`` (or the one value)."""
-    med = format(statistics.median(xs), f) if xs else "-"
-    return med if not xs or min(xs) == max(xs) else f"{med} [{min(xs):{f}}-{max(xs):{f}}]"
-
-
-def verdict(ratio: list[float]) -> str:
-    """``beyond spread``: the smallest lead over seeds exceeds the ratio's range over seeds."""
-    lo, hi = min(ratio), max(ratio)
-    return "beyond spread" if lo - 1 > hi - lo else "every seed" if lo > 1 else "no"
-
-
-def report(rounds: list[dict[str, Any]], rows: Sequence[str]) -> dict[str, Any]:
-    """One table per comparison and budget (median [min-max] over seeds); the leads."""
-    leads: dict[str, Any] = {}
-    for comparison, title in TITLES.items():
-        for m in sorted({r["budget"] for r in rounds}):
-            here = [r for r in rounds if r["comparison"] == comparison and r["budget"] == m]
-            ours = {r["seed"]: r["tps"] for r in here if r["row"] == "ours"}
-            print(f"\n{title}, M = {m}, seeds {sorted(ours)}")
-            table = []
-            for row in rows:
-                rs = [r for r in here if r["row"] == row]
-                ok = [r for r in rs if not r["hangs"]]
-                ratio = [ours[r["seed"]] / r["tps"] for r in ok]
-                lead = verdict(ratio) if ratio and row != "ours" else "-"
-                leads[f"{comparison}/{m}/{row}"] = {"per_seed": ratio, "lead": lead}
-                equal = all(r["equal_counts"] for r in rs)
-                worst = [r.get("peak_measured_mb", r["peak_model_mb"]) for r in ok]
-                table.append([
-                    pm.label(row), span([r["setting"] for r in rs], ".0f"),
-                    span([r["tps"] for r in ok], ",.0f"),
-                    " ".join(f"{x:.3f}" for x in ratio) if row != "ours" else "-", lead,
-                    span([r["ceiling_fraction"] for r in ok], ".3f"),
-                    span([r["slot_efficiency"] for r in ok], ".3f"),
-                    span([r["pad_fraction"] for r in rs], ".3f"),
-                    "/".join(str(max(r[k] for r in rs)) for k in ("dropped", "repeated", "over")),
-                    "equal" if equal else "hangs" if len(ok) < len(rs) else "workaround",
-                    span([1000 * r["plan_s"] for r in rs], ".0f"), span(worst, ".0f"),
-                ])  # fmt: skip
-            print_table(HEADERS, table)
-    return leads
+    def epoch(self, row: str, setting: int) -> tuple[list[list[list[int]]], int]:
+        """(steps: every rank's micro-batch, padded by the workaround; real target tokens)."""
+        ranks, _ = self.deal(row, setting)
+        steps = max(len(r) for r in ranks)
+        padded = [r + [r[0]] * (steps - len(r)) for r in ranks]
+        tokens = int(sum(self.raw[np.asarray(b), 1].sum() for r in ranks for b in r))
+        return [list(x) for x in zip(*padded, strict=True)], tokens
 
 
 # -- entry point ----------------------------------------------------------------------------------
@@ -304,94 +195,189 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Peers over seeds (see the module docstring).")
     p.add_argument("--quick", action="store_true", help="2,000 pairs, seed 0, M=512, tiny model")
     p.add_argument("--n", type=int, default=20_000, help="pairs")
-    p.add_argument("--seeds", default="0-7", help="e.g. 0-7 or 0,3")
+    p.add_argument("--seeds", default="0-3", help="e.g. 0-3 or 0,3")
     p.add_argument("--budgets", default="512,1024,2048")
+    p.add_argument("--blocks", default="12,7,4", help="measured blocks per seed, per budget")
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--peers", default="", help="comma-separated rows (default: all)")
-    p.add_argument("--real-seeds", default="0,1", help="seeds of the real runs ('': none)")
-    p.add_argument("--real-budget", type=int, default=1024)
-    p.add_argument("--real-steps", type=int, default=12, help="per rank, 2 of them untimed")
-    p.add_argument("--out", default=OUT, help="folder of rounds.jsonl and calibration.json")
-    p.add_argument("--rank-child", nargs=3, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--peers", default="", help="comma-separated peer groups (default: all)")
+    p.add_argument("--memory", default="1024", help="budgets measured at the same memory")
+    p.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
+    add_result_option(p)
     a = p.parse_args(argv)
     if a.quick:
-        a.n, a.seeds, a.budgets, a.real_seeds, a.real_steps, a.real_budget = (
-            2000, "0", "512", a.real_seeds and "0", 5, 512
-        )  # fmt: skip
-        a.peers = (
-            a.peers or "ours,ours_max,lhotse,hf_rebalance,fairseq_alg,fairseq_pkg,fixed_sorted"
-        )
-        a.out = a.out if a.out != OUT else os.path.join(tempfile.gettempdir(), "peer_seeds_quick")
+        a.n, a.seeds, a.budgets, a.blocks, a.memory = 2000, "0", "512", "3", ""
     lo, _, hi = a.seeds.partition("-")
     a.seeds = list(range(int(lo), int(hi) + 1)) if hi else [int(x) for x in lo.split(",")]
     a.budgets = [int(x) for x in a.budgets.split(",")]
-    a.real_seeds = [int(x) for x in a.real_seeds.split(",") if x]
+    blocks = [int(x) for x in a.blocks.split(",")]
+    a.blocks = dict(zip(a.budgets, blocks + blocks[-1:] * len(a.budgets), strict=False))
+    a.memory = [int(x) for x in a.memory.split(",") if x]
     return a
 
 
+def add_result_option(p: argparse.ArgumentParser) -> None:
+    try:
+        from benchmarks.results import add_result_option as add
+    except ImportError:  # the result files' module is not there (older tree)
+        p.add_argument("--result", default=None)
+        p.add_argument("--no-result", action="store_true")
+        return
+    add(p, "peer_seeds")
+
+
+def configs_of(a: argparse.Namespace) -> dict[str, list[str]]:
+    """Per peer group, its configurations that run here (quick: the first few)."""
+    groups = a.peers.split(",") if a.peers else list(sw.GROUPS)
+    out: dict[str, list[str]] = {}
+    for g in ["ours", *[g for g in groups if g != "ours"]]:
+        cs = list(sw.GROUPS[g])[: sw.QUICK.get(g, 9) if a.quick else None]
+        ok = [c for c in cs if pm.row_status(c, a.n) is None]
+        for c in cs:
+            if c not in ok:
+                print(f"  {pm.label(c):<50} {pm.row_status(c, a.n)}")
+        if not ok and g == "fairseq" and pm.row_status("fairseq_alg", a.n) is None:
+            ok = ["fairseq_alg"]  # fairseq's algorithm stands in for its package
+        if ok:
+            out[g] = ok
+    return out
+
+
+def sweep(seeds: list[Seed], a: argparse.Namespace, groups: dict[str, list[str]]) -> list[dict]:
+    """Every configuration at every budget on every seed (same budget), recounted and modelled."""
+    t0, rounds = time.perf_counter(), []
+    for s in seeds:
+        for m in a.budgets:
+            ours, _ = s.deal("ours", m)
+            b_mean = max(1, round(len(s.tl) / sum(len(r) for r in ours)))
+            for c in itertools.chain.from_iterable(groups.values()):
+                setting = b_mean if pm.by_batch_size(c) else m
+                rounds.append(s.record(c, setting, m, "budget", b_mean))
+        print(f"  seed {s.seed} swept ({time.perf_counter() - t0:.0f} s)", flush=True)
+    return rounds
+
+
+def model_tps(rounds: list[dict[str, Any]], cal: dict[str, Any]) -> None:
+    for f in (f for f in rounds if not f["hangs"]):
+        f["model_s"] = f["busy_s"] + f["steps"] * cal["step_s"]
+        f["tps_model"] = f["tokens"] / f["model_s"]
+
+
+def choose(rounds: list[dict], groups: dict[str, list[str]], m: int) -> dict[str, dict[str, str]]:
+    """Per peer group at budget ``m``: its default and its best configuration (model-ranked)."""
+    out = {}
+    for g, cs in groups.items():
+        here = {c: [r for r in rounds if r["row"] == c and r["budget"] == m] for c in cs}
+        scores = {c: [r["tps_model"] for r in rs] for c, rs in here.items()
+                  if rs and not any(r["hangs"] for r in rs)}  # fmt: skip
+        over = {c: max(r["over"] for r in rs) for c, rs in here.items()}
+        if scores:
+            out[g] = {"default": cs[0], "best": sw.pick_best(scores, over)}
+    return out
+
+
 def run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """The whole benchmark; its numbers (also written to ``a.out``)."""
+    """The whole benchmark; its numbers (also written to the result file)."""
     from benchmarks.training_workload import DEFAULTS
 
-    names = [x for x in (a.peers or ",".join([p.name for p in PEERS] + list(pm.EXTRA))).split(",")]
-    status = {r: pm.row_status(r, a.n) for r in names if r}
-    rows = [r for r in status if status[r] is None]
+    t0, load0 = time.perf_counter(), pt.load()
     meta: dict[str, Any] = {"command": command_line(MODULE, argv), "machine": torch_machine_line()}
-    meta["versions"] = {r: pm.row_versions(r) for r in rows}
-    print(f"command: {meta['command']}\nmachine: {meta['machine']}")
-    print(
-        f"workload: {a.n:,} WMT-like pairs, seeds {a.seeds}, budgets {a.budgets}, world {a.world}"
-    )
-    for r in status:
-        print(f"  {pm.label(r):<32} {status[r] or meta['versions'][r]}")
-        preload("ours" if r in pm.EXTRA or status[r] else r)
+    print(f"command: {meta['command']}\nmachine: {meta['machine']}\nload before: {load0}")
+    print(f"workload: {a.n:,} WMT-like pairs, seeds {a.seeds}, budgets {a.budgets}, "
+          f"world {a.world}, blocks {a.blocks}")  # fmt: skip
+    groups = configs_of(a)
+    for c in itertools.chain.from_iterable(groups.values()):
+        preload(c.partition(":")[0] if c.partition(":")[0] in pm.BY_NAME else "ours")
     logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets the root to DEBUG
-    t0 = time.perf_counter()
+    meta["versions"] = {g: pm.row_versions(cs[0]) for g, cs in groups.items()}
+    if "deepspeed" in groups:
+        sw.check_deepspeed(200 if a.quick else 400)
+        print("DeepSpeed: batch_by_seqlens here equals DeepSpeed's own (400 pairs, every order)")
+    meta["lhotse_two_sided"] = sw.lhotse_two_sided() if "lhotse" in groups else None
     bench = pm.Bench(replace(DEFAULTS, **(TINY if a.quick else {})))
-    first = Seed(a.seeds[0], a, {}, bench)
-    sample = [r for r in ("ours", "fairseq_alg", "lhotse", "speechbrain") if r in rows]
+    seeds = [Seed(x, a, {}, bench) for x in a.seeds]
     real_mb = []
-    for m, row in itertools.product(a.budgets, sample):
-        mine = first.deal(row, m)[0][0]
-        real_mb += [first.raw[b] for b in mine[:: max(1, len(mine) // 4)]]
-    cal = pm.calibrate(bench, pm.grid(int(first.tl.max()), a.quick), real_mb, print)
-    first.cal = cal
-    checked = ["ours", *[r for r in rows if r != "ours"][: 1 if a.quick else None]]
-    real = real_check(a, checked, cal)
-    cal["allreduce_s"] = statistics.median(x["allreduce_s"] for x in real) if real else 0.0
-    rounds: list[dict[str, Any]] = []
-    for seed in a.seeds:
-        s = first if seed == a.seeds[0] else Seed(seed, a, cal, bench)
-        for m in a.budgets:
-            rounds += s.budget(m, rows)
-        print(f"  seed {seed} dealt and recounted ({time.perf_counter() - t0:.0f} s)", flush=True)
-    step_s = cal["step_s"] + cal["allreduce_s"]
-    for f in (f for f in rounds if not f["hangs"]):  # the modelled time, once c is known
-        f.update(
-            model_s=f["busy_s"] + f["steps"] * step_s, ceiling_s=f["ideal_s"] + f["steps"] * step_s
-        )
-        f.update(tps=f["tokens"] / f["model_s"], ceiling_fraction=f["ceiling_s"] / f["model_s"])
-    for x in real:
-        x["tps_model"] = x["tokens"] / (x["busy_s"] + x["steps"] * step_s)
-        x["real_over_model"] = x["tps_real"] / x["tps_model"]
-    meta.update(status=status, calibration=cal, real=real, leads=report(rounds, rows))
-    pm.print_real(real, cal)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "rounds.jsonl"), "w") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in rounds)
-    meta["seconds"] = time.perf_counter() - t0
-    with open(os.path.join(a.out, "calibration.json"), "w") as fh:
-        json.dump(meta, fh, indent=1)
-    print(f"\n{len(rounds)} rounds in {a.out}; {meta['seconds']:.0f} s; uptime after: {uptime()}")
-    return {"rounds": rounds, "rows": rows, **meta}
+    for m, c in itertools.product(a.budgets, [cs[0] for cs in groups.values()][:3]):
+        s = 0 if pm.by_batch_size(c) else m
+        mine = seeds[0].deal(c, s or max(1, m // 40))[0][0]
+        real_mb += [seeds[0].raw[b] for b in mine[:: max(1, len(mine) // 4)]]
+    cal = pm.calibrate(bench, pm.grid(int(seeds[0].tl.max()), a.quick), real_mb, print)
+    for s in seeds:
+        s.cal = cal
+    rounds = sweep(seeds, a, groups)
+    model_tps(rounds, cal)
+    choice = {m: choose(rounds, groups, m) for m in a.budgets}
+    measured: dict[str, Any] = {}
+    rng = np.random.default_rng(2026)
+    for m in a.budgets:
+        todo = {("budget", c) for g in choice[m].values() for c in g.values()}
+        settings: dict[tuple[str, str], dict[int, int]] = {}
+        if m in a.memory:
+            limit = max(seeds[0].measured_mb(ids) for ids in figures(
+                "ours", seeds[0].deal("ours", m)[0], seeds[0].tl, m, cal)["worst"])  # fmt: skip
+            meta.setdefault("memory_limit_mb", {})[m] = limit
+            for g in choice[m].values():
+                c = g["best"]
+                if c == "ours":
+                    continue
+                b_mean = rounds_b_mean(rounds, m, seeds[0].seed)
+                setting = seeds[0].setting_under(c, m, b_mean, limit)
+                if setting is not None:
+                    todo.add(("memory", c))
+                    settings[("memory", c)] = {s.seed: setting for s in seeds}
+        for s in seeds:
+            b_mean = rounds_b_mean(rounds, m, s.seed)
+            epochs, used = {}, {}
+            for comp, c in todo:
+                default = b_mean if pm.by_batch_size(c) else m
+                used[f"{comp}/{c}"] = settings.get((comp, c), {}).get(s.seed, default)
+                epochs[f"{comp}/{c}"] = s.epoch(c, used[f"{comp}/{c}"])
+            before = pt.load()
+            got = pt.measure(bench, s.raw, epochs, a.blocks[m], rng)
+            for key, sample in got.items():
+                measured.setdefault(f"{m}/{key}", []).append({"seed": s.seed, "setting": used[key],
+                    "load": [before, pt.load()], **asdict(sample)})  # fmt: skip
+            print(f"  M={m} seed {s.seed} measured ({time.perf_counter() - t0:.0f} s, load "
+                  f"{before} -> {pt.load()})", flush=True)  # fmt: skip
+        for comp, c in sorted(todo):
+            if comp == "memory":
+                for s in seeds:
+                    setting = settings[(comp, c)][s.seed]
+                    rounds.append(s.record(c, setting, m, "memory", b_mean))
+                    rounds[-1]["peak_measured_mb"] = s.worst_measured(c, setting)
+    model_tps(rounds, cal)
+    print_sweep(rounds, groups, choice)
+    verdicts = print_measured(rounds, measured, choice, a)
+    meta.update(calibration={k: v for k, v in cal.items() if k != "shapes"}, choice=choice)
+    meta.update(verdicts=verdicts, seconds=time.perf_counter() - t0, load=[load0, pt.load()])
+    print(f"\n{time.perf_counter() - t0:.0f} s; load before {load0}, after {pt.load()}; "
+          f"uptime after: {uptime()}")  # fmt: skip
+    out = {"rounds": rounds, "measured": measured, "groups": groups, **meta}
+    write_result(a, out)
+    return out
+
+
+def rounds_b_mean(rounds: list[dict[str, Any]], m: int, seed: int) -> int:
+    """Our mean pairs per micro-batch at ``m`` on ``seed`` (from ours' round)."""
+    ours = next(r for r in rounds if r["row"] == "ours" and r["budget"] == m and r["seed"] == seed)
+    return int(ours["b_mean"])
+
+
+def write_result(a: argparse.Namespace, out: dict[str, Any]) -> None:
+    try:
+        from benchmarks.results import Run, result_path
+    except ImportError:
+        return
+    path = result_path(a)
+    if path is None:
+        return
+    settings = {k: v for k, v in vars(a).items() if k not in ("result", "no_result")}
+    run = Run("peer_seeds", settings=settings, package=["lightning_varbatch"], bench=BENCH_MODULES)
+    run.started = out.get("started", run.started)
+    run.write({k: v for k, v in out.items() if k != "command"}, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    a = parse_args(argv)
-    if a.rank_child is not None:
-        return pm.child_main(*a.rank_child, a.settings)
-    run(a, argv)
+    run(parse_args(argv), argv)
     return 0
 
 

@@ -64,6 +64,7 @@ class Quality:
     dup: int
     d_order: float | None = None
     d_comp: float | None = None
+    pad_both: float | None = None
 
 
 # -- building Batches ----------------------------------------------------------------------------
@@ -115,6 +116,27 @@ def _members(b: Batches) -> tuple[np.ndarray, np.ndarray]:
 def batches_from_steps(steps: list[list[np.ndarray]]) -> Batches:
     """``steps[j][r]``: the micro-batch rank ``r`` runs in step ``j`` (every rank in every step)."""
     return batches_from_ranks([list(col) for col in zip(*steps, strict=True)])
+
+
+def pair_padding_efficiency(b: Batches, pairs: np.ndarray) -> float:
+    """Both padded tensors' efficiency: real source + target tokens over ``Σ n · (longest
+    source + longest target)``, what a collate padding each side to its own longest allocates.
+
+    Example:
+        >>> pairs = np.array([[4, 1], [2, 3]])
+        >>> b = batches_from_ranks([[np.array([0, 1])]])
+        >>> pair_padding_efficiency(b, pairs)  # 10 real tokens in 2 * (4 + 3) slots
+        0.7142857142857143
+    """
+    ids, offs = _members(b)
+    if ids.size == 0:
+        return math.nan
+    full = b.size > 0
+    src = pairs[ids, 0].astype(np.int64)
+    tgt = pairs[ids, 1].astype(np.int64)
+    at = offs[full]
+    longest = np.maximum.reduceat(src, at) + np.maximum.reduceat(tgt, at)
+    return float((src.sum() + tgt.sum()) / (b.size[full].astype(np.int64) * longest).sum())
 
 
 # -- Batches as EpochPlans, for the library's diagnostics -----------------------------------------
@@ -258,9 +280,14 @@ def _quality(
 
 
 def plan_quality(
-    planner: EpochPlanner, plan: EpochPlan, *, other_epoch: Batches | None = None
+    planner: EpochPlanner,
+    plan: EpochPlan,
+    *,
+    other_epoch: Batches | None = None,
+    pairs: np.ndarray | None = None,
 ) -> Quality:
-    """The figures of one of our plans (d-order/d-comp against ``other_epoch`` if given)."""
+    """The figures of one of our plans (d-order/d-comp against ``other_epoch`` if given;
+    ``pad_both``, :func:`pair_padding_efficiency`, when ``pairs`` are given)."""
     diag = diagnose(planner, plan)  # equal counts by construction: every step is full
     run = plan.assign.reshape(-1)
     per_rank = plan.num_micro_batches_per_rank
@@ -274,6 +301,8 @@ def plan_quality(
     )
     if other_epoch is not None:
         q.d_order, q.d_comp = epoch_change(plan_batches(plan), other_epoch)
+    if pairs is not None and pairs.ndim == 2:
+        q.pad_both = pair_padding_efficiency(plan_batches(plan), pairs)
     return q
 
 
@@ -285,8 +314,10 @@ def quality(
     *,
     cost: str = "padded",
     other_epoch: Batches | None = None,
+    pairs: np.ndarray | None = None,
 ) -> Quality:
-    """The figures of a baseline's batches over ``key`` (``cost``: the library's cost model)."""
+    """The figures of a baseline's batches over ``key`` (``cost``: the library's cost model;
+    ``pad_both``, :func:`pair_padding_efficiency`, when ``pairs`` are given)."""
     p = as_plans(b, key, max_tokens, world, cost)
     q = _quality(
         diagnose(p.planner, p.every_batch),
@@ -298,4 +329,6 @@ def quality(
     )
     if other_epoch is not None:
         q.d_order, q.d_comp = epoch_change(b, other_epoch)
+    if pairs is not None and pairs.ndim == 2:
+        q.pad_both = pair_padding_efficiency(b, pairs)
     return q

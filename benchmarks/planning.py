@@ -17,6 +17,8 @@ linearity check (planner, floor and sampler only).
 
 Definitions:
 
+* **argsort**: a plain ``np.argsort(key)`` of the planning key (int64, numpy's default
+  introsort), the floor a reader would write first; reported beside the floor below.
 * **floor**: ``rng.permutation(n)`` plus ``np.argsort(key.astype(np.int16), kind="stable")``
   (one random permutation and one stable radix sort), ``key`` computed beforehand.
 * **rank 0 planned + iterated** (the planner's time): ``EpochPlanner(lengths, config)`` +
@@ -35,6 +37,9 @@ Definitions:
 * The quality figures are :func:`lightning_varbatch.planner.diagnostics.diagnose`'s (padding
   efficiency, fill, imbalance, coverage), for ours and for every baseline's batches alike
   (:mod:`benchmarks.plan_metrics`); in words:
+* **pad both**: both padded tensors' efficiency, real source + target tokens over
+  ``Σ n * (longest source + longest target)`` (what the padding collate allocates;
+  :func:`benchmarks.plan_metrics.pair_padding_efficiency`).
 * **padding efficiency**: sum over micro-batches of real key tokens (sum of ``max(src, tgt)``
   of the members) / sum of ``n_examples * longest key``.
 * **budget fill**: mean micro-batch cost / ``max_tokens``; **max cost**: largest cost /
@@ -102,6 +107,9 @@ from benchmarks.harness import (
 from benchmarks.plan_metrics import plan_batches, plan_quality
 from benchmarks.planning_compare import run_baselines
 from benchmarks.planning_measure import (
+    BENCH_MODULES,
+    MEASURED,
+    argsort_once,
     floor_once,
     load_sampler_cls,
     measure_rss,
@@ -118,7 +126,10 @@ from benchmarks.planning_report import (
     perf_rows,
     print_targets,
     qual_row,
+    result_record,
+    size_perfs,
 )
+from benchmarks.results import Run, add_result_option, result_path
 from lightning_varbatch import EpochPlanner, PlanConfig
 from lightning_varbatch.planner import wmt_like_lengths
 
@@ -135,6 +146,7 @@ def run_size(
     print(f"\n== n = {n:,}  (lengths generated in {t_gen:.1f} s, not timed)", flush=True)
     sampler_cls = load_sampler_cls()
     floors: list[float] = []
+    argsorts: list[float] = []
     ours_plan: list[float] = []
     ours: list[float] = []
     samp: list[float] = []
@@ -143,6 +155,7 @@ def run_size(
         dt, fl = timed(partial(floor_once, key, args.seed + r))
         del fl
         floors.append(dt)
+        argsorts.append(timed(partial(argsort_once, key))[0])
         p, t = ours_rank(lengths, config, world, rank)
         ours_plan.append(p)
         ours.append(t)
@@ -167,7 +180,7 @@ def run_size(
     planner = EpochPlanner(lengths, config)
     plan0 = planner.plan(0, world)
     b1 = plan_batches(planner.plan(1, world))
-    q = plan_quality(planner, plan0, other_epoch=b1)
+    q = plan_quality(planner, plan0, other_epoch=b1, pairs=lengths)
     dropped = plan0.num_dropped
     del b1, plan0, planner
     gc.collect()
@@ -187,50 +200,11 @@ def run_size(
         quality=q,
         dropped=dropped,
         rss=rss,
+        floor_all=floors,
+        ours_all=ours,
+        argsort_s=statistics.median(argsorts),
     )
     return res, lengths, key
-
-
-def size_perfs(res: SizeResult) -> list[Perf]:
-    rows = [
-        Perf(
-            method="floor (perm + radix argsort)",
-            n=res.n,
-            plan_s=None,
-            rank_s=res.floor_s,
-            rank_best_s=res.floor_best_s,
-            floor_s=res.floor_s,
-            ours_s=res.ours_s,
-            peak_bpe=res.floor_peak_bpe,
-            rss_bpe=res.rss.get("floor"),
-        ),
-        Perf(
-            method="ours: EpochPlanner",
-            n=res.n,
-            plan_s=res.ours_plan_s,
-            rank_s=res.ours_s,
-            rank_best_s=res.ours_best_s,
-            floor_s=res.floor_s,
-            ours_s=res.ours_s,
-            peak_bpe=res.peak_bpe,
-            held_bpe=res.held_bpe,
-            rss_bpe=res.rss.get("ours"),
-        ),
-    ]
-    if res.sampler_s is not None or res.sampler_note:
-        rows.append(
-            Perf(
-                method="ours: list(TokenBudgetBatchSampler)",
-                n=res.n,
-                plan_s=None,
-                rank_s=res.sampler_s,
-                rank_best_s=None,
-                floor_s=res.floor_s,
-                ours_s=res.ours_s,
-                note=res.sampler_note or "list() keeps all batches",
-            )
-        )
-    return rows
 
 
 def machine() -> str:
@@ -273,6 +247,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-profile", action="store_true", help="skip the planner profile")
     p.add_argument("--json", default=None, help="also write the tables to this JSON file")
+    add_result_option(p, "planning")
     p.add_argument(
         "--lhotse-size",
         type=int,
@@ -335,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_result(rss_child(args.rss_child, args))
         return 0
     _import_and_freeze(args)
+    run = Run("planning", settings=vars(args), package=MEASURED, bench=BENCH_MODULES)
     config = PlanConfig(max_tokens=args.max_tokens)
     print("command:", command_line("benchmarks.planning", argv))
     print("machine:", machine())
@@ -388,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_res = results[0]
     big = results[-1] if len(results) > 1 and results[-1].n > main_res.n else None
     print_targets(main_res, big, args, info)
+    run.write(result_record(results, perfs, quals, info), result_path(args))
     write_json(
         args.json,
         {

@@ -125,7 +125,7 @@ def run_baselines(
     )
     b0 = dist_sampler_batches(n, bsz, world, seed, 0)
     b1 = dist_sampler_batches(n, bsz, world, seed, 1)
-    quals.append(qual_row(name, n, quality(b0, key, budget, world, other_epoch=b1)))
+    quals.append(qual_row(name, n, quality(b0, key, budget, world, other_epoch=b1, pairs=lengths)))
     del b0, b1
 
     # (b) greedy sorted, round-robin
@@ -143,7 +143,7 @@ def run_baselines(
     )
     b0 = greedy_batches(key, budget, world, seed, 0)
     b1 = greedy_batches(key, budget, world, seed, 1)
-    gq = quality(b0, key, budget, world, other_epoch=b1)
+    gq = quality(b0, key, budget, world, other_epoch=b1, pairs=lengths)
     info["greedy"] = gq
     quals.append(qual_row(name, n, gq))
     del b0, b1
@@ -208,7 +208,7 @@ def run_baselines(
             note=f"{extrap / 86400:.3g} days = {extrap / res.floor_s:.3g}x floor",
         )
     )
-    qd = quality(last, key[:m_last], budget, world)
+    qd = quality(last, key[:m_last], budget, world, pairs=lengths[:m_last])
     e0 = deepspeed_batches(fn, key[:m0], budget, world, seed)
     e1 = deepspeed_batches(fn, key[:m0], budget, world, seed + 1)
     qd.d_order, qd.d_comp = epoch_change(e0, e1)  # on the smallest subsample

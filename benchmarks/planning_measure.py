@@ -28,6 +28,22 @@ from benchmarks.harness import (
 from lightning_varbatch import EpochPlan, EpochPlanner, PlanConfig
 from lightning_varbatch.planner import wmt_like_lengths
 
+MEASURED = [
+    "lightning_varbatch.planner.epoch_planner",
+    "lightning_varbatch.planner.diagnostics",
+    "lightning_varbatch.planner.synthetic",
+]
+"""The package code the figures measure (with what it imports: :mod:`benchmarks.results`)."""
+BENCH_MODULES = [
+    "benchmarks.planning",
+    "benchmarks.planning_measure",
+    "benchmarks.planning_compare",
+    "benchmarks.planning_report",
+    "benchmarks.plan_metrics",
+    "benchmarks.baselines",
+    "benchmarks.baselines_libs",
+]
+
 
 def _iterate_plan(plan: EpochPlan, rank: int) -> None:
     for tile in plan.rank_micro_batches(rank).tolist():
@@ -59,7 +75,13 @@ def ours_memory(
     return planner, plan
 
 
+def argsort_once(key: np.ndarray) -> np.ndarray:
+    """The plain floor: ``np.argsort`` of the planning key as computed (int64, introsort)."""
+    return np.argsort(key)
+
+
 def floor_once(key: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The floor: a random permutation plus a stable radix argsort of the 16-bit key."""
     rng = np.random.default_rng(seed)
     perm = rng.permutation(key.shape[0])
     order = np.argsort(key.astype(np.int16), kind="stable")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.harness import fmt
@@ -75,6 +75,7 @@ QUAL_HEADERS = [
     "method",
     "n",
     "pad eff",
+    "pad both",
     "fill",
     "max cost",
     "over %",
@@ -95,6 +96,7 @@ def qual_row(method: str, n: int, q: Quality) -> list[str]:
         method,
         f"{n:,}",
         fmt(q.pad_eff, ".4f"),
+        fmt(q.pad_both, ".4f"),
         fmt(q.fill, ".4f"),
         fmt(q.max_cost, ".4f"),
         fmt(100 * q.over, ".2f"),
@@ -125,6 +127,9 @@ class SizeResult:
     quality: Quality
     dropped: int
     rss: dict[str, float]
+    floor_all: list[float] = field(default_factory=list)
+    ours_all: list[float] = field(default_factory=list)
+    argsort_s: float | None = None  # a plain np.argsort of the key (median)
 
 
 def _mark(ok: bool) -> str:
@@ -147,7 +152,13 @@ def print_targets(
             ratio <= 2.0,
             f"rank-0 epoch planned+iterated <= 2x floor: {main.ours_s:.3f} s vs floor "
             f"{main.floor_s:.3f} s = {ratio:.2f}x "
-            f"(best of {args.repeats}: {main.ours_best_s / main.floor_best_s:.2f}x)",
+            f"(best of {args.repeats}: {main.ours_best_s / main.floor_best_s:.2f}x)"
+            + (
+                ""
+                if main.argsort_s is None
+                else f"; {main.ours_s / main.argsort_s:.2f}x a plain argsort of the key "
+                f"({main.argsort_s:.3f} s)"
+            ),
         ),
         (
             main.peak_bpe <= 16.0,
@@ -225,3 +236,132 @@ def print_targets(
             f"  (greedy sorted, for contrast: {g.count_min}..{g.count_max} batches per rank, "
             f"imbalance lin {g.imb_lin:.3f} / quad {g.imb_quad:.3f}, d-comp {g.d_comp:.3f})"
         )
+
+
+GROUPS = {
+    "fixed": "DistributedSampler",
+    "lhotse": "lhotse",
+    "hf": "HF",
+    "greedy": "greedy",
+    "deepspeed": "DeepSpeed",
+}
+"""Baselines summarised over their rows (by method-name prefix) in the result file."""
+
+
+def _floats(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
+    out = []
+    for row in rows:
+        try:
+            out.append(float(str(row.get(key)).replace(",", "")))
+        except ValueError:
+            pass
+    return out
+
+
+def group_summary(
+    perf: Sequence[dict[str, Any]], quality: Sequence[dict[str, Any]], prefix: str
+) -> dict[str, Any]:
+    """Lowest and highest ``x_ours`` and quality figures over a baseline's rows."""
+    p = [r for r in perf if r["method"].startswith(prefix) and r.get("x_ours") is not None]
+    q = [r for r in quality if str(r["method"]).startswith(prefix)]
+    mine = [r for r in perf if r["method"].startswith(prefix)]
+    out: dict[str, Any] = {"rows": len(q), "batches_per_rank": [r["batches/rank"] for r in q]}
+    for name, values in [
+        ("x_ours", [r["x_ours"] for r in p]),
+        ("rank_s", [r["rank_s"] for r in mine if r["rank_s"]]),
+        (
+            "plan_s",
+            [r["plan_s"] for r in mine if r["plan_s"] and "extrapolated" not in r["method"]],
+        ),
+        ("pad_eff", _floats(q, "pad eff")),
+        ("pad_both", _floats(q, "pad both")),
+        ("imb_lin", _floats(q, "imb lin")),
+        ("imb_quad", _floats(q, "imb quad")),
+        ("over_pct", _floats(q, "over %")),
+        ("max_cost", _floats(q, "max cost")),
+        ("dup", _floats(q, "dup")),
+    ]:
+        if values:
+            out[name] = {"min": min(values), "max": max(values)}
+    return out
+
+
+def _size_record(res: SizeResult) -> dict[str, Any]:
+    out = asdict(res)
+    out["ratio"] = res.ours_s / res.floor_s
+    out["ratio_best"] = res.ours_best_s / res.floor_best_s
+    out["ratio_argsort"] = None if res.argsort_s is None else res.ours_s / res.argsort_s
+    out["time_target"] = "PASS" if out["ratio"] <= 2.0 else "FAIL"
+    out["ours_min_s"], out["ours_max_s"] = min(res.ours_all), max(res.ours_all)
+    return out
+
+
+def result_record(
+    results: Sequence[SizeResult],
+    perfs: Sequence[Perf],
+    quals: Sequence[Sequence[str]],
+    info: dict[str, Any],
+) -> dict[str, Any]:
+    """The figures of a run for its result file: ``main`` (the first size), ``big`` (the
+    largest, if larger), the performance rows with ``x_ours``/``x_floor`` and the quality
+    rows as printed; the baselines' figures by method name under ``by_method``."""
+    rows = []
+    for p in perfs:
+        row = asdict(p)
+        row["x_ours"] = p.rank_s / p.ours_s if p.rank_s is not None and p.ours_s else None
+        row["x_floor"] = p.rank_s / p.floor_s if p.rank_s is not None and p.floor_s else None
+        rows.append(row)
+    big = results[-1] if len(results) > 1 and results[-1].n > results[0].n else None
+    quality = [dict(zip(QUAL_HEADERS, row, strict=True)) for row in quals]
+    return {
+        "groups": {g: group_summary(rows, quality, prefix) for g, prefix in GROUPS.items()},
+        "main": _size_record(results[0]),
+        "big": None if big is None else _size_record(big),
+        "performance": rows,
+        "quality": quality,
+        "fixed_batch": info.get("fixed_batch"),
+        "deepspeed_extrapolated_s": info.get("ds_extrapolated_s"),
+        "deepspeed_exponent": info.get("ds_exponent"),
+    }
+
+
+def size_perfs(res: SizeResult) -> list[Perf]:
+    rows = [
+        Perf(
+            method="floor (perm + radix argsort)",
+            n=res.n,
+            plan_s=None,
+            rank_s=res.floor_s,
+            rank_best_s=res.floor_best_s,
+            floor_s=res.floor_s,
+            ours_s=res.ours_s,
+            peak_bpe=res.floor_peak_bpe,
+            rss_bpe=res.rss.get("floor"),
+        ),
+        Perf(
+            method="ours: EpochPlanner",
+            n=res.n,
+            plan_s=res.ours_plan_s,
+            rank_s=res.ours_s,
+            rank_best_s=res.ours_best_s,
+            floor_s=res.floor_s,
+            ours_s=res.ours_s,
+            peak_bpe=res.peak_bpe,
+            held_bpe=res.held_bpe,
+            rss_bpe=res.rss.get("ours"),
+        ),
+    ]
+    if res.sampler_s is not None or res.sampler_note:
+        rows.append(
+            Perf(
+                method="ours: list(TokenBudgetBatchSampler)",
+                n=res.n,
+                plan_s=None,
+                rank_s=res.sampler_s,
+                rank_best_s=None,
+                floor_s=res.floor_s,
+                ours_s=res.ours_s,
+                note=res.sampler_note or "list() keeps all batches",
+            )
+        )
+    return rows

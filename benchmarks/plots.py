@@ -2,7 +2,7 @@
 
 Usage (after ``python -m benchmarks``, which calls it)::
 
-    python -m benchmarks.plots --results benchmarks/results --out benchmarks
+    python -m benchmarks.plots --results benchmarks/runs --out benchmarks
 
 Draws, for each JSON file present: ``planning_baselines.png`` (time per rank-epoch relative to
 ours, padding efficiency and per-step imbalance of every method), ``training_throughput.png``
@@ -154,7 +154,7 @@ def draw_all(results_dir: str, out_dir: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Draw the benchmark plots from their JSON output.")
-    p.add_argument("--results", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--results", default=os.path.join("benchmarks", "runs"))
     p.add_argument("--out", default="benchmarks")
     args = p.parse_args(argv)
     for path in draw_all(args.results, args.out):

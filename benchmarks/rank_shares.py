@@ -367,7 +367,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--json",
         default=None,
         help="where to write the numbers (default for a full run: "
-        "benchmarks/results/rank_shares.json; none for --quick)",
+        "benchmarks/runs/rank_shares.json; none for --quick)",
     )
     p.add_argument("--rank-child", nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
@@ -394,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         s = replace(s, examples=200, max_tokens=512, delay_us=10.0, epochs=3, factors=[2.0])
         model_examples = 10_000
-    json_path = args.json or (None if args.quick else "benchmarks/results/rank_shares.json")
+    json_path = args.json or (None if args.quick else "benchmarks/runs/rank_shares.json")
     print("command:", command_line("benchmarks.rank_shares", argv))
     # the version without importing torch here (2 s the children need more)
     print("machine:", machine_line(f"torch {metadata.version('torch')}", with_load=True))

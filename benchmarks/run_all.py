@@ -19,7 +19,10 @@ Run from the repository root (venv active)::
 
 Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
 own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
-``--out benchmarks/results``, not committed). Every benchmark prints its own table with ratios
+``--out benchmarks/runs``, not committed). A full (not ``--quick``) run of a benchmark that
+writes a result file (:mod:`benchmarks.results`) also replaces its committed
+``benchmarks/results/<name>.json``; ``python -m benchmarks.render`` then renders the documents'
+figures from it. Every benchmark prints its own table with ratios
 against baselines measured in the same run. Afterwards :mod:`benchmarks.plots` draws the PNGs
 from the JSON files (``--plots-dir``, default ``benchmarks/``, or the ``--out`` folder with
 ``--quick`` so that smoke tests never overwrite the committed plots; ``--no-plots`` skips them).
@@ -97,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Run all CPU benchmarks (see the module docstring).")
     p.add_argument("--quick", action="store_true", help="each benchmark's --quick smoke test")
     p.add_argument("--only", nargs="+", choices=BENCHMARKS, default=None)
-    p.add_argument("--out", default=os.path.join("benchmarks", "results"))
+    p.add_argument("--out", default=os.path.join("benchmarks", "runs"))
     p.add_argument(
         "--plots-dir",
         default=None,

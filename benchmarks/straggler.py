@@ -64,6 +64,7 @@ from benchmarks.harness import (
     write_json,
 )
 from benchmarks.plan_metrics import batches_from_steps, quality
+from benchmarks.results import Run, add_result_option, result_path
 from benchmarks.training_workload import (
     DEFAULTS,
     TranslationSettings,
@@ -75,6 +76,9 @@ from benchmarks.training_workload import (
 
 WORLD = 2
 CONFIGS = ("ours", "rr-shuffled", "rr-sorted")
+MEASURED = ["lightning_varbatch.data.sampler", "lightning_varbatch.planner.synthetic"]
+MEASURED += ["lightning_varbatch.planner.diagnostics", "examples.translation.model"]
+BENCH_MODULES = ["benchmarks.straggler", "benchmarks.training_workload", "benchmarks.plan_metrics"]
 
 
 def assignment(kind: str, lengths: np.ndarray, s: TranslationSettings) -> list[list[np.ndarray]]:
@@ -285,6 +289,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per 2-process run")
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    add_result_option(p, "straggler")
     p.add_argument("--rank-child", nargs=3, default=None, help=argparse.SUPPRESS)
     p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -304,6 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         s.target_tokens, s.d_model, s.ffn, s.vocab, s.layers, s.nhead = 3000, 32, 64, 500, 1, 2
         s.max_tokens, args.rounds = 512, 1
+    run = Run("straggler", settings=asdict(s), package=MEASURED, bench=BENCH_MODULES)
     print("command:", command_line("benchmarks.straggler", argv))
     print("machine:", torch_machine_line())
     lengths = workload_lengths(s)
@@ -378,10 +384,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "epoch_s": [x.epoch_s for x in runs[kind]],
             "compute_s": [x.compute_s for x in runs[kind]],
             "steps": steps,
+            "wait_median_s": wait,
+            "wait_vs_ours": wait / med("ours", "wait_s"),
+            "gap_vs_ours": gap / med("ours", "compute_gap_s"),
+            "epoch_vs_ours": epoch / med("ours", "epoch_s"),
+            "wait_pct_compute": 100 * wait / comp,
         }
     print_table(headers, rows)
     print("machine after:", torch_machine_line())
     write_json(args.json, numbers)
+    run.write(numbers, result_path(args))
     return 0
 
 

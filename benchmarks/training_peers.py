@@ -69,6 +69,7 @@ from benchmarks.harness import (
 from benchmarks.peer_batches import BY_NAME, PEERS, deal_all, unavailable, versions
 from benchmarks.peer_report import draw, print_report, summarize
 from benchmarks.peer_training import RankRun, RunSpec, as_dict, run_rank
+from benchmarks.results import Run, add_result_option, result_path
 from benchmarks.training_workload import (
     DEFAULTS,
     TranslationSettings,
@@ -78,6 +79,15 @@ from benchmarks.training_workload import (
 
 WORLD = 2
 MODULE = "benchmarks.training_peers"
+MEASURED = ["lightning_varbatch.data.sampler", "lightning_varbatch.planner.synthetic"]
+"""Our side of the figures (the sampler and what it imports; :mod:`benchmarks.results`)."""
+BENCH_MODULES = [
+    MODULE,
+    "benchmarks.peer_batches",
+    "benchmarks.peer_training",
+    "benchmarks.peer_report",
+    "benchmarks.training_workload",
+]
 
 
 # -- settings: the same budget, the same memory limit ---------------------------------------------
@@ -224,6 +234,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(p.name for p in PEERS), help="comma-separated")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per process pair")
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    add_result_option(p, "training_peers")
     p.add_argument("--png", default=None, help="also draw the figure to this PNG file")
     p.add_argument("--rank-child", nargs=3, default=None, help=argparse.SUPPRESS)
     p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
@@ -263,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rank_child is not None:
         return child_main(args)
     s = settings_from_args(args)
+    run = Run("training_peers", settings=asdict(s), package=MEASURED, bench=BENCH_MODULES)
     print("command:", command_line(MODULE, argv))
     print("machine:", torch_machine_line())
     print("uptime before:", uptime())
@@ -312,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     numbers["margins"] = print_report(numbers)
     print("uptime after:", uptime())
     write_json(args.json, numbers)
+    run.write(numbers, result_path(args))
     if args.png:
         print(f"figure: {draw(numbers, args.png)}")
     return 0

@@ -80,6 +80,7 @@ from benchmarks.harness import (
     torch_machine_line,
     write_json,
 )
+from benchmarks.results import Run, add_result_option, result_path
 from benchmarks.training_workload import (
     CONFIGS,
     DEFAULTS,
@@ -91,6 +92,13 @@ from benchmarks.training_workload import (
 )
 
 TARGET_SPEEDUP = 2.5
+MEASURED = [
+    "lightning_varbatch.data.sampler",
+    "lightning_varbatch.planner.synthetic",
+    "examples.translation.model",
+]
+"""The package code the figures measure (with its imports; :mod:`benchmarks.results`)."""
+BENCH_MODULES = ["benchmarks.training_throughput", "benchmarks.training_workload"]
 
 
 # -- the parent: interleaved runs in fresh processes ---------------------------------------------
@@ -224,7 +232,12 @@ def report(
     ok = measured >= TARGET_SPEEDUP
     verdict = "smoke test, not judged" if smoke else ("PASS" if ok else "FAIL")
     print(f"  [{verdict}] (a) >= {TARGET_SPEEDUP}x the real tokens/sec of (b): {measured:.2f}x")
+    peak = {k: out["configs"][k]["peak_mb"] for k in ("a", "b", "c")}
     out.update(
+        peak_vs_b=peak["a"] / peak["b"] if peak["a"] and peak["b"] else None,
+        peak_vs_c=peak["a"] / peak["c"] if peak["a"] and peak["c"] else None,
+        speedup_vs_m=vs_m,
+        speedup_per_round=per_round,
         speedup=measured,
         predicted=predicted,
         realised_fraction=measured / predicted,
@@ -270,6 +283,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    add_result_option(p, "training_throughput")
     add_child_options(p, CONFIGS)
     return p.parse_args(argv)
 
@@ -299,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child is not None:
         return child_main(args.child, args.settings)
     s = settings_from_args(args)
+    run = Run("training_throughput", settings=asdict(s), package=MEASURED, bench=BENCH_MODULES)
     print("command:", command_line("benchmarks.training_throughput", argv))
     print("machine:", torch_machine_line())
     describe(s)
@@ -311,6 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     numbers = report(results, s, "peak MB", smoke=args.quick)
     print("machine after:", torch_machine_line())
     write_json(args.json, numbers)
+    run.write(numbers, result_path(args))
     return 0
 
 
