@@ -53,6 +53,7 @@ from benchmarks import peer_timing as pt
 from benchmarks.harness import command_line, torch_machine_line, uptime
 from benchmarks.peer_batches import WORKAROUNDS, preload
 from benchmarks.peer_tables import print_measured, print_sweep
+from benchmarks.results import Run, result_path
 
 MODULE = "benchmarks.peer_seeds"
 Batches = list[list[int]]
@@ -280,6 +281,7 @@ def run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str, A
     from benchmarks.training_workload import DEFAULTS
 
     t0, load0 = time.perf_counter(), pt.load()
+    started = start_result(a)  # the code, commit and load as the run starts
     meta: dict[str, Any] = {"command": command_line(MODULE, argv), "machine": torch_machine_line()}
     print(f"command: {meta['command']}\nmachine: {meta['machine']}\nload before: {load0}")
     print(f"workload: {a.n:,} WMT-like pairs, seeds {a.seeds}, budgets {a.budgets}, "
@@ -352,7 +354,8 @@ def run(a: argparse.Namespace, argv: Sequence[str] | None = None) -> dict[str, A
     print(f"\n{time.perf_counter() - t0:.0f} s; load before {load0}, after {pt.load()}; "
           f"uptime after: {uptime()}")  # fmt: skip
     out = {"rounds": rounds, "measured": measured, "groups": groups, **meta}
-    write_result(a, out)
+    if started is not None:
+        started.write({k: v for k, v in out.items() if k != "command"}, result_path(a))
     return out
 
 
@@ -362,18 +365,12 @@ def rounds_b_mean(rounds: list[dict[str, Any]], m: int, seed: int) -> int:
     return int(ours["b_mean"])
 
 
-def write_result(a: argparse.Namespace, out: dict[str, Any]) -> None:
-    try:
-        from benchmarks.results import Run, result_path
-    except ImportError:
-        return
-    path = result_path(a)
-    if path is None:
-        return
+def start_result(a: argparse.Namespace) -> Run | None:
+    """The result file's record, begun before anything is measured (``None``: no file)."""
+    if result_path(a) is None:
+        return None
     settings = {k: v for k, v in vars(a).items() if k not in ("result", "no_result")}
-    run = Run("peer_seeds", settings=settings, package=["lightning_varbatch"], bench=BENCH_MODULES)
-    run.started = out.get("started", run.started)
-    run.write({k: v for k, v in out.items() if k != "command"}, path)
+    return Run("peer_seeds", settings=settings, package=["lightning_varbatch"], bench=BENCH_MODULES)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -275,7 +275,31 @@ def length_warmup(result: Result) -> str:
     return "\n".join(out) + "\n"
 
 
+def pair_shapes(result: Result) -> str:
+    """Every distribution and budget: each order's padding, ours over the best, the verdict."""
+    r = result["results"]
+    orders = ["ours", "max", "max, source, target", "source, target", "target, source"]
+    rows = []
+    for dist, d in r.items():
+        if dist == "summary":
+            continue
+        for row in d["rows"]:
+            best = row["best_other"]
+            rows.append(
+                [f"{dist} ({d['correlation']:.2f})", f"{row['budget']:,}"]
+                + [f"{row['padding'][o]:.4f}" for o in orders]
+                + [
+                    f"{row['ours_over_best']:.4f}",
+                    f"{row['micro_batches']['ours']:.0f} / {row['micro_batches'][best]:.0f}",
+                    row["verdict"],
+                ]
+            )
+    headers = ["data (corr.)", "budget", *orders, "ours / best", "mbs ours / best", "verdict"]
+    return markdown(headers, rows, "lr" + "r" * 7 + "rl")
+
+
 TABLES: dict[str, Callable[[Result], str]] = {
+    "pair_shapes": pair_shapes,
     "length_warmup": length_warmup,
     "training_throughput": training_throughput,
     "straggler": straggler,
