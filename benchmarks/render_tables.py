@@ -298,7 +298,41 @@ def pair_shapes(result: Result) -> str:
     return markdown(headers, rows, "lr" + "r" * 7 + "rl")
 
 
+def peer_verdicts(result: Result) -> str:
+    """Every measured comparison: ours / peer in CPU and wall time, 90 % interval, verdict."""
+    rows = []
+    for key, v in result["results"]["verdicts"].items():
+        table, budget, peer = key.split("/")
+        model = sorted(v["model"])
+        cells = [table, budget, peer, f"`{v['config']}`"]
+        for kind in ("cpu", "wall"):
+            r = v[kind]
+            cells += [f"{r['ratio']:.3f} [{r['lo']:.3f}-{r['hi']:.3f}]", r["verdict"]]
+        cells.append(f"{model[len(model) // 2]:.3f}" if model else "-")
+        rows.append(cells)
+    headers = ["comparison", "M", "peer", "configuration", "ours/peer CPU [90 %]", "CPU",
+               "ours/peer wall [90 %]", "wall", "model"]  # fmt: skip
+    return markdown(headers, rows, "lrll" + "rlrlr")
+
+
+def peer_sweep(result: Result) -> str:
+    """The sweep of every peer's knobs per budget (recount and modelled tok/s), as text."""
+    import contextlib
+    import io
+
+    from benchmarks.peer_tables import print_sweep
+
+    r = result["results"]
+    choice = {int(m): picked for m, picked in r["choice"].items()}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        print_sweep(r["rounds"], r["groups"], choice)
+    return "```\n" + out.getvalue().strip("\n") + "\n```\n"
+
+
 TABLES: dict[str, Callable[[Result], str]] = {
+    "peer_verdicts": peer_verdicts,
+    "peer_sweep": peer_sweep,
     "pair_shapes": pair_shapes,
     "length_warmup": length_warmup,
     "training_throughput": training_throughput,
