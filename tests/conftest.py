@@ -9,6 +9,8 @@ that calls :func:`tests.launch.launch` without the marker fails, naming itself.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 import tests.launch
@@ -36,3 +38,25 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Teardown runs no launch: forget the test."""
     del item
     tests.launch.UNMARKED = None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _hydra_config_store_kept() -> Iterator[None]:
+    """Hydra's global ConfigStore without what a test module's imports stored in it.
+
+    Importing fairseq (the peer benchmarks' optional package) registers its ``FairseqConfig``
+    schema as ``config``: the examples' ``compose("config")`` in a later module of the same
+    process (an xdist worker runs many files) would then be merged with it and fail. The
+    entries a module added at the top are removed after it, but Hydra's own (``hydra``, which
+    its plugins register once per process).
+    """
+    try:
+        from hydra.core.config_store import ConfigStore
+    except ImportError:  # the oldest-Lightning environment has no Hydra
+        yield
+        return
+    repo = ConfigStore.instance().repo
+    before = set(repo)
+    yield
+    for key in set(repo) - before - {"hydra"}:
+        del repo[key]
