@@ -368,11 +368,7 @@ class EpochPlanner(EpochResume):
         return self._lane_cache[1]
 
     def check_schedule(self, budgets: Sequence[int] | None = None) -> None:
-        """Refuse budgets too small for the longest example at the schedule's first fraction.
-
-        ``budgets``: every rank's (``None``: the settings' own, as many as ``rank_shares`` or
-        ``rank_max_tokens`` name). Run when the planner, and so the sampler or DataModule, is
-        built, not at the first plan.
+        """Refuse ``budgets`` (``None``: the settings') too small at the first fraction.
 
         Raises:
             SettingValueError: naming ``batch_schedule`` (see :func:`fraction_budgets`).
@@ -387,10 +383,7 @@ class EpochPlanner(EpochResume):
 
     @property
     def least_rank_budget(self) -> int:
-        """The least budget a rank may get (what shares a run sets are raised to).
-
-        The longest example's cost, at the schedule's first fraction when there is one.
-        """
+        """The least rank budget: the longest example's cost at the first fraction."""
         if self.config.batch_schedule is None:
             return self.longest_cost
         smallest = BatchSchedule.parse(self.config.batch_schedule).smallest
