@@ -308,8 +308,8 @@ def child_command(module: str, *args: str) -> list[str]:
     """``[python, -m, module, *args]``: a benchmark module run as a child of this interpreter.
 
     Example:
-        >>> child_command("benchmarks.packing", "--child", "packed")[1:]
-        ['-m', 'benchmarks.packing', '--child', 'packed']
+        >>> child_command("benchmarks.training.packing", "--child", "packed")[1:]
+        ['-m', 'benchmarks.training.packing', '--child', 'packed']
     """
     return [sys.executable, "-m", module, *args]
 
@@ -431,8 +431,8 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
     """``python -m <module> <arguments>``: how this run was started (``argv`` or the real one).
 
     Example:
-        >>> command_line("benchmarks.packing", ["--quick"])
-        'python -m benchmarks.packing --quick'
+        >>> command_line("benchmarks.training.packing", ["--quick"])
+        'python -m benchmarks.training.packing --quick'
     """
     shown = " ".join(sys.argv[1:] if argv is None else argv)
     return f"python -m {module} {shown}".rstrip()
@@ -485,8 +485,8 @@ class TrainingSettings:
     settings of its own workload (documents, lengths) and gives its defaults as an instance.
 
     The budget, the model's size and the learning rate have no default: each workload states
-    its own, once (``benchmarks.training_workload.DEFAULTS``, ``benchmarks.packing.DEFAULTS``,
-    ``benchmarks.compile_shapes.DEFAULTS``).
+    its own, once (``benchmarks.workload.DEFAULTS``, ``benchmarks.training.packing.DEFAULTS``,
+    ``benchmarks.training.compile_shapes.DEFAULTS``).
 
     Example:
         >>> s = TrainingSettings(max_tokens=1024, vocab=500, d_model=32, nhead=2, layers=1,

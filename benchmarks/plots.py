@@ -4,10 +4,10 @@ Usage (after ``python -m benchmarks``, which calls it)::
 
     python -m benchmarks.plots --results benchmarks/runs --out benchmarks
 
-Draws, for each JSON file present: ``planning_baselines.png`` (time per rank-epoch relative to
-ours, padding efficiency and per-step imbalance of every method), ``training_throughput.png``
-(and ``gpu_throughput.png`` if that JSON exists: real target tokens/sec and padded fraction of
-(a), (b), (c)), ``straggler.png`` (all-reduce wait and compute gap per dealing).
+Draws, for each JSON file present: ``planning/baselines.png`` (time per rank-epoch relative to
+ours, padding efficiency and per-step imbalance of every method), ``training/throughput.png``
+(and ``gpu/throughput.png`` if that JSON exists: real target tokens/sec and padded fraction of
+(a), (b), (c)), ``training/straggler.png`` (all-reduce wait and compute gap per dealing).
 """
 
 from __future__ import annotations
@@ -135,20 +135,27 @@ def _load(path: str) -> dict[str, Any] | None:
     return data
 
 
+def _out(out_dir: str, folder: str, name: str) -> str:
+    os.makedirs(os.path.join(out_dir, folder), exist_ok=True)
+    return os.path.join(out_dir, folder, name)
+
+
 def draw_all(results_dir: str, out_dir: str) -> list[str]:
     """Every plot whose JSON is in ``results_dir``; returns the written paths."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
     if (d := _load(os.path.join(results_dir, "planning.json"))) is not None:
-        written.append(plot_planning(d, os.path.join(out_dir, "planning_baselines.png")))
+        written.append(plot_planning(d, _out(out_dir, "planning", "baselines.png")))
     for name, title in (
         ("training_throughput", "CPU training throughput, same examples, same steps"),
         ("gpu_throughput", "GPU training throughput (Transformer-base, bf16)"),
     ):
         if (d := _load(os.path.join(results_dir, f"{name}.json"))) is not None:
-            written.append(plot_throughput(d, os.path.join(out_dir, f"{name}.png"), title))
+            where, _, file = name.partition("_")
+            path = _out(out_dir, "training" if where == "training" else "gpu", f"{file}.png")
+            written.append(plot_throughput(d, path, title))
     if (d := _load(os.path.join(results_dir, "straggler.json"))) is not None:
-        written.append(plot_straggler(d, os.path.join(out_dir, "straggler.png")))
+        written.append(plot_straggler(d, _out(out_dir, "training", "straggler.png")))
     return written
 
 

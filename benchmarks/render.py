@@ -16,7 +16,7 @@ dotted path to a value under its ``results`` (list items by index; ``@`` starts 
 the file's top, e.g. ``@provenance.commit``), and a Python format spec, optionally followed
 by ``*<factor>`` (``.1f*100``: a fraction shown in percent). A whole table (or code block)
 sits between ``<!-- table:<result>:<renderer> -->`` and ``<!-- /table -->`` on lines of their
-own; the renderer is a function of :data:`benchmarks.render_tables.TABLES`. Put no marker
+own; the renderer is a function of :data:`TABLES` (each folder's ``tables`` module). Put no marker
 inside a code block: write the table marker around the block instead.
 """
 
@@ -31,8 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import ROOT
-from benchmarks.render_tables import TABLES
+from benchmarks.peers.tables import TABLES as PEERS
+from benchmarks.planning.tables import TABLES as PLANNING
 from benchmarks.results import load_result, stale_results
+from benchmarks.training.tables import TABLES as TRAINING
 
 FIGURE = re.compile(r"<!-- fig:(?P<spec>[^\s]+) -->(?P<body>[^<]*)<!-- /fig -->")
 """A figure: its text holds no ``<`` (so a marker quoted in prose never spans to another)."""
@@ -40,6 +42,9 @@ TABLE = re.compile(
     r"(?P<open><!-- table:(?P<spec>[^\s]+) -->\n)(?P<body>.*?)(?P<close><!-- /table -->)",
     re.DOTALL,
 )
+
+TABLES = PLANNING | PEERS | TRAINING
+"""Every table renderer of the documents, by the name its marker gives."""
 
 
 def documents() -> list[Path]:
@@ -117,7 +122,7 @@ def _figure(spec: str, results: Results) -> str:
 def _table(spec: str, results: Results) -> str:
     name, renderer = spec.split(":", 1)
     if renderer not in TABLES:
-        raise KeyError(f"no table renderer {renderer!r} in benchmarks.render_tables.TABLES")
+        raise KeyError(f"no table renderer {renderer!r} in any benchmarks.<folder>.tables.TABLES")
     text = TABLES[renderer](results(name))
     return text if text.endswith("\n") else text + "\n"
 

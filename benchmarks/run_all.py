@@ -27,7 +27,7 @@ against baselines measured in the same run. Afterwards :mod:`benchmarks.plots` d
 from the JSON files (``--plots-dir``, default ``benchmarks/``, or the ``--out`` folder with
 ``--quick`` so that smoke tests never overwrite the committed plots; ``--no-plots`` skips them).
 ``uptime`` is printed before and after each benchmark: the machine's load is part of the result.
-The GPU benchmark (:mod:`benchmarks.gpu_throughput`) is not run here.
+The GPU benchmark (:mod:`benchmarks.gpu.throughput`) is not run here.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from benchmarks import compile_shapes, packing, training_throughput, training_workload
+from benchmarks import workload as training_workload
 from benchmarks.harness import (
     TAIL_CHARS,
     ChildFailed,
@@ -26,6 +26,8 @@ from benchmarks.harness import (
     run_child,
     run_children,
 )
+from benchmarks.training import compile_shapes, packing
+from benchmarks.training import throughput as training_throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 EMIT = "import sys\nfrom benchmarks.harness import emit_result\n"
@@ -148,10 +150,10 @@ TRANSLATION_TINY = tiny(training_workload.DEFAULTS, target_tokens=300, vocab=100
 def test_a_benchmark_child_that_fails_names_the_benchmark_command() -> None:
     s = TRANSLATION_TINY
     with pytest.raises(ChildFailed) as info:
-        training_throughput.spawn("benchmarks.training_throughput", "z", s)
+        training_throughput.spawn("benchmarks.training.throughput", "z", s)
     (failure,) = info.value.failures
     assert failure.returncode == 2 and "invalid choice: 'z'" in failure.stderr
-    assert "python -m benchmarks.training_throughput --child z --settings" in str(info.value)
+    assert "python -m benchmarks.training.throughput --child z --settings" in str(info.value)
 
 
 @pytest.mark.slow
@@ -162,8 +164,8 @@ def test_training_children_report_what_the_run_in_this_process_reports() -> None
     arm = tiny(compile_shapes.DEFAULTS, docs=60, max_tokens=512, vocab=64, max_steps=2)
     # the three children at once, while this process trains (each is mostly its imports)
     with ThreadPoolExecutor(3) as pool:
-        child_f = pool.submit(training_throughput.spawn, "benchmarks.training_throughput", "a", s)
-        child_lm_f = pool.submit(packing.spawn, "benchmarks.packing", "packed", lm)
+        child_f = pool.submit(training_throughput.spawn, "benchmarks.training.throughput", "a", s)
+        child_lm_f = pool.submit(packing.spawn, "benchmarks.training.packing", "packed", lm)
         child_arm_f = pool.submit(compile_shapes.spawn, "eager_free", arm)
         here = training_workload.run_config("a", s)
         here_lm = packing.run_train("packed", lm)
@@ -249,10 +251,10 @@ def test_every_benchmark_child_goes_through_the_harness() -> None:
 
 
 def test_child_command_runs_this_interpreter() -> None:
-    assert child_command("benchmarks.packing", "--child", "packed") == [
+    assert child_command("benchmarks.training.packing", "--child", "packed") == [
         sys.executable,
         "-m",
-        "benchmarks.packing",
+        "benchmarks.training.packing",
         "--child",
         "packed",
     ]

@@ -193,8 +193,8 @@ def test_benchmarks_have_no_import_cycles() -> None:
 
 def test_plan_metrics_adapter_reproduces_the_library_diagnostics() -> None:
     """Our plan read back as index lists gives the same figures as the plan itself."""
-    from benchmarks.baselines import greedy_batches
-    from benchmarks.plan_metrics import plan_batches, plan_quality, quality
+    from benchmarks.planning.baselines import greedy_batches
+    from benchmarks.planning.metrics import plan_batches, plan_quality, quality
     from lightning_varbatch.planner.epoch_planner import EpochPlanner, PlanConfig
     from lightning_varbatch.planner.synthetic import wmt_like_lengths
 

@@ -339,7 +339,7 @@ def test_the_private_import_scan_sees_every_way_of_writing_one() -> None:
         "from lightning_varbatch.data.sampler import _state, TokenBudgetBatchSampler\n"
         "from lightning_varbatch._internal import x\n"
         "import lightning_varbatch.planner._cut\n"
-        "from benchmarks.packing import _naive, sft_lengths\n"
+        "from benchmarks.training.packing import _naive, sft_lengths\n"
         "from .harness import _tail\n"
         "from ..translation.train import _stopped, train\n"
         "from . import _helpers\n"
@@ -350,7 +350,7 @@ def test_the_private_import_scan_sees_every_way_of_writing_one() -> None:
         "lightning_varbatch.data.sampler._state",
         "lightning_varbatch._internal.x",
         "lightning_varbatch.planner._cut",
-        "benchmarks.packing._naive",
+        "benchmarks.training.packing._naive",
         "examples.lm.harness._tail",
         "examples.translation.train._stopped",
         "examples.lm._helpers",

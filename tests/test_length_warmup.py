@@ -277,7 +277,7 @@ def test_shape_budget_and_packed_buckets_keep_their_shapes_under_the_cap(setting
 
 
 def test_planner_side_helpers_and_the_benchmark_case() -> None:
-    from benchmarks.length_warmup import lm_lengths, run_case
+    from benchmarks.planning.length_warmup import lm_lengths, run_case
     from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS, check_warmup_settings
 
     assert check_warmup_settings(PlanConfig(64)) == {

@@ -1,8 +1,8 @@
 """Pairs in the two-sided order: padding against independent references, and every guarantee.
 
-The references (:mod:`benchmarks.pair_reference`) are written from the definitions, not from
-the planner: the padded slots of both tensors recounted from the ids, fairseq's max order and
-the narrow-bucket order cut by a plain greedy loop, and the exact optimum of small inputs.
+The references (:mod:`benchmarks.planning.pair_reference`) are written from the definitions,
+not from the planner: the padded slots of both tensors recounted from the ids, fairseq's max
+order and the narrow-bucket order cut by a plain greedy loop, and the exact optimum of small inputs.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 import pytest
 
-from benchmarks.pair_reference import (
+from benchmarks.planning.pair_reference import (
     bucket_order,
     greedy_cut,
     max_order,

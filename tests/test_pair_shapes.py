@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.pair_reference import greedy_cut, lexicographic, padded_slots
-from benchmarks.pair_shapes import DISTRIBUTIONS, main, pairs_of, verdict
+from benchmarks.planning.pair_reference import greedy_cut, lexicographic, padded_slots
+from benchmarks.planning.pair_shapes import DISTRIBUTIONS, main, pairs_of, verdict
 
 
 @pytest.mark.parametrize(("name", "low", "high"), [("correlated", 0.95, 0.99), ("weak", 0.7, 0.8)])

@@ -1,4 +1,4 @@
-"""The peer benchmark (``python -m benchmarks.peer_seeds --quick``), run in process.
+"""The peer benchmark (``python -m benchmarks.peers.seeds --quick``), run in process.
 
 Checks what it reports against independent recomputations: our rows neither drop, repeat nor
 overshoot; the padding fraction and real tokens of every configuration equal a plain recount;
@@ -21,10 +21,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-from benchmarks import peer_model as pm
-from benchmarks import peer_seeds as ps
-from benchmarks import peer_sweep as sw
-from benchmarks import peer_timing as pt
+from benchmarks.peers import model as pm
+from benchmarks.peers import seeds as ps
+from benchmarks.peers import sweep as sw
+from benchmarks.peers import timing as pt
 
 GROUPS = "fairseq,hf,lhotse"
 

@@ -1,4 +1,4 @@
-"""Smoke test of ``benchmarks.training_peers --quick``: every peer's batches, 2 real ranks.
+"""Smoke test of ``benchmarks.peers.training --quick``: every peer's batches, 2 real ranks.
 
 It runs the benchmark's quick mode in a subprocess (2 gloo ranks) and checks what it reports:
 both comparisons, every peer either trained or reported ``not installed`` (the peers of the
@@ -29,7 +29,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     args = ["--quick", "--json", str(out), "--png", str(png)]
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.training_peers", *args],
+        [sys.executable, "-m", "benchmarks.peers.training", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -46,7 +46,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_every_peer_is_trained_or_reported_missing(report: dict) -> None:
-    from benchmarks.peer_batches import PEERS
+    from benchmarks.peers.batches import PEERS
 
     status = report["status"]
     assert set(status) == {p.name for p in PEERS}
