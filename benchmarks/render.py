@@ -34,6 +34,7 @@ from benchmarks.harness import ROOT
 from benchmarks.peers.tables import TABLES as PEERS
 from benchmarks.planning.tables import TABLES as PLANNING
 from benchmarks.results import load_result, stale_results
+from benchmarks.sources.tables import TABLES as SOURCES
 from benchmarks.training.tables import TABLES as TRAINING
 
 FIGURE = re.compile(r"<!-- fig:(?P<spec>[^\s]+) -->(?P<body>[^<]*)<!-- /fig -->")
@@ -43,7 +44,7 @@ TABLE = re.compile(
     re.DOTALL,
 )
 
-TABLES = PLANNING | PEERS | TRAINING
+TABLES = PLANNING | PEERS | TRAINING | SOURCES
 """Every table renderer of the documents, by the name its marker gives."""
 
 
