@@ -144,7 +144,7 @@ def draw_all(results_dir: str, out_dir: str) -> list[str]:
     """Every plot whose JSON is in ``results_dir``; returns the written paths."""
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    if (d := _load(os.path.join(results_dir, "planning.json"))) is not None:
+    if (d := _load(os.path.join(results_dir, "planning_epoch.json"))) is not None:
         written.append(plot_planning(d, _out(out_dir, "planning", "baselines.png")))
     for name, title in (
         ("training_throughput", "CPU training throughput, same examples, same steps"),
@@ -154,7 +154,7 @@ def draw_all(results_dir: str, out_dir: str) -> list[str]:
             where, _, file = name.partition("_")
             path = _out(out_dir, "training" if where == "training" else "gpu", f"{file}.png")
             written.append(plot_throughput(d, path, title))
-    if (d := _load(os.path.join(results_dir, "straggler.json"))) is not None:
+    if (d := _load(os.path.join(results_dir, "training_straggler.json"))) is not None:
         written.append(plot_straggler(d, _out(out_dir, "training", "straggler.png")))
     return written
 

@@ -2,32 +2,26 @@
 
 Run from the repository root (venv active)::
 
-    python -m benchmarks                        # all CPU benchmarks, defaults (~30 min on 2
-                                                # shared cores: planning 7, training 2,
-                                                # straggler 3, callback_overhead 18)
-    python -m benchmarks --quick                # every smoke test (~2.5 min; callback 2)
-    python -m benchmarks --only planning training_throughput straggler   # issue 6's (~12 min)
-    python -m benchmarks --only hf_datasets     # issue 14's (~15 min busy; quick ~1 min)
-    python -m benchmarks --only packing         # issue 16 (~4-5 min; quick ~25 s)
-    python -m benchmarks --only streaming       # issue 15 (~6 min busy; quick ~50 s)
-    python -m benchmarks --only compile_shapes  # issue 17 (~8 min, inductor; quick ~20 s)
-    python -m benchmarks --only training_peers  # issue 25 (~7 min quiet; peers: the bench extra)
-    python -m benchmarks --only length_warmup   # issue 24's planner figures
-    python -m benchmarks --only remainder_guard # issue 31: what the resume check costs
-    python -m benchmarks --only batch_schedule  # issue 32: the schedule's plan time (~1 min)
-    python -m benchmarks --only batch_schedule_training  # issue 32 (~10 min busy; quick ~10 s)
+    python -m benchmarks                        # every CPU benchmark at its defaults
+    python -m benchmarks --stale                # only those whose result file is stale
+    python -m benchmarks --quick                # every smoke test (writes no result file)
+    python -m benchmarks --only planning.epoch training.straggler
 
-Each benchmark runs as ``python -m benchmarks.<name> [--quick] --json <out>/<name>.json`` in its
-own process; its output is shown live and saved to ``<out>/<name>.txt`` (default
-``--out benchmarks/runs``, not committed). A full (not ``--quick``) run of a benchmark that
-writes a result file (:mod:`benchmarks.results`) also replaces its committed
-``benchmarks/results/<name>.json``; ``python -m benchmarks.render`` then renders the documents'
-figures from it. Every benchmark prints its own table with ratios
-against baselines measured in the same run. Afterwards :mod:`benchmarks.plots` draws the PNGs
-from the JSON files (``--plots-dir``, default ``benchmarks/``, or the ``--out`` folder with
-``--quick`` so that smoke tests never overwrite the committed plots; ``--no-plots`` skips them).
+The benchmarks, by the question each answers (:data:`BENCHMARKS`): ``planning.*`` (plan time
+and quality against the floor and the anchors), ``peers.*`` (the same training with every
+peer's batching), ``training.*`` (throughput, warm-up, schedule, shares, packing, shapes, the
+callbacks' cost, the translation example), ``sources.*`` (Hugging Face datasets, streams).
+The GPU scripts (``benchmarks/gpu/``) run on a GPU machine through ``benchmarks/gpu/session.sh``.
+
+Each benchmark runs as ``python -m benchmarks.<folder>.<name> [--quick]`` in its own process;
+its output is shown live and saved to ``<out>/<name>.txt`` (default ``--out benchmarks/runs``,
+not committed), its raw numbers to ``<out>/<name>.json`` where it takes ``--json``. A full (not
+``--quick``) run writes its committed result file ``benchmarks/results/<result>.json``
+(:mod:`benchmarks.results`); ``python -m benchmarks.render`` then renders the documents'
+figures from it. ``--stale`` reruns exactly the benchmarks whose result is stale (a module it
+measured changed), each with the arguments its result file recorded. Afterwards
+:mod:`benchmarks.plots` draws the PNGs from the JSON files (``--no-plots`` skips them).
 ``uptime`` is printed before and after each benchmark: the machine's load is part of the result.
-The GPU benchmark (:mod:`benchmarks.gpu.throughput`) is not run here.
 """
 
 from __future__ import annotations
@@ -41,41 +35,57 @@ from collections.abc import Sequence
 
 from benchmarks.harness import ROOT, uptime
 
-BENCHMARKS = (
-    "planning",
-    "training_throughput",
-    "straggler",
-    "callback_overhead",
-    "hf_datasets",
-    "packing",
-    "streaming",
-    "compile_shapes",
-    "training_peers",
-    "length_warmup",
-    "remainder_guard",
-    "batch_schedule",
-    "batch_schedule_training",
-)
-WITH_JSON = (
-    "planning",
-    "training_throughput",
-    "straggler",
-    "hf_datasets",
-    "packing",
-    "streaming",
-    "compile_shapes",
-    "training_peers",
-    "remainder_guard",
-    "batch_schedule",
-    "batch_schedule_training",
-)
+BENCHMARKS: dict[str, tuple[str, ...]] = {
+    "planning.epoch": ("planning",),
+    "planning.pair_plan": ("pair_plan",),
+    "planning.pair_shapes": ("pair_shapes",),
+    "planning.length_warmup": ("length_warmup",),
+    "planning.remainder_guard": ("remainder_guard",),
+    "planning.batch_schedule": ("batch_schedule",),
+    "peers.seeds": ("peer_seeds",),
+    "peers.training": ("training_peers", "training_peers_ours"),
+    "training.throughput": ("training_throughput",),
+    "training.straggler": ("straggler",),
+    "training.callback_overhead": ("callback_overhead",),
+    "training.packing": ("packing",),
+    "training.batch_schedule": ("batch_schedule_training",),
+    "training.compile_shapes": ("compile_shapes",),
+    "training.rank_shares": ("rank_shares",),
+    "training.length_warmup": (),
+    "training.translation_example": ("translation_example",),
+    "sources.hf_datasets": ("hf_datasets",),
+    "sources.streaming": ("streaming",),
+}
+"""Every CPU benchmark (``benchmarks.<key>``) and the result files its full run writes."""
 
 
-def run_one(name: str, quick: bool, out_dir: str, root: str) -> int:
-    cmd = [sys.executable, "-m", f"benchmarks.{name}"]
+def _takes_json(module: str) -> bool:
+    path = os.path.join(ROOT, "benchmarks", *module.split(".")) + ".py"
+    with open(path) as f:
+        return '"--json"' in f.read()
+
+
+def stale_commands() -> list[tuple[str, list[str]]]:
+    """``(module, extra arguments)`` for each stale result, as its file recorded them."""
+    from benchmarks.results import load_result, stale_results
+
+    runs = []
+    for name in stale_results():
+        module = next((m for m, names in BENCHMARKS.items() if name in names), None)
+        if module is None:
+            raise SystemExit(f"no benchmark in BENCHMARKS writes the result {name!r}")
+        recorded = str(load_result(name)["provenance"].get("command", "")).split()
+        runs.append((module, recorded[3:] if recorded[:2] == ["python", "-m"] else []))
+    return runs
+
+
+def run_one(module: str, quick: bool, out_dir: str, root: str, extra: Sequence[str] = ()) -> int:
+    """Run ``benchmarks.<module>`` in its own process, its output shown and logged."""
+    cmd = [sys.executable, "-m", f"benchmarks.{module}", *extra]
+    name = module.replace(".", "_")
     if quick:
         cmd.append("--quick")
-    if name in WITH_JSON:
+    if _takes_json(module) and "--json" not in extra:
         cmd += ["--json", os.path.join(out_dir, f"{name}.json")]
     log_path = os.path.join(out_dir, f"{name}.txt")
     print(f"\n===== {' '.join(cmd[1:])}\nuptime before: {uptime()}", flush=True)
@@ -99,7 +109,8 @@ def run_one(name: str, quick: bool, out_dir: str, root: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Run all CPU benchmarks (see the module docstring).")
     p.add_argument("--quick", action="store_true", help="each benchmark's --quick smoke test")
-    p.add_argument("--only", nargs="+", choices=BENCHMARKS, default=None)
+    p.add_argument("--only", nargs="+", choices=sorted(BENCHMARKS), default=None)
+    p.add_argument("--stale", action="store_true", help="rerun the stale results only")
     p.add_argument("--out", default=os.path.join("benchmarks", "runs"))
     p.add_argument(
         "--plots-dir",
@@ -112,9 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = os.path.join(root, args.out) if not os.path.isabs(args.out) else args.out
     os.makedirs(out_dir, exist_ok=True)
     failed = []
-    for name in args.only or BENCHMARKS:
-        if run_one(name, args.quick, out_dir, root) != 0:
-            failed.append(name)
+    runs = stale_commands() if args.stale else [(m, []) for m in args.only or BENCHMARKS]
+    for module, extra in runs:
+        if run_one(module, args.quick, out_dir, root, extra) != 0:
+            failed.append(module)
     if not args.no_plots:
         from benchmarks.plots import draw_all
 

@@ -35,6 +35,23 @@ QUICK = {
     "batch_schedule_training": ["--quick"],
     "pair_plan": ["--quick"],
 }
+MODULE = {
+    "planning": "planning.epoch",
+    "training_throughput": "training.throughput",
+    "straggler": "training.straggler",
+    "gpu_throughput": "gpu.throughput",
+    "hf_datasets": "sources.hf_datasets",
+    "packing": "training.packing",
+    "gpu_packing": "gpu.packing",
+    "streaming": "sources.streaming",
+    "compile_shapes": "training.compile_shapes",
+    "rank_shares": "training.rank_shares",
+    "remainder_guard": "planning.remainder_guard",
+    "batch_schedule": "planning.batch_schedule",
+    "batch_schedule_training": "training.batch_schedule",
+    "pair_plan": "planning.pair_plan",
+}
+"""The module (under ``benchmarks.``) of each quick-mode case."""
 NO_PLOT = {
     "hf_datasets",
     "packing",
@@ -73,7 +90,7 @@ def _run(args: list[str], timeout: float = 240) -> subprocess.CompletedProcess[s
 @pytest.mark.parametrize("name", sorted(QUICK))
 def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
     out = tmp_path / f"{name}.json"
-    proc = _run([f"benchmarks.{name}", *QUICK[name], "--json", str(out)])
+    proc = _run([f"benchmarks.{MODULE[name]}", *QUICK[name], "--json", str(out)])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     if name == "planning":
@@ -157,7 +174,7 @@ def test_benchmark_quick_mode(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
-@pytest.mark.parametrize("script", ["gpu_throughput", "gpu_packing"])
+@pytest.mark.parametrize("script", ["gpu.throughput", "gpu.packing"])
 def test_gpu_benchmark_refuses_without_cuda(script: str) -> None:
     proc = _run([f"benchmarks.{script}"], timeout=60)
     assert proc.returncode == 2 and "no CUDA device" in proc.stderr
@@ -165,7 +182,12 @@ def test_gpu_benchmark_refuses_without_cuda(script: str) -> None:
 
 def test_benchmarks_have_no_import_cycles() -> None:
     """Every ``benchmarks.*`` import (module- or function-level) points down a DAG."""
-    mods = {p.stem: p for p in (ROOT / "benchmarks").glob("*.py")}
+    base = ROOT / "benchmarks"
+    mods = {
+        ".".join(p.relative_to(base).with_suffix("").parts): p
+        for p in base.rglob("*.py")
+        if p.name != "__init__.py"
+    }
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
         deps = set()
@@ -173,10 +195,11 @@ def test_benchmarks_have_no_import_cycles() -> None:
             if isinstance(node, ast.ImportFrom) and node.module:
                 parts = node.module.split(".")
                 if parts[0] == "benchmarks":
-                    deps |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+                    inner = ".".join(parts[1:])
+                    deps |= {inner} | {f"{inner}.{a.name}".strip(".") for a in node.names}
             elif isinstance(node, ast.Import):
                 names = [a.name.split(".") for a in node.names]
-                deps |= {n[1] for n in names if n[0] == "benchmarks" and len(n) > 1}
+                deps |= {".".join(n[1:]) for n in names if n[0] == "benchmarks" and len(n) > 1}
         graph[name] = {d for d in deps if d in mods and d != name}
     done: set[str] = set()
 
