@@ -57,9 +57,8 @@ def check_count(
 ) -> int | None:
     """Validate an integer setting and return it as a Python ``int``.
 
-    Python and numpy integers are accepted; ``bool``, floats (even whole ones), strings and
-    anything else are refused, as are values below ``minimum`` and values that do not fit a
-    64-bit integer.
+    Python and numpy integers are accepted; ``bool``, floats (even whole ones), strings and anything
+    else are refused, as are values below ``minimum`` and values that do not fit a 64-bit integer.
 
     Args:
         name: the setting's name, as the user wrote it (used in the message).

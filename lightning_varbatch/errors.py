@@ -1,10 +1,8 @@
 """The exceptions of lightning_varbatch: one vocabulary for every bad setting and bad state.
 
-Every public class checks its settings with the helpers of :mod:`lightning_varbatch.checks`,
-so one bad value raises one exception type with one message wherever it enters (planner,
-sampler, collates, DataModules, callbacks, attention, memory). The types subclass the built-in
-ones users already catch, and carry what went wrong as attributes, so no code has to read an
-error's text to decide anything:
+Every public class checks its settings with :mod:`lightning_varbatch.checks`, so a bad value
+raises one exception type with one message wherever it enters. The types subclass the built-in
+ones users catch and carry what went wrong as attributes (no code need read an error's text):
 
 =========================  ==================================  ===============================
 exception                  also an instance of                 raised for

@@ -65,8 +65,7 @@ class PlanCount(NamedTuple):
         key: the batch key, or ``None`` when it does not go on the batch.
         doc: what it counts.
         required: a micro-batch without it carries no plan (a plain list of indices).
-        default: its value when the attribute is missing; ``None`` (unknown) is left off
-            the batch.
+        default: its value when the attribute is missing; ``None`` (unknown) is left off the batch.
     """
 
     attribute: str

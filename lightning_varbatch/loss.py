@@ -11,12 +11,10 @@ and DDP averages over ranks) weights a token in a small micro-batch more than on
 micro-batch. Here each rank returns ``sum_of_token_losses * world_size * accumulate / N_step``:
 Lightning's division by the accumulation and the strategy's average over ranks cancel the two
 factors, leaving exactly the formula above. ``N_step`` comes from the plan (the batch's
-``step_ntokens``), so no collective is needed. :class:`VarBatchDeepSpeedStrategy` makes DeepSpeed
-reduce gradients the same way as DDP and FSDP, so the same helper serves all three.
-
-When the loss tokens differ from the planned lengths (e.g. labels with ignored positions),
-pass the real per-example loss-token counts as the sampler's ``loss_lengths``; the plan then
-knows ``N_step`` exactly again.
+``step_ntokens``): no collective. :class:`VarBatchDeepSpeedStrategy` makes DeepSpeed reduce
+gradients as DDP and FSDP do, so the same helper serves all three. When the loss tokens differ
+from the planned lengths (e.g. ignored label positions), pass the real per-example counts as
+the sampler's ``loss_lengths``, and the plan knows ``N_step`` exactly again.
 
 Example:
     >>> import torch

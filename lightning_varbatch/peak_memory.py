@@ -1,12 +1,11 @@
 """Peak memory of one piece of work, on a CUDA device or as the process's resident set.
 
-:func:`measure_peak` is what :class:`~lightning_varbatch.callbacks.WorstBatchCheck` reports
-and what :func:`~lightning_varbatch.find_max_tokens` probes compare with a limit: the peak
-of everything in use while ``fn`` ran. :func:`measure_peak_rise` is the same measurement
-less what was in use just before ``fn`` started (what a benchmark reports as the memory a
-step adds on top of the model and the data it already holds). torch is imported only for a
-device other than the CPU, so numpy-only code (the planner benchmarks) can measure with it
-without loading torch.
+:func:`measure_peak` is what :class:`~lightning_varbatch.callbacks.WorstBatchCheck` reports and what
+:func:`~lightning_varbatch.find_max_tokens` probes compare with a limit: the peak of everything in
+use while ``fn`` ran. :func:`measure_peak_rise` is the same measurement less what was in use just
+before ``fn`` started (what a benchmark reports as the memory a step adds on top of the model and
+the data it already holds). torch is imported only for a device other than the CPU, so numpy-only
+code (the planner benchmarks) can measure with it without loading torch.
 """
 
 from __future__ import annotations
@@ -60,10 +59,7 @@ def reset_rss_peak() -> bool:
 
 
 def _cuda_device(device: torch.device | str | None) -> Any:
-    """``device`` as a ``torch.device`` when it is a CUDA device, else ``None`` (CPU path).
-
-    torch is imported only for a device other than ``None`` / ``"cpu"``.
-    """
+    """A CUDA ``device`` as a ``torch.device``, else ``None`` (None/"cpu" import no torch)."""
     if device is None or (isinstance(device, str) and device == "cpu"):
         return None
     import torch
@@ -133,11 +129,10 @@ def measure_peak_rise(
 ) -> tuple[T, int | None, str]:
     """Run ``fn()`` and measure how far its peak rose above what was in use before it.
 
-    On a CUDA device: ``max_memory_allocated`` during ``fn`` less ``memory_allocated`` just
-    before (source ``"cuda_max_allocated"``). Elsewhere: the process's ``VmHWM`` after ``fn``
-    less its ``VmRSS`` just after the reset (source ``"cpu_vmhwm"``); ``None`` where the peak
-    cannot be reset (no ``/proc``), as a peak since the process started says nothing about
-    ``fn``.
+    On a CUDA device: ``max_memory_allocated`` during ``fn`` less ``memory_allocated`` just before
+    (source ``"cuda_max_allocated"``). Elsewhere: the process's ``VmHWM`` after ``fn`` less its
+    ``VmRSS`` just after the reset (source ``"cpu_vmhwm"``); ``None`` where the peak cannot be reset
+    (no ``/proc``), as a peak since the process started says nothing about ``fn``.
 
     Args:
         fn: what to measure.

@@ -8,14 +8,13 @@ Usage::
     python -m lightning_varbatch.plan --dataset data/wmt --column src_ids --column tgt_ids \
         --max-tokens 4096 --json --no-png
 
-Prints a :class:`~lightning_varbatch.planner.diagnostics.PlanDiagnostics` report (or its JSON with
-``--json``) and writes a PNG with the examples-per-micro-batch histogram and every rank's token
-load over the optimizer steps; ``--batch-schedule`` adds a table of the steps by schedule stage
-(:mod:`~lightning_varbatch.planner.schedule_report`). Several ``--lengths`` (or ``--dataset``)
-plan a mixture of datasets and add a per-dataset table. ``--dataset`` reads the lengths
-memory-mapped from a Hugging Face dataset on disk (without importing ``datasets`` or torch):
-``--column`` names a column of lengths or of token ids, twice a (source, target) pair. Bad
-settings print one ``error: ...`` line and exit with code 2.
+Prints a :class:`~lightning_varbatch.planner.diagnostics.PlanDiagnostics` report (``--json``:
+as JSON) and writes a PNG of the examples-per-micro-batch histogram and every rank's token load
+per step; ``--batch-schedule`` adds a table of steps by schedule stage (``schedule_report``).
+Several ``--lengths`` (or ``--dataset``) plan a mixture, with a per-dataset table.
+``--dataset`` memory-maps the lengths of a Hugging Face dataset on disk (no ``datasets`` or
+torch import): ``--column`` names a column of lengths or token ids, twice a (source, target)
+pair. Bad settings print one ``error: ...`` line and exit with code 2.
 
 Example:
     >>> import contextlib, io, json

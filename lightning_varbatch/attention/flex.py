@@ -55,8 +55,7 @@ def flex_attention(
 ) -> torch.Tensor:
     """FlexAttention of ``(T, H, D)`` tensors kept inside each example; zeros on the padding.
 
-    The arguments are :func:`~lightning_varbatch.attention.document_attention`'s, checked;
-    ``cu_seqlens`` is read on the device (no host sync).
+    Arguments: ``document_attention``'s, checked; ``cu_seqlens`` is read on device (no sync).
     """
     module, _ = flex_module()
     total = q.shape[0]

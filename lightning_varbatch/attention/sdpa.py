@@ -10,9 +10,9 @@ Two exact ways, chosen per call by :func:`~lightning_varbatch.attention.sdpa_cos
   padding comes after every real query's keys; a ``(E, 1, 1, Lmax)`` key-padding mask for
   non-causal), the real rows gathered back (one ``index_select``).
 
-Both equal every example alone (float64: outputs and gradients), work on every device, dtype
-and torch version this package supports, with backward, and read ``cu_seqlens`` on the host
-once. Trailing padding tokens get zero outputs and zero gradients.
+Both equal every example alone (float64 outputs and gradients), work with backward on every
+supported device, dtype and torch, read ``cu_seqlens`` on the host once, and give trailing
+padding zero outputs and gradients.
 """
 
 from __future__ import annotations

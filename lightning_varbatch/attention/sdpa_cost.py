@@ -11,11 +11,10 @@ on CPU" of ``docs/packing.md``). Batched when::
     E * Lmax * (Lmax + SLOT_COST) <= sum(L_i * (L_i + SLOT_COST)) + CALL_COST * E
     and E * Lmax <= MAX_PADDED * sum(L_i)
 
-So the batch wins for many short examples of similar lengths (where the loop's per-call
-overhead dominates) and loses as soon as one long example pads many short ones (the work
-grows as ``E * Lmax**2``). The second condition bounds the memory: the padded q, k, v (and
-their gradients) hold at most ``MAX_PADDED`` times the row's real tokens. With equal lengths
-(no padding) the rule always batches.
+The batch wins for many short examples of similar lengths (per-call overhead dominates) and
+loses once one long example pads many short ones (work grows as ``E * Lmax**2``). The second
+condition bounds memory: padded q, k, v (and gradients) hold at most ``MAX_PADDED`` times the
+row's real tokens. With equal lengths (no padding) the rule always batches.
 """
 
 from __future__ import annotations

@@ -3,9 +3,8 @@
 :func:`check_names` lists what :class:`WorstBatchCheck` runs for a sampler (its kinds, then
 one micro-batch per static shape).
 
-The callbacks need Lightning; they are imported on first use, so the pure maths of this
-package (:mod:`~lightning_varbatch.callbacks.throughput_window`) imports without torch or
-Lightning.
+The callbacks need Lightning; they are imported on first use, so the pure maths of this package
+(:mod:`~lightning_varbatch.callbacks.throughput_window`) imports without torch or Lightning.
 
 Example:
     >>> from lightning_varbatch.callbacks import BatchSizeLRScaler, TokenThroughputMonitor

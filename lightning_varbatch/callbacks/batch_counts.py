@@ -172,8 +172,7 @@ def read_schedule(batch: Any, owner: str) -> tuple[float, float] | None:
 def is_step_boundary(trainer: Trainer) -> bool:
     """Whether the current micro-batch ends with a real optimizer step (any strategy).
 
-    Valid from ``on_train_batch_start`` on: Lightning counts the batch as ready before it
-    calls that hook.
+    Valid from ``on_train_batch_start`` on (Lightning counts the batch as ready before it).
     """
     module = trainer.lightning_module
     if not module.automatic_optimization:

@@ -105,13 +105,11 @@ def training_budget(trainer: Any) -> int | None:
 class BatchSizeLRScaler(Callback):
     """Multiply the learning rate of every optimizer step by ``f(actual / reference)``.
 
-    ``actual`` is the global size of the step: its target tokens (``by="tokens"``) or examples
-    (``by="examples"``) over all ranks and all accumulation micro-batches. On
-    ``TokenBudgetDataModule`` batches it is read from ``keys.STEP_NTOKENS`` /
-    ``keys.STEP_NEXAMPLES`` (exact, no collective). Otherwise the per-micro-batch, per-rank counts
-    (``keys.NTOKENS`` / ``keys.NEXAMPLES``, or ``tokens_fn`` / ``examples_fn``) are summed over
-    the step and all-reduced once, on every rank, at ``on_train_batch_start`` of the micro-batch
-    that ends the step.
+    ``actual`` is the step's global target tokens (``by="tokens"``) or examples (``by="examples"``),
+    over all ranks and micro-batches: on ``TokenBudgetDataModule`` batches ``keys.STEP_NTOKENS`` /
+    ``keys.STEP_NEXAMPLES`` (exact, no collective); otherwise the per-rank counts (``keys.NTOKENS``
+    / ``keys.NEXAMPLES``, or ``tokens_fn`` / ``examples_fn``) summed over the step and all-reduced
+    once, on every rank, at ``on_train_batch_start`` of the step's last micro-batch.
 
     Order of events in one optimizer step (every strategy, any accumulation):
 
@@ -123,10 +121,9 @@ class BatchSizeLRScaler(Callback):
     5. Lightning steps the schedulers (``interval="step"`` or ``"epoch"``, any ``frequency``,
        ``ReduceLROnPlateau`` too) and callbacks save checkpoints: all see the unscaled value.
 
-    A step that never reaches the optimizer (a skipped fp16 step, ``optimizer_step``
-    overridden to skip) is not scaled. The LR you see in ``LearningRateMonitor``, in
-    ``optimizer.param_groups`` between steps and in checkpoints is the unscaled schedule; the
-    LR the update used is that times ``train/lr_scale``.
+    A step that never reaches the optimizer (a skipped fp16 step or ``optimizer_step``) is not
+    scaled. The LR in ``LearningRateMonitor``, in ``param_groups`` between steps and in
+    checkpoints is the unscaled schedule; the update used that times ``train/lr_scale``.
 
     Args:
         rule: ``"linear"`` (factor = ratio), ``"sqrt"`` (factor = sqrt(ratio), for Adam-like

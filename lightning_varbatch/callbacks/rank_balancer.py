@@ -47,42 +47,36 @@ def _shares_target(trainer: Trainer) -> Any:
 class RankShareBalancer(Callback):
     """Set every rank's share of each step from its measured speed, at epoch boundaries.
 
-    **What is measured.** A rank's compute time: the forward and the loss of each micro-batch
-    (``on_train_batch_start`` to ``on_before_backward``, :class:`~lightning_varbatch.callbacks.
-    compute_clock.ComputeClock`), before DDP's all-reduce makes a fast rank wait (set
-    ``broadcast_buffers=False`` for a model with buffers). Under FSDP and ZeRO-3 the forward
-    waits for the slowest rank, so the shares move less than they should: measure with DDP or
-    ZeRO-1/2, or set ``rank_shares`` by hand. The first ``warmup_steps`` optimizer steps of
-    each epoch are not timed (allocator, cuDNN autotuning, ``torch.compile``).
+    **What is measured.** A rank's compute time: each micro-batch's forward and loss
+    (``on_train_batch_start`` to ``on_before_backward``, ``compute_clock.ComputeClock``),
+    before DDP's all-reduce makes a fast rank wait (set ``broadcast_buffers=False`` for a model
+    with buffers). Under FSDP and ZeRO-3 the forward waits for the slowest rank, so the shares
+    move too little: measure with DDP or ZeRO-1/2, or set ``rank_shares`` by hand. Each epoch's
+    first ``warmup_steps`` optimizer steps are not timed (allocator, cuDNN, ``torch.compile``).
 
-    **Planned cost** of a micro-batch is ``plan.micro_batch_load`` of the micro-batch the rank
-    runs at that position (the units the shares divide); without a plan (another sampler), the
-    batch's ``keys.NTOKENS``. A rank's speed is its planned cost per measured second.
+    **Planned cost** of a micro-batch: ``plan.micro_batch_load`` at the rank's position (the
+    units the shares divide), else (another sampler) ``keys.NTOKENS``. Speed: cost per second.
 
     **When shares change.** At the end of every ``every_n_epochs``-th epoch every rank
     all-gathers every rank's (seconds, cost, micro-batches), computes
-    :func:`~lightning_varbatch.planner.balanced_shares` from the shares in force (the sampler's
-    ``rank_shares``, equal when unset) and the speeds smoothed over periods
-    (:func:`~lightning_varbatch.planner.share_balance.smoothed_speeds`), and passes the same
-    result on every rank to ``trainer.datamodule.set_rank_shares`` (else the train loader's
-    ``batch_sampler.set_rank_shares``). The sampler plans the next epoch with them (a share too
-    small for the longest example is raised), so no example is lost or repeated, and the loader
-    tells Lightning the epoch's new length itself. A period in which some rank timed nothing
-    changes nothing; with one process nothing is gathered or changed (``last_period`` still
-    holds the measurement).
+    :func:`~lightning_varbatch.planner.balanced_shares` from the shares in force (equal when
+    unset) and the speeds smoothed over periods (``share_balance.smoothed_speeds``), and passes
+    the same result on every rank to ``trainer.datamodule.set_rank_shares`` (else the train
+    loader's ``batch_sampler.set_rank_shares``). The sampler plans the next epoch with them (a
+    share too small for the longest example is raised): no example is lost or repeated, and the
+    loader tells Lightning the new epoch length. A period in which some rank timed nothing
+    changes nothing; one process gathers and changes nothing (``last_period`` still measures).
 
-    The shares set at each period's end and the measurement behind them are kept in
-    ``history`` and in the checkpoint; a resumed run sets the checkpoint's shares again (a
-    no-op when the sampler's own state holds them; skipped when the world size changed). The
-    sampler's ``rank_shares`` are the set ones rounded to its whole-token budgets.
+    Each period's shares and measurement are kept in ``history`` and the checkpoint; a resumed
+    run sets the checkpoint's shares again (a no-op when the sampler's state holds them; skipped
+    when the world size changed). The sampler's ``rank_shares`` are rounded to whole tokens.
 
     Args:
         every_n_epochs: epochs per measurement period (shares change at its end).
         smoothing: weight of the earlier periods' speeds, in ``[0, 1)``: the first period's
-            measurement sets the shares as it is (the second period runs balanced); later a
-            change of speed moves them ``1 - smoothing`` of the way (in ratio) per period, so
-            a rank slowed for one period does not make the shares swing (0: each period's
-            speeds alone).
+            measurement sets the shares as it is (the second period runs balanced); later a change
+            of speed moves them ``1 - smoothing`` of the way (in ratio) per period, so a rank slowed
+            for one period does not make the shares swing (0: each period's speeds alone).
         tolerance: dead band in ``[0, 1)``: no change while every rank's measured share is
             within this relative distance of its share in force.
         warmup_steps: optimizer steps at the start of each epoch that are not timed.

@@ -55,15 +55,14 @@ def _gather(trainer: Trainer, window: RankWindow) -> list[RankWindow]:
 class TokenThroughputMonitor(Callback):
     """Log global throughput, padding, effective batch size and imbalance per optimizer steps.
 
-    Each micro-batch's counts on each rank come from the batch keys of :mod:`lightning_varbatch.
-    keys` or from ``tokens_fn`` / ``examples_fn`` / ``padding_fn``, summed over a window of
-    ``log_every_n_steps`` optimizer steps (counted once per real step under every strategy); at
-    its last step every rank all-gathers its window and rank 0 logs at the step index
-    Lightning's own ``self.log`` uses. The window's wall time (the slowest rank's) gives the
-    rates. A rank's own compute time sums its micro-batches' forward and loss
-    (``on_train_batch_start`` -> ``on_before_backward``): under DDP a fast rank waits in the
-    backward for the slowest, so one of two ranks twice as slow reads 2 / 1.5, not 1.00.
-    FLOPs per loss token come from ``flops_per_token`` or the LightningModule's attribute.
+    Each rank's micro-batch counts (from :mod:`lightning_varbatch.keys` or ``tokens_fn`` /
+    ``examples_fn`` / ``padding_fn``) are summed over ``log_every_n_steps`` optimizer steps
+    (real steps, under every strategy); at the window's last step every rank all-gathers it and
+    rank 0 logs at the step index of Lightning's ``self.log``. Rates use the window's (slowest
+    rank's) wall time. A rank's compute time sums its forward and loss (``on_train_batch_start``
+    -> ``on_before_backward``): under DDP a fast rank waits in the backward for the slowest, so
+    one of two ranks twice as slow reads 2 / 1.5, not 1.00. FLOPs per loss token:
+    ``flops_per_token`` or the LightningModule's attribute.
 
     Args:
         log_every_n_steps: window / log interval in optimizer steps (default: the Trainer's).

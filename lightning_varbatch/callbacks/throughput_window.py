@@ -1,9 +1,8 @@
 """The throughput maths: one rank's counts over a logging window, and the global metrics.
 
-:class:`RankWindow` accumulates what one rank saw in a window of optimizer steps; every rank
-turns its window into a vector (:meth:`RankWindow.to_vector`) for one all-gather, and
-:func:`window_metrics` turns the gathered windows of all ranks into the logged figures. No
-torch.distributed and no Lightning here, so the formulas are tested on their own.
+:class:`RankWindow` holds what one rank saw in a window of optimizer steps, as a vector
+(:meth:`RankWindow.to_vector`) for one all-gather; :func:`window_metrics` turns all ranks'
+windows into the logged figures. No torch.distributed or Lightning: the maths is tested alone.
 
 Example:
     >>> a = RankWindow(tokens=300, examples=6, real=500, padded=1000, compute=2.0, elapsed=4.0)
@@ -102,8 +101,8 @@ class RankWindow:
 class ScheduleWindow:
     """The scheduled token budgets and planned costs of a window's steps (a batch schedule).
 
-    Both are global counts of a step (every rank, every micro-batch), which every rank reads
-    alike from its batches: no gather. Steps without them (no schedule) are not counted.
+    Both are a step's global counts, read alike by every rank from its batches (no gather);
+    steps without them (no schedule) are not counted.
 
     Attributes:
         budget: the steps' scheduled token budgets (``keys.STEP_BUDGET``), summed.
@@ -197,9 +196,8 @@ def rank_metrics(
 ) -> dict[str, float]:
     """Each rank's loss tokens per second of the window's wall time, and its share in force.
 
-    The wall time is the window's (the slowest rank's), so the ranks' rates add up to
-    ``train/tokens_per_sec``. Nothing for a single rank (``train/device/...`` says it all);
-    shares only when given with one per rank.
+    Over the window's (slowest rank's) wall time, so the rates add up to ``train/tokens_per_sec``.
+    Nothing for a single rank (see ``train/device/...``); shares only if given, one per rank.
 
     Example:
         >>> a, b = RankWindow(tokens=300, elapsed=3.0), RankWindow(tokens=150, elapsed=2.9)

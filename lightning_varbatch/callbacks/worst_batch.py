@@ -1,14 +1,11 @@
 """Run the plan's most demanding micro-batches first, so that an OOM happens in minute one.
 
-The pieces of :class:`WorstBatchCheck` live in one module each, and stay importable from here:
-:mod:`~lightning_varbatch.callbacks.worst_micro_batches` picks the micro-batches
-(:func:`worst_micro_batches`, :func:`check_names`, :class:`WorstBatch`, :data:`KINDS`),
-:mod:`~lightning_varbatch.callbacks.worst_batch_run` runs one (:data:`OUT_OF_MEMORY`),
-:mod:`lightning_varbatch.peak_memory` measures it (:func:`measure_peak`),
-:mod:`~lightning_varbatch.callbacks.training_state` keeps the model's state through the check,
-:mod:`~lightning_varbatch.callbacks.worst_ranks` gathers every rank's results and
-:mod:`~lightning_varbatch.callbacks.worst_report` words them (:func:`advice`,
-:func:`format_report`).
+:class:`WorstBatchCheck`'s pieces (all importable from here), in ``callbacks.``:
+``worst_micro_batches`` picks the micro-batches (:func:`worst_micro_batches`,
+:func:`check_names`, :class:`WorstBatch`, :data:`KINDS`), ``worst_batch_run`` runs one
+(:data:`OUT_OF_MEMORY`), ``training_state`` keeps the model's state through the check,
+``worst_ranks`` gathers every rank's results, ``worst_report`` words them (:func:`advice`,
+:func:`format_report`); :mod:`lightning_varbatch.peak_memory` measures (:func:`measure_peak`).
 """
 
 from __future__ import annotations
@@ -64,25 +61,23 @@ def _no_log(*args: Any, **kwargs: Any) -> None:
 class WorstBatchCheck(Callback):
     """Run the plan's most demanding micro-batches before training and report their memory.
 
-    In ``on_train_start`` every rank picks, among its own micro-batches of the current epoch
-    plan (its slice of the training sampler's plan), the largest of each ``kind``:
+    In ``on_train_start`` every rank picks, among its own micro-batches of the epoch's training
+    plan, the largest of each ``kind``:
 
     - ``"padded_tokens"``: examples x longest padded length (a packed row's tokens),
     - ``"examples"``: the most examples,
     - ``"attention"``: examples x longest² (a packed row's Σ length²),
 
     fetches it through the training loader's dataset and collate, moves it to the device
-    (the LightningModule's batch-transfer hooks run) and runs ``training_step`` through the
-    strategy (DDP/FSDP wrappers, the precision plugin's autocast) and the strategy's backward,
-    measuring peak memory with :func:`measure_peak`. Each rank checks its own worst batches
-    (tested under DDP and FSDP; DeepSpeed is refused, see ``Raises``), and every rank runs
-    exactly ``len(kinds)`` forward/backward passes (also when one micro-batch is the worst of
-    several kinds), so collectives inside them stay matched.
+    (batch-transfer hooks run) and runs ``training_step`` and backward through the strategy
+    (DDP/FSDP wrappers, the precision plugin's autocast), measuring peak memory with
+    :func:`measure_peak`. Tested under DDP and FSDP (DeepSpeed is refused, see ``Raises``);
+    every rank runs exactly ``len(kinds)`` forward/backward passes (also when one micro-batch
+    is the worst of several kinds), so collectives inside them stay matched.
 
-    Why ``on_train_start``: only then are the model wrapped by the strategy, the optimizers
-    and the precision plugin set up, the checkpoint (and the sampler's position) restored and
-    the training loader built, and no optimizer step has run yet. (``on_fit_start`` comes
-    before the strategy's setup and before the loader exists.)
+    Why ``on_train_start``: only then are the model wrapped, the optimizers and precision
+    plugin set up, the checkpoint (and sampler position) restored and the training loader
+    built, before any optimizer step (``on_fit_start`` precedes the strategy's setup).
 
     Nothing changes for training: no optimizer steps; gradients are cleared (the optimizers'
     ``zero_grad(set_to_none=True)``, then every parameter's gradient set back to what it
@@ -110,11 +105,10 @@ class WorstBatchCheck(Callback):
 
     After the check, :attr:`report` holds this rank's results (one dict per kind: ``kind``,
     ``examples``, ``longest``, ``padded_tokens``, ``attention``, ``peak_bytes``, ``memory``,
-    ``rank``, ``position``, ``micro_batch`` and ``tile``, its old name) and
-    :attr:`all_reports` every rank's (``kind``, ``examples``, ``longest``, ``peak_bytes``,
-    ``over``; one all-gather on every rank, so when one rank is over ``memory_limit_bytes``
-    every rank raises instead of waiting for it). Global rank 0 prints them and logs, for each
-    kind, the rank with the largest peak:
+    ``rank``, ``position``, ``micro_batch`` and ``tile``, its old name) and :attr:`all_reports`
+    every rank's (``kind``, ``examples``, ``longest``, ``peak_bytes``, ``over``; one all-gather on
+    every rank, so when one rank is over ``memory_limit_bytes`` every rank raises instead of waiting
+    for it). Global rank 0 prints them and logs, for each kind, the rank with the largest peak:
 
     =======================================  ===========================================
     Key                                      Meaning

@@ -35,8 +35,7 @@ class WorstBatch:
     Attributes:
         kind: ``"padded_tokens"``, ``"examples"`` or ``"attention"``: what it is the largest of.
         position: its index among this rank's micro-batches of the epoch (run order).
-        micro_batch: its micro-batch id in the epoch plan (``tile``, its old name, still reads
-            it).
+        micro_batch: its micro-batch id in the epoch plan (``tile``, its old name, still reads it).
         examples: examples in it.
         longest: its longest padded planning length.
         padded_tokens: its token slots after padding (examples x longest; a packed row's
@@ -172,10 +171,7 @@ def _shape_picks(
 
 
 def worst_tiles(sampler: TokenBudgetBatchSampler, kinds: Sequence[str] = KINDS) -> list[WorstBatch]:
-    """The old name of :func:`worst_micro_batches` (micro-batches were once called tiles).
-
-    Warns with a :class:`DeprecationWarning`.
-    """
+    """Old name (tiles: micro-batches) of :func:`worst_micro_batches`; a DeprecationWarning."""
     warnings.warn(
         "worst_tiles is deprecated: use worst_micro_batches (micro-batches were once called "
         "tiles).",

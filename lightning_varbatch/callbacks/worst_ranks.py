@@ -75,8 +75,7 @@ def worst_metrics(
 ) -> dict[str, float]:
     """For each kind, the largest peak over ranks and that micro-batch's shape, as metrics.
 
-    Keys: ``memory/worst/<kind>/peak_bytes``, ``.../examples``, ``.../longest`` (spaces of
-    a kind, as in ``"shape 4x2"``, become underscores).
+    Keys: ``memory/worst/<kind>/peak_bytes``, ``.../examples``, ``.../longest`` (spaces: ``_``).
     """
     metrics: dict[str, float] = {}
     for i, kind in enumerate(names):

@@ -18,12 +18,11 @@ __all__ = ["advice", "format_report", "gib"]
 def advice(kind: str, config: PlanConfig) -> str:
     """The settings that shrink the worst micro-batch of ``kind``, each as ``name=value`` now.
 
-    Built from the settings themselves (the fields of
-    :class:`~lightning_varbatch.PlanConfig`, which the DataModules and the sampler take under
-    the same names, and :data:`~lightning_varbatch.planner.costs.COST_NAMES`): a padded
-    micro-batch's attention term is budgeted by ``cost='quadratic'`` (with
-    ``quadratic_coef``); a packed row's only by ``max_tokens``; a static shape's rows follow
-    from ``max_tokens``.
+    Built from the settings themselves (the fields of :class:`~lightning_varbatch.PlanConfig`, which
+    the DataModules and the sampler take under the same names, and
+    :data:`~lightning_varbatch.planner.costs.COST_NAMES`): a padded micro-batch's attention term is
+    budgeted by ``cost='quadratic'`` (with ``quadratic_coef``); a packed row's only by
+    ``max_tokens``; a static shape's rows follow from ``max_tokens``.
 
     Example:
         >>> advice("attention", PlanConfig(max_tokens=4096))

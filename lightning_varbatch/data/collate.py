@@ -122,25 +122,16 @@ class PlanCollate:
 class PaddingCollate(PlanCollate):
     """Pad token fields into ``(batch, length)`` tensors and add the bookkeeping counts.
 
-    Items are mappings holding 1-D LongTensors or lists of ints: ``source``/``target`` pairs
-    (keys configurable) or a single ``"tokens"`` field. The batch holds, per field ``f``, the
-    padded ``f`` and a bool ``f_mask`` (True on real tokens), plus 0-dim long tensors under the
-    names of :mod:`lightning_varbatch.keys`: ``NTOKENS`` (real loss tokens: target tokens, or
-    real tokens for a single field, minus ``loss_offset`` per example), ``NEXAMPLES``,
-    ``PADDED_TOKENS`` (slots of all padded fields), ``INPUT_TOKENS`` (real tokens of all
-    fields) and, on micro-batches of a :class:`~lightning_varbatch.TokenBudgetBatchSampler`
-    (through :func:`~lightning_varbatch.token_budget_dataloader` or
-    :class:`~lightning_varbatch.TokenBudgetDataModule`), the plan's counts of
-    :data:`lightning_varbatch.keys.PLAN_COUNTS` (``STEP_NTOKENS``, ``STEP_NEXAMPLES``,
-    ``DATASET``, ...). Other item entries are gathered: ints into a ``(batch,)`` long tensor,
-    anything else into a list.
-
-    On micro-batches of a :class:`~lightning_varbatch.TokenBudgetBatchSampler`,
-    ``check_widths`` checks that no padded field of any item is longer (after truncation) than
-    the length the plan budgeted for it, so no micro-batch pads to more than ``max_tokens``
-    slots, and ``check_ntokens`` that the loss tokens are the plan's count (the exact loss
-    normaliser; turn it off only when the loss tokens differ from the field's length other
-    than by ``loss_offset``).
+    Items are mappings holding 1-D LongTensors or lists of ints: ``source``/``target`` pairs (keys
+    configurable) or a single ``"tokens"`` field. The batch holds, per field ``f``, the padded ``f``
+    and a bool ``f_mask`` (True on real tokens), plus 0-dim long tensors under the names of
+    :mod:`lightning_varbatch.keys`: ``NTOKENS`` (real loss tokens: target tokens, or real tokens for
+    a single field, minus ``loss_offset`` per example), ``NEXAMPLES``, ``PADDED_TOKENS`` (slots of
+    all padded fields), ``INPUT_TOKENS`` (real tokens of all fields) and, on micro-batches of a
+    :class:`~lightning_varbatch.TokenBudgetBatchSampler` (through its loader or DataModule), the
+    plan's counts of :data:`lightning_varbatch.keys.PLAN_COUNTS` (``STEP_NTOKENS``,
+    ``STEP_NEXAMPLES``, ``DATASET``, ...). Other item entries are gathered: ints into a ``(batch,)``
+    long tensor, anything else into a list.
 
     Args:
         pad_id: the padding token id (an integer).
@@ -149,8 +140,11 @@ class PaddingCollate(PlanCollate):
         target_key: key of the target field of pairs.
         truncate_to: cut every field to this length (the sampler's ``truncate_to``), or to
             the plan's length where the micro-batch's plan cuts shorter.
-        check_ntokens: compare the real loss-token count with the plan's.
-        check_widths: check every padded field of every item against the plan's length for it.
+        check_ntokens: on a sampler's micro-batches, compare the real loss-token count with the
+            plan's (the exact loss normaliser; off only when loss tokens differ from the field's
+            length other than by ``loss_offset``).
+        check_widths: on a sampler's micro-batches, check that no padded field of any item is
+            longer (after truncation) than the plan budgeted, so none exceeds ``max_tokens``.
         loss_offset: loss tokens per example are its real loss-field tokens (after
             truncation) minus this, at least 0 (teacher forcing, predicting ``target[1:]``: 1);
             counted in ``NTOKENS`` and checked against the plan's ``loss_lengths``.

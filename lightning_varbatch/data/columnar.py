@@ -69,10 +69,9 @@ def _part_of(dataset: ConcatDataset[Any], indices: Sequence[int]) -> tuple[int, 
 def fetch_rows(dataset: Any, indices: Sequence[int], columnar: bool) -> Any:
     """The rows at ``indices``, read in one call where the dataset allows it.
 
-    Returns an Arrow table for a Hugging Face dataset when ``columnar``; otherwise the items
-    of the dataset's ``__getitems__`` (Hugging Face's reads a batch at once) or of
-    ``dataset[i]`` per index. A ``ConcatDataset`` whose indices all fall in one part reads
-    from that part the same way.
+    Returns an Arrow table for a Hugging Face dataset when ``columnar``; otherwise the items of the
+    dataset's ``__getitems__`` (Hugging Face's reads a batch at once) or of ``dataset[i]`` per
+    index. A ``ConcatDataset`` whose indices all fall in one part reads from that part the same way.
 
     Example:
         >>> fetch_rows([{"tokens": [1]}, {"tokens": [2]}], [1], columnar=True)

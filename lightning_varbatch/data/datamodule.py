@@ -5,9 +5,8 @@ How it fits Lightning 2.6 (checked in its source):
 - Its loaders (:mod:`~lightning_varbatch.data.loader`) keep Lightning from injecting a
   ``DistributedSampler`` under the default ``use_distributed_sampler=True`` and relay
   ``set_epoch`` to the token-budget sampler; no trainer state is touched.
-- Lightning sizes the epoch with ``len(dataloader)`` and, on a mid-epoch resume, restores its
-  batch counter; our loader's length is therefore the whole epoch's
-  (:attr:`~lightning_varbatch.TokenBudgetBatchSampler.epoch_length`), not what is left.
+- Lightning sizes the epoch with ``len(dataloader)`` and restores its batch counter on a resume:
+  our loader's length is the whole epoch's (``TokenBudgetBatchSampler.epoch_length``).
 - On ``fit(ckpt_path=...)`` the datamodule's ``load_state_dict`` runs (``Trainer._run`` ->
   ``_restore_modules_and_callbacks`` -> ``restore_datamodule``) before the fit loop calls
   ``train_dataloader()`` (``_run_stage`` -> ``FitLoop.setup_data``), so the restored position is
@@ -79,10 +78,9 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
     Validation and test use ``shuffle=False, tail="spread"``: every example is evaluated exactly
     once across ranks. ``state_dict`` saves how far the epoch was *trained* (not prefetched).
 
-    Several datasets: pass a list of :class:`~lightning_varbatch.DataSource` (each with its
-    ``dataset`` and ``lengths``) as ``train_dataset`` (and ``val_dataset``/``test_dataset``), no
-    ``*_lengths``, and choose the mixing (:mod:`lightning_varbatch.planner.mixture`). Batches
-    then carry ``keys.DATASET``, the index of the dataset they come from.
+    Several datasets: pass a list of :class:`~lightning_varbatch.DataSource` as ``*_dataset``,
+    no ``*_lengths``, and choose the mixing (:mod:`lightning_varbatch.planner.mixture`); batches
+    then carry ``keys.DATASET``, their dataset's index.
 
     Args:
         train_dataset: map-style training dataset (items for ``collate``), or a list of
@@ -116,22 +114,19 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         loss_offset: every split's loss tokens per example are its length (the target's for
-            pairs) minus this, counted after ``oversize="truncate"`` (1 for teacher forcing);
-            the default collate gets the same offset. Not with ``*_loss_lengths``, which are
-            the loss tokens already.
+            pairs) minus this, after ``oversize="truncate"`` (1 for teacher forcing); the
+            default collate gets it too. Not with ``*_loss_lengths``.
         on_resume_mismatch: resuming from a checkpoint whose training data or settings differ:
             ``"error"`` (default) refuses it, listing what changed; ``"restart_epoch"`` trains
             the checkpoint's epoch afresh on the current data, every example once (see
             :meth:`TokenBudgetBatchSampler.load_state_dict`).
-        **sampler_kwargs: planner settings, the fields of
-            :class:`~lightning_varbatch.PlanConfig` but ``max_tokens`` (``cost``, ``seed``,
-            ``tail``, ``oversize``, ``pad_to_multiple_of``, ...).
+        **sampler_kwargs: planner settings: :class:`~lightning_varbatch.PlanConfig`'s fields
+            but ``max_tokens`` (``cost``, ``seed``, ``tail``, ``oversize``, ...).
 
     Raises:
         TypeError: for an unknown planner setting, or an iterable-style dataset.
-        ValueError: for a dataset without lengths, lengths whose count differs from the
-            dataset's size, bad budgets or loader settings, or fewer evaluation examples than
-            ranks.
+        ValueError: for missing lengths or a wrong count of them, bad budgets or loader
+            settings, or fewer evaluation examples than ranks.
 
     Example:
         >>> data = [{"tokens": [1] * n} for n in (3, 5, 2, 7, 4, 6)]
@@ -205,8 +200,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         self._pending_state: dict[str, Any] | None = None
         self._run_shares: tuple[float, ...] | None = None  # set_rank_shares before the loader
         self._restored = False  # whether a checkpoint gave this DataModule a state
-        # Lengths, counts and settings are checked now, before any loader or Trainer exists;
-        # the planners (with their sort) are reused by every sampler built later.
+        # Check lengths and settings now; the planners (and their sort) serve later samplers.
         self._planners: dict[str, Planner] = {}
         for name in STAGES:
             if self.datasets[name] is not None:
@@ -280,9 +274,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
     # -- planning without a Trainer -------------------------------------------------------
 
     def planner(self, stage: str) -> Planner:
-        """The planner of ``stage`` (``"train"``, ``"val"`` or ``"test"``), built at construction.
-
-        Its ``num_examples``, ``truncate_to`` and ``config`` are what every rank plans with.
+        """The planner every rank uses for ``stage`` (``"train"``, ``"val"`` or ``"test"``).
 
         Raises:
             ValueError: for an unknown stage or one without a dataset.
@@ -317,10 +309,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
 
     @property
     def rank_shares(self) -> tuple[float, ...] | None:
-        """The training plan's shares (largest 1; ``None``: equal), once the loader is built.
-
-        Before that, the shares set by :meth:`set_rank_shares` or ``rank_shares``.
-        """
+        """The training shares (largest 1; ``None``: equal); before the loader, those set."""
         sampler = self.samplers.get("train")
         if sampler is not None:
             return sampler.rank_shares
@@ -345,11 +334,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
     # -- checkpointing -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The training sampler's position, counted in micro-batches *trained* this epoch.
-
-        The count (:func:`~lightning_varbatch.data.lightning_loop.trained_this_epoch`) includes
-        the batch whose ``on_train_batch_end`` saves, and is not ahead like a prefetch.
-        """
+        """The training position: micro-batches *trained* this epoch, the saving one included."""
         sampler = self.samplers.get("train")
         if sampler is None:
             if self._pending_state is None:

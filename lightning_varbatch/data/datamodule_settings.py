@@ -91,10 +91,7 @@ def _is_default(value: object, default: object) -> bool:
 
 
 def check_budgets(max_tokens: object, val_max_tokens: object) -> tuple[int, int, bool]:
-    """``(max_tokens, val_max_tokens, defaulted)``, checked as the planner checks a budget.
-
-    ``val_max_tokens`` is ``max_tokens`` when not given, and ``defaulted`` says so.
-    """
+    """``(max_tokens, val_max_tokens or max_tokens, defaulted)``, checked as planner budgets."""
     budget = check_count("max_tokens", max_tokens)  # the planner's own check and message
     if val_max_tokens is None:
         return budget, budget, True

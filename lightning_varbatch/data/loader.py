@@ -2,14 +2,12 @@
 
 Lightning replaces a loader's sampler with a ``DistributedSampler`` only when the loader's
 ``sampler`` is not one already (``_requires_distributed_sampler`` in Lightning 2.6's
-``trainer/connectors/data_connector.py``), and it calls ``set_epoch`` only on
-``dataloader.sampler`` / ``dataloader.batch_sampler.sampler``. Our loader's ``sampler`` is such
-a ``DistributedSampler`` (:class:`_EpochRelay`) that relays ``set_epoch`` to the batch sampler,
-so the trainer's default ``use_distributed_sampler=True`` needs no change, and a training
-loader makes Lightning run each epoch's length (:mod:`~lightning_varbatch.data.lightning_loop`).
-
-:func:`token_budget_dataloader` is the constructor the docs teach; :class:`TokenBudgetDataLoader`
-is the type it returns (and has the ``evaluation=`` option the DataModules use).
+``trainer/connectors/data_connector.py``), and calls ``set_epoch`` only on ``dataloader.sampler``
+/ ``dataloader.batch_sampler.sampler``. Our loader's ``sampler`` is such a ``DistributedSampler``
+(:class:`_EpochRelay`) relaying ``set_epoch`` to the batch sampler, so the default
+``use_distributed_sampler=True`` needs no change; a training loader makes Lightning run each
+epoch's length (:mod:`~lightning_varbatch.data.lightning_loop`). :func:`token_budget_dataloader`
+is the constructor the docs teach; it returns a :class:`TokenBudgetDataLoader`.
 """
 
 from __future__ import annotations
@@ -42,9 +40,8 @@ __all__ = [
 class _BatchInfoDataset(Dataset[Any]):
     """Wrap a map-style dataset so that each fetched micro-batch keeps the plan's counts.
 
-    ``__getitems__`` receives the sampler's :class:`~lightning_varbatch.MicroBatch` as it is,
-    reads its rows in one call where the dataset allows (:func:`~lightning_varbatch.data.
-    columnar.fetch_rows`) and returns them with the plan (:func:`attach_plan`).
+    ``__getitems__`` takes the sampler's :class:`~lightning_varbatch.MicroBatch` as it is, reads
+    its rows in one call where it can (``columnar.fetch_rows``) and attaches the plan.
 
     Example:
         >>> from lightning_varbatch.data.micro_batch import MicroBatch
@@ -98,8 +95,8 @@ def check_dataset_size(
 ) -> None:
     """The dataset must have exactly one item per length the sampler plans with.
 
-    Fewer lengths than items would train only the first items, silently; more would index past
-    the end. A dataset without ``__len__`` cannot be checked and is accepted.
+    Fewer lengths would silently train only the first items; more would index past the end. A
+    dataset without ``__len__`` is accepted unchecked.
 
     Raises:
         ValueError: when the counts differ; the message names both.
@@ -156,15 +153,14 @@ def check_first_items_of(
 class TokenBudgetDataLoader(DataLoader[Any]):
     """A DataLoader over a :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
 
-    Its ``len`` is each epoch's micro-batch count as Lightning counts it (also after a resume).
-    Build it with :func:`token_budget_dataloader`.
+    Its ``len``: each epoch's micro-batches as Lightning counts them (also after a resume).
 
     Args:
         dataset: a map-style dataset.
         batch_sampler: the token-budget sampler, already set to this rank.
-        collate_fn: default: the plan's (:func:`~lightning_varbatch.data.pairing.
-            collate_for_plan`), with the sampler's padding and truncation; a library collate
-            that does not fit the plan is refused, a plain callable used as it is.
+        collate_fn: default: the plan's (``pairing.collate_for_plan``), with the sampler's
+            padding and truncation; a library collate that does not fit the plan is refused, a
+            plain callable used as it is.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         evaluation: start every iteration from the first micro-batch and keep the plan of
@@ -219,8 +215,7 @@ class TokenBudgetDataLoader(DataLoader[Any]):
             collate_fn = collate_fn.with_truncation(batch_sampler.truncate_to)
             if check_first_items:
                 check_first_items_of(inner, batch_sampler, collate_fn)
-        # Our collates read Arrow columns: a Hugging Face dataset's micro-batch is then one
-        # batched read and a vectorised pad; any other collate gets the items it expects.
+        # Our collates read Arrow columns: one batched read per micro-batch of a HF dataset.
         wrapped = _BatchInfoDataset(inner, columnar=ours)
         super().__init__(
             wrapped,
@@ -274,10 +269,9 @@ def token_budget_dataloader(
 ) -> TokenBudgetDataLoader:
     """A DataLoader for your own DataModule or LightningModule; Lightning leaves it alone.
 
-    Set the sampler's rank, world size and accumulation from the trainer first
-    (``sampler.set_distributed(trainer.global_rank, trainer.world_size,
-    trainer.accumulate_grad_batches)``); the trainer's default ``use_distributed_sampler=True``
-    is fine. For validation, build the sampler with ``shuffle=False`` and pass
+    First set the sampler's topology: ``sampler.set_distributed(trainer.global_rank,
+    trainer.world_size, trainer.accumulate_grad_batches)``; the default
+    ``use_distributed_sampler=True`` is fine. Validation: a ``shuffle=False`` sampler, and pass
     ``evaluation=True``.
 
     Args:

@@ -51,40 +51,30 @@ def _round_up(value: int, multiple: int) -> int:
 class PackingCollate(PlanCollate):
     """Pack a micro-batch of token sequences into one padding-free row (varlen attention).
 
-    Items are mappings whose ``field`` (default ``"tokens"``) is a 1-D sequence of integer
-    token ids, or the Arrow rows of a Hugging Face dataset; the examples are concatenated in
-    micro-batch order, with whole-tensor operations. The batch holds:
+    Items are mappings whose ``field`` (default ``"tokens"``) holds 1-D integer token ids (or a
+    Hugging Face dataset's Arrow rows), concatenated in micro-batch order. The batch holds:
 
     * ``input_ids``: ``(1, T)`` long, the tokens, then ``pad_id`` up to ``T``, the real
       token count rounded up to ``pad_to_multiple_of`` (alignment only);
-    * ``position_ids``: ``(1, T)`` long, ``0 .. len - 1`` restarting at every example
-      (``0`` on padding);
+    * ``position_ids``: ``(1, T)`` long, ``0 .. len - 1`` per example (``0`` on padding);
     * ``cu_seqlens``: ``(E + 1,)`` int32 cumulative example lengths starting at 0, and
       ``max_seqlen``, a Python int (the padding is not a sequence);
-    * ``seq_idx``: ``(1, T)`` long, the example (``0 .. E - 1``) of every token, ``-1`` on
-      padding;
+    * ``seq_idx``: ``(1, T)`` long, every token's example (``0 .. E - 1``; ``-1`` on padding);
     * ``labels``: ``(1, T)`` long, *shifted*: the next token of the same example, and
       ``ignore_index`` at every example's last token and on padding. Use
       ``cross_entropy(logits, labels, ignore_index=ignore_index)`` without shifting again;
     * the counts of :mod:`lightning_varbatch.keys`: ``NTOKENS`` (labels that are not
-      ``ignore_index``: the sum of ``len - 1``), ``NEXAMPLES`` (``E``), ``PADDED_TOKENS``
-      (``T``), ``INPUT_TOKENS`` (real tokens) and, on micro-batches of a
-      :class:`~lightning_varbatch.TokenBudgetBatchSampler`, the plan's counts
-      (``STEP_NTOKENS`` ...), so that :func:`~lightning_varbatch.loss.step_token_mean` is
-      exact;
+      ``ignore_index``: Σ ``len - 1``), ``NEXAMPLES`` (``E``), ``PADDED_TOKENS`` (``T``),
+      ``INPUT_TOKENS`` (real tokens) and, from a ``TokenBudgetBatchSampler``, the plan's counts
+      (``STEP_NTOKENS`` ...) for an exact :func:`~lightning_varbatch.loss.step_token_mean`;
     * the items' other entries: ints as an ``(E,)`` long tensor, anything else as a list.
 
-    Plan the epoch with ``layout="packed"`` and ``loss_lengths = lengths - 1`` (one label
-    fewer than tokens per example), and give the collate the sampler's ``pad_to_multiple_of``:
-    no row then exceeds ``max_tokens`` slots. Truncation cuts each example's *input*; the label
-    of the last kept token is still its next token, so a cut example has
-    ``min(len - 1, truncate_to)`` labels, as the planner counts them. One row, by design:
-    several equal-length rows would add padding a packed plan does not budget (a model that
-    needs ``(batch, length)`` input should use :class:`~lightning_varbatch.PaddingCollate`).
-
-    On micro-batches of a :class:`~lightning_varbatch.TokenBudgetBatchSampler`,
-    ``check_widths`` checks that ``T`` is at most the planned lengths' sum rounded up to
-    ``pad_to_multiple_of``, and ``check_ntokens`` that ``NTOKENS`` is the plan's count.
+    Plan with ``layout="packed"`` and ``loss_lengths = lengths - 1`` (one label fewer than
+    tokens per example), and give the collate the sampler's ``pad_to_multiple_of``: no row then
+    exceeds ``max_tokens`` slots. Truncation cuts each example's *input*; the last kept token's
+    label is still its next token, so a cut example has ``min(len - 1, truncate_to)`` labels, as
+    planned. One row, by design: equal-length rows would add padding a packed plan does not
+    budget (for ``(batch, length)`` input use :class:`~lightning_varbatch.PaddingCollate`).
 
     Args:
         field: the item key of the token ids.
@@ -92,8 +82,9 @@ class PackingCollate(PlanCollate):
         pad_to_multiple_of: round the row's length up to a multiple of this (alignment only).
         truncate_to: cut every example to this many input tokens (the sampler's
             ``truncate_to`` under ``oversize="truncate"``).
-        check_ntokens: compare ``NTOKENS`` with the plan's count.
-        check_widths: compare the row's width with the plan's budget.
+        check_ntokens: on a sampler's micro-batches, compare ``NTOKENS`` with the plan's count.
+        check_widths: on a sampler's micro-batches, check that ``T`` is at most the planned
+            lengths' sum rounded up to ``pad_to_multiple_of``.
         ignore_index: the label of positions without a prediction (last tokens, padding).
         tokens_key: ``field``'s newer name, as in PaddingCollate; ``"input_ids"`` is allowed.
             By default, items without ``"tokens"`` are packed from ``"input_ids"``.

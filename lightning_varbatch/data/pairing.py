@@ -12,13 +12,10 @@ plan                       default collate                        refused
                            micro-batch to its plan's shape)
 =========================  =====================================  ============================
 
-A library collate whose ``pad_to_multiple_of`` does not divide the plan's would pad wider
-than the plan allowed and is refused too. A plain callable is accepted as it is: what it
-pads, and so whether its batches keep the budget, is its own responsibility.
-
-:func:`collate_for_plan` is that rule, called by every loader and DataModule, so no entry can
-pair them differently; :func:`column_keys` names the default collate's fields after the
-columns the lengths were read from.
+A library collate whose ``pad_to_multiple_of`` does not divide the plan's would pad wider than
+planned and is refused too. A plain callable is accepted as it is (keeping the budget is its
+own job). :func:`collate_for_plan` is that rule, used by every loader and DataModule;
+:func:`column_keys` names the default collate's fields after the lengths' columns.
 
 Example:
     >>> from lightning_varbatch import PlanConfig
@@ -177,8 +174,7 @@ def collate_for_plan(
 def _check_loss_offset(collate: Any, loss_offset: int | None, setting: str) -> None:
     """Refuse a given PaddingCollate that counts loss tokens with another offset than the plan.
 
-    Only a plan with a ``loss_offset`` (else its loss lengths may have been given explicitly)
-    and a collate that checks its count against the plan.
+    Only with a plan ``loss_offset`` (else loss lengths may be explicit) and a checking collate.
     """
     if not loss_offset or not isinstance(collate, PaddingCollate) or not collate.check_ntokens:
         return
@@ -291,10 +287,7 @@ def _shard_token_column(shard: Any, name: str) -> bool | None:
 
 
 def source_column_keys(source: Any) -> dict[str, str]:
-    """:func:`column_keys` for a :class:`~lightning_varbatch.sources.shards.ShardedSource`.
-
-    The first shard's schema decides (no row is read through the shard).
-    """
+    """:func:`column_keys` for a ``ShardedSource``: its first shard's schema (no row is read)."""
     shards = getattr(source, "shards", None) or []
     if not shards:
         return {}

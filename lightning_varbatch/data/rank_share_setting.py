@@ -56,9 +56,8 @@ class RankShareSetting:
         """Replace the shares (``None``: back to the config's).
 
         Raises:
-            SettingValueError: for bad shares (naming the rank), shares of another length
-                than ``world_size``, or a mixture that re-deals micro-batches
-                (``mixing="per_batch"``).
+            SettingValueError: for bad shares (naming the rank), shares of another length than
+                ``world_size``, or a mixture that re-deals micro-batches (``mixing="per_batch"``).
         """
         planner = self.planner
         if isinstance(planner, MixturePlanner):
@@ -77,8 +76,7 @@ class RankShareSetting:
     def restore(self, shares: Sequence[float] | None, world_size: int) -> None:
         """The shares a run had set, from a saved sampler state (``None``: none were set).
 
-        Shares measured for another number of ranks say nothing of these: they are left out
-        with a warning, and the next epochs plan with the settings' shares.
+        Shares of another number of ranks are dropped with a warning (the settings' then apply).
         """
         if shares is None:
             return
@@ -128,8 +126,7 @@ LANE_PLANNERS = (EpochPlanner, MixturePlanner)
 class RankShares:
     """The per-rank half of :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
 
-    The ranks' budgets and shares in the current plan, and new shares for the next epochs;
-    the sampler supplies the attributes below.
+    The current plan's budgets and shares, and the next epochs'; the sampler supplies the rest.
     """
 
     planner: Planner
@@ -178,8 +175,7 @@ class RankShares:
         saved with :meth:`state_dict`. Every rank must set the same shares.
 
         Args:
-            shares: one positive share per rank, or ``None`` for the config's
-                (``rank_shares``).
+            shares: one positive share per rank, or ``None`` for the config's (``rank_shares``).
 
         Raises:
             SettingValueError: for a bad share (the rank is named), the wrong number of

@@ -1,7 +1,6 @@
 """One rank's view of the epoch plan, as a torch batch sampler that resumes mid-epoch.
 
-Its checkpoints are :mod:`~lightning_varbatch.data.sampler_resume`'s, its per-rank shares
-:mod:`~lightning_varbatch.data.rank_share_setting`'s.
+Checkpoints: :mod:`~lightning_varbatch.data.sampler_resume`; rank shares: ``.rank_share_setting``.
 """
 
 from __future__ import annotations
@@ -144,9 +143,8 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
     ) -> TokenBudgetBatchSampler:
         """A sampler over several datasets (see :mod:`lightning_varbatch.planner.mixture`).
 
-        Batch indices are global: dataset ``i``'s items follow those of datasets ``0..i-1``,
-        as in a :class:`torch.utils.data.ConcatDataset` of them. Each :class:`MicroBatch`
-        says which dataset it is from (``.dataset``).
+        Batch indices are global, as in a :class:`torch.utils.data.ConcatDataset` of the
+        datasets; each :class:`MicroBatch` names its dataset (``.dataset``).
 
         Args:
             sources: the datasets' lengths (:class:`~lightning_varbatch.DataSource`, which may
@@ -209,8 +207,7 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
     ) -> TokenBudgetBatchSampler:
         """A sampler sharing an existing planner (its sort is computed once for all ranks).
 
-        It is built by ``__init__`` like any other sampler; the planner's lengths and settings
-        (its :class:`PlanConfig`) replace the planner arguments.
+        The planner's lengths and :class:`PlanConfig` replace the planner arguments.
 
         Example:
             >>> import numpy as np
@@ -255,8 +252,8 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
     def consumed(self) -> int:
         """Micro-batches of this epoch this rank has taken (yielded or restored).
 
-        Counted from the epoch's start as a training loop counts them (also across a resume
-        on another topology), as :attr:`epoch_length` and ``state_dict(consumed=...)`` are.
+        Counted from the epoch's start as a training loop counts them (also across a resume on
+        another topology), like :attr:`epoch_length` and ``state_dict(consumed=...)``.
         """
         return self._position.counted_before + self._position.consumed
 
@@ -264,9 +261,8 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
     def epoch_length(self) -> int:
         """Micro-batches of this epoch as a training loop counts them on this rank.
 
-        Those run under earlier topologies of the epoch (or before it was restarted afresh)
-        plus the current plan's: what a DataLoader reports to Lightning, which restores its
-        batch counter on resume.
+        Those run under earlier topologies (or before a fresh restart) plus the current plan's:
+        what a DataLoader reports to Lightning, which restores its batch counter on resume.
         """
         return self._position.counted_before + self.plan.num_micro_batches_per_rank
 

@@ -209,10 +209,9 @@ class ResumableSampler:
                 training when a DataLoader prefetches.
 
         Returns:
-            A small dict of plain Python values (the same on every rank), including a digest
-            of the lengths the plan was made from (``lengths_digest``), the budgets of every
-            plan of the epoch and its ledger (how many examples it consumed, and a digest of
-            which).
+            A small dict of plain Python values (the same on every rank), including a digest of the
+            lengths the plan was made from (``lengths_digest``), the budgets of every plan of the
+            epoch and its ledger (how many examples it consumed, and a digest of which).
 
         Raises:
             ValueError: when ``consumed`` is outside this epoch, or counts fewer micro-batches

@@ -325,8 +325,7 @@ def _ledger(value: Any) -> tuple[int, int]:
 def _changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
     """Settings (but the seed) saved with one value and planned with another now.
 
-    A setting of :data:`~lightning_varbatch.planner.settings_identity.LATER_SETTINGS` missing from
-    either side had its default there.
+    A :data:`LATER_SETTINGS` entry missing from either side had its default there.
     """
     names = [*now, *(k for k in LATER_SETTINGS if k in saved and k not in now)]
     return {
@@ -339,8 +338,7 @@ def _changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[
 def state_differences(saved: SavedState, planner: Planner, digest: str) -> dict[str, Any]:
     """What ``saved`` was saved for that differs now, as ``name -> (saved, now)``.
 
-    ``"lengths"`` compares the lengths digests; the settings are named one by one when the
-    state holds them (else ``"fingerprint"``).
+    ``"lengths"``: the lengths digests differ; saved settings one by one (else ``"fingerprint"``).
     """
     state = saved.entries
     expected = {

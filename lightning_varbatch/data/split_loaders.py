@@ -1,8 +1,7 @@
 """What both DataModules do with a planned split: its sampler, loader, collate and ``check()``.
 
-:class:`SplitLoaders` is the mixin both DataModules share for their map-style splits;
-:func:`plan_split` builds a split's planner and names its errors after the DataModule's
-arguments.
+:class:`SplitLoaders` is the mixin for their map-style splits; :func:`plan_split` builds a
+split's planner and names its errors after the DataModule's arguments.
 
 Example:
     >>> import numpy as np
@@ -53,10 +52,9 @@ def plan_split(
 ) -> Planner:
     """The planner of one split: its lengths (or data sources) with its settings.
 
-    An evaluation split replaces ``shuffle`` and ``tail``
-    (:func:`~lightning_varbatch.data.splits.evaluation_config`) and leaves the training-only
-    settings out (:func:`training_only`); ``budget_default`` says whether ``val_max_tokens``
-    was left to default to ``max_tokens``, for the messages.
+    An evaluation split replaces ``shuffle`` and ``tail`` (``splits.evaluation_config``) and
+    leaves out :func:`training_only` settings; ``budget_default`` (for the messages): whether
+    ``val_max_tokens`` defaulted to ``max_tokens``.
 
     Raises:
         SettingError: the planner's, renamed after the DataModule's argument of ``stage``.
@@ -87,10 +85,9 @@ def plan_split(
 def training_only(settings: Mapping[str, Any]) -> dict[str, Any]:
     """``settings`` without those of training alone, for an evaluation split.
 
-    The length warm-up (evaluation needs no curriculum), the batch-size schedule (an
-    evaluation step updates nothing) and the ranks' own budgets (``rank_shares`` /
-    ``rank_max_tokens`` divide the training budget; evaluation plans ``val_max_tokens`` on
-    every rank: set it for the smallest card).
+    The length warm-up, the batch-size schedule (an evaluation step updates nothing) and the
+    ranks' own budgets (``rank_shares`` / ``rank_max_tokens`` divide the training budget;
+    evaluation plans ``val_max_tokens`` on every rank: set it for the smallest card).
 
     Example:
         >>> training_only({"seed": 1, "length_warmup": 10, "batch_schedule": "0:0.5 1K:1"})
@@ -207,9 +204,8 @@ class SplitLoaders:
     def collate_for(self, stage: str) -> Callable[[Any], Any]:
         """The collate of ``stage``: the one given, or the plan's default for its columns.
 
-        The default follows the plan's layout (:func:`~lightning_varbatch.data.pairing.
-        collate_for_plan`) and reads the fields the lengths were read from: lengths given as
-        ``("src_ids", "tgt_ids")`` give ``PaddingCollate(source_key="src_ids",
+        The default follows the plan's layout (``pairing.collate_for_plan``) and reads the
+        lengths' fields: ``("src_ids", "tgt_ids")`` give ``PaddingCollate(source_key="src_ids",
         target_key="tgt_ids")``, ``"input_ids"`` gives ``tokens_key="input_ids"``.
 
         Raises:
@@ -238,8 +234,7 @@ class SplitLoaders:
     def val_dataloader(self) -> TokenBudgetDataLoader | list[Any]:
         """The validation loader of this rank: every example exactly once across ranks.
 
-        Without a ``val_dataset`` it is an empty list: ``fit`` skips validation, as it does
-        for a DataModule that defines no ``val_dataloader``.
+        Without a ``val_dataset``: ``[]``, so ``fit`` skips validation (as without the method).
         """
         if "val" not in self._planners:
             return []
@@ -269,9 +264,8 @@ class SplitLoaders:
         """Plan and check every split as a Trainer with this topology would, without one.
 
         Plans each split for ``world_size`` ranks (evaluation without accumulation, as
-        Lightning does) and applies its loaders' checks (evaluation sees every example exactly
-        once, at least one per rank). Nothing is kept. A stream's training entry is the plan of
-        the epoch's first window.
+        Lightning does) and applies its loaders' checks (evaluation: every example once, one
+        per rank at least); keeps nothing. A stream's training plan is its first window's.
 
         Args:
             world_size: number of ranks the run will have (``trainer.world_size``).

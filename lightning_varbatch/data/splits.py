@@ -49,8 +49,7 @@ def check_evaluation(stage: str, sampler: TokenBudgetBatchSampler) -> None:
     """An evaluation plan must see every example exactly once across the ranks.
 
     Raises:
-        SettingValueError: for fewer examples than ranks (``setting`` is
-            ``f"{stage}_dataset"``).
+        SettingValueError: for fewer examples than ranks (``setting`` is ``f"{stage}_dataset"``).
         RuntimeError: for a plan that repeats or drops examples.
 
     Example:

@@ -9,9 +9,8 @@ How it fits Lightning 2.6 (checked in its source and in 2-process gloo runs):
 - Lightning relays ``set_epoch`` to samplers only: :class:`StreamingDataLoader` sets the
   dataset's epoch in its own ``__iter__``, before the DataLoader pickles it to its workers.
 - On ``fit(ckpt_path=...)``, ``load_state_dict`` runs before ``train_dataloader()``: the
-  position is kept pending and applied to the stream when it is built. The stream then starts
-  at the saved window without reading anything before it; another world size re-plans the
-  rest of the interrupted window (nothing lost, nothing repeated).
+  position waits and is applied to the stream when built, which starts at the saved window
+  reading nothing before it (another world size re-plans the rest of that window).
 """
 
 from __future__ import annotations
@@ -59,18 +58,16 @@ _STATE_KEYS = frozenset({"stream", "trained"})
 class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
     """Token-budget training micro-batches streamed from shards; map-style validation and test.
 
-    The same contract as :class:`~lightning_varbatch.TokenBudgetDataModule` wherever a stream
-    can keep it (docs/datamodules.md puts the two side by side): swap one for the other by
-    changing the training data argument only::
+    The contract of :class:`~lightning_varbatch.TokenBudgetDataModule` wherever a stream can
+    keep it (docs/datamodules.md compares them): swap them by changing the training data only::
 
         dm = TokenBudgetDataModule(ds, "input_ids", **common)
         dm = StreamingDataModule(shards_from_files(files, "input_ids"), **common)
 
-    Every rank streams the same windows and takes its own micro-batches of each, so ranks run
-    the same number of micro-batches however unequal the shards. Rank, world size and
-    ``accumulate_grad_batches`` come from the trainer. ``state_dict`` saves the stream position
-    after the micro-batches *trained* so far; resuming starts there without replaying the
-    stream, also with another world size or accumulation.
+    Every rank streams the same windows and takes its own micro-batches of each: equal counts
+    however unequal the shards. Rank, world size and accumulation come from the trainer.
+    ``state_dict`` saves the position after the micro-batches *trained*; a resume starts there
+    without replaying the stream, also with another world size or accumulation.
 
     Args:
         train_source: the training shards (:func:`~lightning_varbatch.shards_from_files`,
@@ -81,9 +78,8 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         shuffle_shards: read the shards in a new random order each epoch.
         val_dataset, val_lengths, test_dataset, test_lengths, val_max_tokens,
             val_loss_lengths, test_loss_lengths, collate, num_workers, pin_memory,
-            loss_offset: as :class:`~lightning_varbatch.TokenBudgetDataModule`'s (the
-            evaluation splits are map-style; the default collate reads the fields the
-            shards' columns name).
+            loss_offset: as ``TokenBudgetDataModule``'s (evaluation splits are map-style; the
+            default collate reads the fields the shards' columns name).
         on_resume_mismatch: resuming from a state saved on other shards or plan settings:
             ``"error"`` (default) raises :class:`~lightning_varbatch.errors.
             ResumeMismatchError` listing what changed; ``"restart_epoch"`` reads the saved
@@ -149,8 +145,7 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         self.window = window
         self.shuffle_shards = check_flag("shuffle_shards", shuffle_shards)
         self.plan_settings = with_loss_offset(plan_settings, loss_offset)
-        # Settings are checked now, before any Trainer exists: a 1-rank stream plans nothing
-        # until iterated, so this costs only the checks. Its collate is the plan's.
+        # Check settings now, before any Trainer (cheap: a stream plans only when iterated).
         self.collate: Callable[[Any], Any] = self._stream_for(0, 1, 1).collate
         self.stream: StreamingBatches | None = None
         self._pending: dict[str, Any] | None = None
@@ -304,9 +299,8 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The stream position after the micro-batches trained so far this epoch.
 
-        Returns ``{"version": 1, "stream": ..., "trained": n}``: the :class:`StreamingBatches`
-        state and the fit loop's count of micro-batches trained this epoch. A position at the
-        end of an epoch restores as that epoch, finished.
+        ``{"version": 1, "stream": ..., "trained": n}``: the :class:`StreamingBatches` state
+        and the fit loop's count; a position at an epoch's end restores as that epoch, finished.
         """
         stream = self.stream
         if stream is None:

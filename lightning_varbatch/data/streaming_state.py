@@ -67,8 +67,7 @@ class ResumableStream:
     def fingerprint(self) -> str:
         """The shards' content and the plan settings' fingerprint (the same on every rank).
 
-        Content, not paths: ranks reading identical copies of the shards from their own
-        node-local folders agree.
+        Content, not paths: ranks reading identical copies from node-local folders agree.
         """
         return f"{self.source.content_fingerprint()}-{self.planner.fingerprint()}"
 
@@ -91,9 +90,8 @@ class ResumableStream:
     def position_after(self, trained: int) -> tuple[int, int, int]:
         """``(window, micro-batches done in it, steps before its plan)`` after ``trained``.
 
-        ``trained`` counts the micro-batches of this run from the position this iteration
-        started at (the restored one); the steps count the epoch's optimizer steps before the
-        window's plan.
+        ``trained`` counts the micro-batches of this run from the position this iteration started at
+        (the restored one); the steps count the epoch's optimizer steps before the window's plan.
         """
         window, consumed, steps = self._window, self._consumed, self._steps
         left = check_count("trained micro-batches", trained, minimum=0)

@@ -1,18 +1,13 @@
 """Pick ``max_tokens`` for a memory limit from a few measured probes.
 
-:func:`find_max_tokens` fits the memory model ``a + b·B·L + c·B·L²`` (``B`` examples padded
-to length ``L``: fixed memory, activations, attention scores) to a handful of probes, each a
-forward and backward pass on a synthetic batch of one shape, then picks the largest
-``max_tokens`` whose planned micro-batches are all predicted to fit under
-``memory_limit_bytes * (1 - margin)``, and verifies it with one more probe of the predicted
-worst shape. :func:`~lightning_varbatch.peak_memory.measure_peak` measures a probe.
-
-One module per idea: :mod:`~lightning_varbatch.memory.search` (the search, the entry point),
-:mod:`~lightning_varbatch.memory.settings` (its settings, checked before any probe runs),
-:mod:`~lightning_varbatch.memory.probes` (running a probe), :mod:`~lightning_varbatch.memory.model`
-(the memory model and its fit), :mod:`~lightning_varbatch.memory.prediction` (a budget's worst
-micro-batch under the model) and :mod:`~lightning_varbatch.memory.result`
-(:class:`BudgetResult`).
+:func:`find_max_tokens` fits the memory model ``a + b·B·L + c·B·L²`` (``B`` examples padded to
+length ``L``: fixed memory, activations, attention scores) to a few probes (forward and backward
+on a synthetic batch of one shape, measured by ``peak_memory.measure_peak``), picks the largest
+``max_tokens`` whose planned micro-batches all fit under ``memory_limit_bytes * (1 - margin)``
+as predicted, and verifies it by probing the predicted worst shape. Modules: ``search`` (the
+entry point), ``settings`` (checked before any probe runs), ``probes`` (running a probe),
+``model`` (the memory model and its fit), ``prediction`` (a budget's worst micro-batch under the
+model) and ``result`` (:class:`BudgetResult`).
 
 Example:
     >>> import numpy as np

@@ -65,11 +65,10 @@ def predict_worst(
 ) -> Worst | None:
     """Predicted peak of the plan's most demanding micro-batch and its shape.
 
-    Epochs ``0 .. epochs - 1`` of ``world_size`` ranks are planned; the largest prediction
-    over them counts. ``None`` when the budget cannot be planned (with
-    ``oversize="skip"``/``"truncate"``, too many examples over it); the planner's error is
-    appended to ``refused``. The settings were validated before any probe ran, so only the
-    budget can be at fault here.
+    Epochs ``0 .. epochs - 1`` of ``world_size`` ranks are planned; the largest prediction over them
+    counts. ``None`` when the budget cannot be planned (with ``oversize="skip"``/``"truncate"``, too
+    many examples over it); the planner's error is appended to ``refused``. The settings were
+    validated before any probe ran, so only the budget can be at fault here.
     """
     try:
         planner = EpochPlanner(lengths, PlanConfig(max_tokens=max_tokens, **settings))

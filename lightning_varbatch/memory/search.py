@@ -41,15 +41,14 @@ def find_max_tokens(
     """The largest ``max_tokens`` whose planned micro-batches fit in ``memory_limit_bytes``.
 
     ``probes`` shapes (alternately the longest length and a third of it, growing to the lower
-    quarter of the search range) are run with ``run_batch`` and ``a + b·B·L + c·B·L²`` is
-    fitted to their peaks. Every budget considered is planned (``lengths``, ``plan_settings``,
-    epochs ``0 .. epochs - 1``, ``world_size`` ranks) and its most demanding micro-batch must
-    be predicted under ``memory_limit_bytes * (1 - margin)``: the largest such candidate, or
-    the largest multiple of ``step`` in ``bounds`` by bisection. The choice is verified by
-    probing its worst shape; a probe over the limit (or out of memory) joins the fit and the
-    search runs again, at most ``rounds`` times. Every setting is checked before the first
-    probe runs; under ``oversize="error"`` budgets below the longest example's own cost are
-    never considered.
+    quarter of the search range) are run with ``run_batch`` and ``a + b·B·L + c·B·L²`` is fitted to
+    their peaks. Every budget considered is planned (``lengths``, ``plan_settings``, epochs
+    ``0 .. epochs - 1``, ``world_size`` ranks) and its most demanding micro-batch must be predicted
+    under ``memory_limit_bytes * (1 - margin)``: the largest such candidate, or the largest multiple
+    of ``step`` in ``bounds`` by bisection. The choice is verified by probing its worst shape; a
+    probe over the limit (or out of memory) joins the fit and the search runs again, at most
+    ``rounds`` times. Every setting is checked before the first probe runs; under
+    ``oversize="error"`` budgets below the longest example's own cost are never considered.
 
     Args:
         run_batch: ``run_batch(examples, length)`` runs forward and backward on a synthetic
@@ -173,8 +172,7 @@ def _choose(
 ) -> tuple[int, Worst] | None:
     """The largest budget up to ``ceiling`` predicted to fit, and its worst micro-batch.
 
-    With candidates, the largest that fits; else the bisection of ``low + k * step`` (which
-    assumes the predicted peak grows with the budget).
+    With candidates, the largest that fits; else bisects ``low + k * step`` (peak rising with it).
     """
     if search.grid is not None:
         for budget in reversed([g for g in search.grid if g <= ceiling]):
@@ -184,8 +182,7 @@ def _choose(
         return None
     step, low = search.step, search.low
     assert step is not None
-    # budgets low + k * step; under oversize="error" from the first that holds the longest
-    # example
+    # budgets low + k * step; under oversize="error" from the first that holds the longest example
     lo_k = 0 if search.config.oversize != "error" else max(0, -(-(search.needed - low) // step))
     hi_k = (ceiling - low) // step
     choice: tuple[int, Worst] | None = None

@@ -1,15 +1,14 @@
 """The batch-size schedule: tokens per optimizer step as a function of the tokens trained.
 
-A schedule gives the fraction of the full step (every rank's budget × accumulation) that a
-step holds once the run has trained ``t`` tokens (planning lengths: ``max(source, target)``
-for pairs). It is written as Megatron-LM's thresholds in tokens, ``"0:0.25 2M:0.5 8M:1"``
-(suffixes K, M, B/G, T), as a linear ramp ``"ramp:0.25:8M"`` (from 0.25 to 1 over 8M
-tokens), as ``[(tokens, fraction), ...]`` or ``{tokens: fraction}``, or as a callable
-``tokens -> fraction``. Every form becomes thresholds (:class:`BatchSchedule`): a ramp or
-a callable in levels at most 1 % apart, each level the fraction at its start. The planner
-plans each level's examples at that fraction of every rank's budget, in whole steps: what a
-level leaves over joins the next one, so a level's first step may begin up to one step's
-tokens before its threshold (``docs/batch-schedule.md``).
+A schedule gives the fraction of the full step (every rank's budget × accumulation) a step
+holds once the run has trained ``t`` tokens (planning lengths: ``max(source, target)`` for
+pairs): Megatron-LM's thresholds in tokens, ``"0:0.25 2M:0.5 8M:1"`` (suffixes K, M, B/G, T),
+a linear ramp ``"ramp:0.25:8M"`` (0.25 to 1 over 8M tokens), ``[(tokens, fraction), ...]``,
+``{tokens: fraction}`` or a callable ``tokens -> fraction``. Every form becomes thresholds
+(:class:`BatchSchedule`; a ramp or callable in levels at most 1 % apart, each the fraction at
+its start). Each level's examples are planned at its fraction of every rank's budget, in whole
+steps: a level's left-over joins the next, whose first step may begin up to one step's tokens
+before its threshold (``docs/batch-schedule.md``).
 
 Example:
     >>> schedule = BatchSchedule.parse("0:0.25 2M:0.5 8M:1")
@@ -108,8 +107,7 @@ class BatchSchedule:
 
     Attributes:
         tokens: the thresholds in tokens trained, increasing, the first 0.
-        fractions: the fraction of the full step from each threshold, non-decreasing, the
-            last 1.
+        fractions: the fraction of the full step from each threshold, non-decreasing, the last 1.
         ramp: ``(start, tokens)`` of a ramp (its levels are ``tokens`` / ``fractions``).
     """
 
@@ -221,8 +219,7 @@ def _levels(
 ) -> list[tuple[int, float]]:
     """Thresholds of a non-decreasing ``fraction`` on a grid up to ``end``, levels ≥1 % apart.
 
-    A ``fraction`` that decreases between two points of the grid is refused (``name``: the
-    user's callable), as a decreasing schedule written as text is.
+    One decreasing between grid points is refused (``name``: the callable), as in text form.
     """
     grid = np.unique(np.linspace(0, end, _SAMPLES + 1).round().astype(np.int64))
     points, level, last = [(0, start)], start, (0, start)

@@ -160,8 +160,7 @@ def probe_cost(fn: CostFn) -> None:
     """Call a custom cost model once on two candidates and check what comes back.
 
     Raises:
-        SettingValueError: when it fails, returns the wrong shape, or non-finite / negative
-            costs.
+        SettingValueError: when it fails, returns the wrong shape, or non-finite / negative costs.
 
     Example:
         >>> probe_cost(lambda n, longest, total: n * longest)

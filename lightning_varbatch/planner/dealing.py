@@ -77,10 +77,7 @@ def order_steps(
     key: np.ndarray,
     warm: Warm | None,
 ) -> tuple[np.ndarray, LengthWarmupTrace | None]:
-    """The steps shuffled, then ordered by the length warm-up (``warm``) when it is on.
-
-    ``key``: every example's planning length (the warm-up caps the longest of each step).
-    """
+    """The steps shuffled, then ordered by the length warm-up ``warm`` (capping ``key``) if on."""
     if config.shuffle:
         assign = assign[rng.permutation(assign.shape[0])]
     trace = None
@@ -106,8 +103,7 @@ def deal_run(
 ) -> tuple[np.ndarray, LengthWarmupTrace | None]:
     """``(steps, world, acc)`` micro-batch ids: ``run`` formed into steps, dealt, ordered.
 
-    ``shape``: ``(world, acc)``; ``rotate``: give the ranks each step's micro-batches in a
-    random order (see ``EpochPlanner``'s ``rotate_ranks``).
+    ``shape``: ``(world, acc)``; ``rotate``: deal each step in a random rank order (rotate_ranks).
     """
     world, acc = shape
     if config.layout == "packed":

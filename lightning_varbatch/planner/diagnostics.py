@@ -56,9 +56,8 @@ class PlanDiagnostics:
         examples_per_batch_p50: median examples per micro-batch.
         examples_per_batch_p95: 95th percentile of examples per micro-batch.
         examples_per_batch_max: most examples in a micro-batch.
-        imbalance_linear_mean: per step, the busiest rank's load (Σ examples × longest padded
-            length; over its share of the budgets, with per-rank budgets) over the mean rank
-            load; mean over steps (1 = even).
+        imbalance_linear_mean: mean over steps of the busiest rank's load (Σ examples × longest
+            padded length; over its budget share, if any) / the mean rank load (1 = even).
         imbalance_linear_max: the same, worst step.
         imbalance_quadratic_mean: as ``imbalance_linear_mean`` with load
             Σ n·L + c·n·L² (``c = config.quadratic_coef``, 1/64 by default).
@@ -254,15 +253,12 @@ def _coverage(planner: Planner, plan: EpochPlan, run_micro_batches: np.ndarray) 
 def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
     """Compute the diagnostics of one epoch plan.
 
-    Micro-batches that a ``tail="pad"`` plan runs twice count twice (padding, fill, examples
-    per batch); micro-batches a ``tail="drop"`` plan leaves out do not count.
+    Micro-batches a ``tail="pad"`` plan runs twice count twice (padding, fill, examples per
+    batch); those a ``tail="drop"`` plan leaves out do not count.
 
     Args:
         planner: the planner that made ``plan`` (its lengths and settings).
         plan: the epoch plan.
-
-    Returns:
-        The diagnostics.
 
     Example:
         >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig

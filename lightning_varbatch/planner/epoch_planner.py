@@ -123,8 +123,7 @@ class EpochPlanner(EpochResume):
     def num_micro_batches(self) -> int:
         """Micro-batches of one pass before the tail policy (the data's size in budgets).
 
-        Packed rows over buckets wider than 1 are cut each epoch: an epoch's count may differ
-        from this (the sorted order's) by a few.
+        Packed rows over buckets wider than 1 are cut each epoch, whose count may differ by a few.
         """
         return self._cut().num_micro_batches
 

@@ -36,10 +36,7 @@ __all__ = ["EpochResume"]
 
 
 class EpochResume(ShapeBudget):
-    """The part of :class:`~lightning_varbatch.planner.epoch_planner.EpochPlanner` that resumes.
-
-    Needs the planner's ``plan`` and ``_last`` (the last resumed plan).
-    """
+    """The resuming part of ``EpochPlanner``; uses its ``plan`` and ``_last`` (last resumed)."""
 
     plan: Callable[..., EpochPlan]
     _last: tuple[tuple[Any, ...], EpochPlan] | None

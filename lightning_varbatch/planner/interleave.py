@@ -46,10 +46,9 @@ class Part:
 
 
 def interleave(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """An order of ``labels``' positions spreading every label evenly.
+    """An order of ``labels``' positions spreading every label evenly (stratified, random).
 
-    Each label keeps its own order: the ``j``-th of its ``c`` units sits at ``(j + u) / c``,
-    ``u ~ U(0, 1)`` (stratified random interleaving).
+    Each label keeps its order: its ``j``-th of ``c`` units is at ``(j + u) / c``, ``u ~ U(0, 1)``.
     """
     if labels.size == 0:
         return np.zeros(0, dtype=np.int64)

@@ -1,9 +1,8 @@
 """The one check of a lengths array: positive whole numbers, ``(n,)`` or ``(n, 2)``.
 
 Every layer that takes lengths from a user (the planner, the Arrow and shard sources, the
-memory-budget finder) checks them with :func:`as_int_lengths`, so one bad value gives one
-error type and message everywhere: the message names the argument, the first bad item and
-what to pass instead.
+memory-budget finder) checks them with :func:`as_int_lengths`, so one bad value gives one error type
+and message everywhere: the message names the argument, the first bad item and what to pass instead.
 
 Example:
     >>> as_int_lengths([[3, 4], [9, 2]], "lengths").tolist()

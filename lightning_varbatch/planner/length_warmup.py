@@ -1,11 +1,10 @@
 """Sequence-length warm-up: a length curriculum at a constant token budget, nothing cut.
 
-Over the first ``length_warmup`` optimizer steps of the run, the longest example a step may
-hold (its *cap*) grows from ``length_warmup_min`` to ``length_warmup_max``
-(:func:`scheduled_caps`). Only the *order of the steps* changes (:func:`warmup_order`); where no
-step left fits its cap the schedule *advances*, which the plan records
-(:class:`LengthWarmupTrace`). Every step keeps its budget, every example runs once
-(``docs/length-warmup.md``).
+Over the run's first ``length_warmup`` optimizer steps, the longest example a step may hold (its
+*cap*) grows from ``length_warmup_min`` to ``length_warmup_max`` (:func:`scheduled_caps`). Only
+the *order of the steps* changes (:func:`warmup_order`); where no step left fits its cap the
+schedule *advances* (recorded: :class:`LengthWarmupTrace`). Every step keeps its budget, every
+example runs once (``docs/length-warmup.md``).
 
 Example:
     >>> import numpy as np
@@ -197,8 +196,8 @@ def check_schedule(fn: ScheduleFn) -> None:
 def schedule_values(schedule: ScheduleName | ScheduleFn, warmup: int | None) -> str:
     """What a schedule is, for a settings fingerprint: a name, or a callable by its values.
 
-    A callable by its values at every warm-up step's progress (``s / warmup``), the only points
-    the planner reads: a replaced schedule of other values is told apart.
+    The values at every warm-up step's progress (``s / warmup``), the only points the planner
+    reads: a replaced schedule of other values is told apart.
 
     Example:
         >>> schedule_values("root", 10)
@@ -357,8 +356,6 @@ class LengthWarmupTrace:
 
     def cap_at(self, step: int) -> int | None:
         """The realised cap of the run's optimizer ``step`` (``None`` outside the warm-up).
-
-        What a callback logs (e.g. ``train/length_cap``) at ``trainer.global_step`` in epoch 0.
 
         Example:
             >>> t = LengthWarmupTrace(2, np.array([8, 16]), np.array([8, 20]), np.array([8, 20]))

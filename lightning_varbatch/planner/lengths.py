@@ -75,10 +75,7 @@ class PreparedLengths:
 
     @classmethod
     def concat(cls, preps: list[PreparedLengths], truncate_to: int | None) -> PreparedLengths:
-        """Several datasets' lengths as one, in global id order (dataset after dataset).
-
-        ``truncate_to`` is the common truncation length (``None`` when the datasets differ).
-        """
+        """Several datasets' lengths as one, dataset after dataset; ``truncate_to``: common/None."""
         kept = None
         if any(p.kept is not None for p in preps):
             offsets = np.cumsum([0] + [p.num_examples for p in preps]).tolist()

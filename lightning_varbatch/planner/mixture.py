@@ -305,10 +305,7 @@ class MixturePlanner(MixtureTopology):
         acc: int,
         budgets: tuple[int, ...] | None = None,
     ) -> tuple[list[Part], int]:
-        """Units ``[epoch * count, (epoch + 1) * count)`` of the dataset's stream of passes.
-
-        Also returns the examples dropped (``tail="drop"``) by passes ending in this window.
-        """
+        """Units ``[epoch * count, (epoch + 1) * count)`` of passes; examples ``"drop"`` dropped."""
         first = self._pass(dataset, 0, world, acc, budgets=budgets)
         length = self._part(dataset, first, 0).units.shape[0]
         if length == 0:

@@ -117,9 +117,8 @@ class MixtureTopology:
         """Plan what is left of ``epoch`` after topology changes.
 
         As ``EpochPlanner.plan_resumed`` (the same arguments): the micro-batches the earlier
-        topologies did not run are re-planned per dataset for the new one (repeats included,
-        so upsampling survives the change); the shares of the rest of the epoch stay what they
-        were.
+        topologies did not run are re-planned per dataset for the new one (repeats included, so
+        upsampling survives the change); the shares of the rest of the epoch stay what they were.
         """
         history = check_history(history)
         if not history:

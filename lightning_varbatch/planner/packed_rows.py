@@ -32,8 +32,7 @@ def cuts_each_epoch(config: PlanConfig) -> bool:
 def exact_groups(order: np.ndarray, key: np.ndarray) -> SortedGroups:
     """The epoch's ``order`` with every example a group of its own, at its exact length.
 
-    The lengths are no longer sorted within a bucket; only the packed cost (which reads the
-    summed lengths, not the first example's) may be cut on these groups.
+    Unsorted within buckets: only the packed cost (summed lengths, not the first's) may cut them.
     """
     n = int(order.shape[0])
     return SortedGroups(

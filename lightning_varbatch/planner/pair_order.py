@@ -1,12 +1,11 @@
 """The pair order: (source, target) pairs alike on both sides, together.
 
-The collate pads each side of a pair to its own longest, so a micro-batch of ``n`` pairs
-costs ``n * longest source + n * longest target`` slots. The planner cuts the examples sorted
-by ``max(source, target)`` (fairseq's rule: a budget on each side); within one planning length
-the pairs differ in which side is the longer and by how much, and ordering them there by
-``source - target`` puts pairs that pad alike next to each other. The direction alternates
-from one planning length to the next (source-longer pairs of one length meet the
-source-longer pairs of the next), so a micro-batch that straddles two lengths stays alike too.
+The collate pads each side of a pair to its own longest: ``n`` pairs cost ``n * longest
+source + n * longest target`` slots. The planner cuts the examples sorted by ``max(source,
+target)`` (fairseq's rule: a budget on each side); within one planning length, ordering by
+``source - target`` puts pairs that pad alike together. The direction alternates between
+planning lengths (source-longer pairs of one meet those of the next), so a micro-batch that
+straddles two lengths stays alike too.
 
 The budget on each side (``n * max(longest source, longest target) <= max_tokens``) and every
 guarantee are those of ``pair_order="max"``; the planning lengths may be joined into geometric

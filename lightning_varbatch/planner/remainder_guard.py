@@ -156,11 +156,10 @@ def guard_remainder(
 ) -> EpochLedger:
     """Check the rest of ``plan`` after ``start`` micro-batches per rank; the epoch's ledger.
 
-    The epoch consumed what its earlier topologies ran (``consumed``, else
-    ``plan.consumed_counts``) plus every rank's first ``start`` micro-batches of ``plan``; over
-    the epoch every planned example must run once, but those the plan reports dropped or
-    repeated. A mixture that samples its epochs (``steps_per_epoch``) is checked for its
-    budgets only.
+    The epoch consumed what its earlier topologies ran (``consumed``, else ``plan.consumed_counts``)
+    plus every rank's first ``start`` micro-batches of ``plan``; over the epoch every planned
+    example must run once, but those the plan reports dropped or repeated. A mixture that samples
+    its epochs (``steps_per_epoch``) is checked for its budgets only.
 
     Args:
         planner: the planner that made ``plan`` (its lengths and settings).

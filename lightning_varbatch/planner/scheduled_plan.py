@@ -1,17 +1,15 @@
 """An epoch under the batch-size schedule: its early steps re-planned at smaller budgets.
 
-The epoch is planned as without a schedule, then walked in step order with the schedule's
-clock (tokens trained before the epoch, plus those of the steps before). The examples of the
-steps that start before the schedule reaches 1 are split by level, each example at the level
-of the clock at its position, and each level's examples are planned again at its fraction of
-every rank's budget: whole steps only; a partial step's examples, and those of a step filled
-far below the levels' median (a cut's remainder), join the next level, at most one step's
-worth (so a level may begin up to about a step before its threshold). What the level that
-reaches 1 holds is one step at the full budgets (the tail policy ``"spread"``: with the next
-step of the plan when too few for a step; the epoch's one step with fewer tokens than its
-schedule), or, when the schedule outlasts the epoch, the epoch's tail under its own policy.
-The steps after are the plan's own. Every example is planned once, as in the plan without a
-schedule; each step carries its fraction (``plan.step_fraction``).
+The epoch is planned as without a schedule, then walked in step order with the schedule's clock
+(tokens trained before the epoch, plus those of the steps before). The examples of steps starting
+before the schedule reaches 1 are split by the clock's level at their position, and each level's are
+planned again at its fraction of every rank's budget, whole steps only: a partial step's examples,
+and those of a step filled far below the levels' median (a cut's remainder), join the next level, at
+most one step's worth (a level may begin about a step before its threshold). The level reaching 1
+holds one step at full budgets (tail policy ``"spread"``: with the plan's next step when too few for
+a step; the epoch's one step with fewer tokens than scheduled), or, when the schedule outlasts the
+epoch, the epoch's tail under its own policy. Later steps are the plan's own. Every example is
+planned once, as without a schedule; each step carries its fraction (``plan.step_fraction``).
 
 Example:
     >>> import numpy as np
@@ -261,11 +259,10 @@ def _whole_steps(
 ) -> EpochPlan:
     """``pool`` planned in whole steps at ``fraction``, leaving at most a step's worth over.
 
-    One pass of the planner under ``tail="drop"`` leaves a cut's remainder; with per-rank
-    budgets each lane leaves its own, together often many steps' worth (whole micro-batches
-    dropped to equal the lanes' counts). What a pass leaves over is planned again at the same
-    fraction (up to :data:`_PASSES` passes) while it holds more than one step (``step``
-    tokens), so that a level never hands more than about a step to the next one.
+    One planner pass under ``tail="drop"`` leaves a cut's remainder; with per-rank budgets each
+    lane leaves its own, often many steps' worth together (whole micro-batches dropped to equal
+    the lanes' counts). The rest is planned again at the same fraction (up to :data:`_PASSES`
+    passes) while it holds over a step (``step`` tokens): a level hands at most about a step on.
     """
     part = plan_part(pool, fraction, "drop", stage)
     taken = np.zeros(key.shape[0], dtype=bool)
@@ -310,12 +307,9 @@ def _without_underfilled(
 ) -> EpochPlan:
     """``part`` without its under-filled steps, at most one step's worth (``step``).
 
-    What waits for the next level (those steps and the part's left-over examples) stays
-    within one step's budget.
-
-    A step is under-filled below :data:`UNDERFILLED` of the median fill of the levels' steps
-    so far (``fills``, this part's appended): a cut's remainder, which with one micro-batch
-    per step would run nearly empty.
+    What waits for the next level (those steps and the part's left-over examples) stays within
+    one step's budget. Under-filled: below :data:`UNDERFILLED` of the median fill of the
+    levels' steps so far (``fills``, this part's appended).
     """
     cost = part.micro_batch_cost[part.assign].sum(axis=(1, 2))
     fills.append(cost / step)

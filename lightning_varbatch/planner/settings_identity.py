@@ -51,10 +51,7 @@ def _schedule(values: Mapping[str, Any]) -> str:
 
 
 def plain_settings(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Every setting as a plain value (a custom cost by its name), to say what changed.
-
-    ``values``: a ``PlanConfig``'s fields by name.
-    """
+    """A ``PlanConfig``'s fields by name as plain values (a custom cost by name), for diffs."""
     out: dict[str, Any] = {}
     for name, value in values.items():
         if name in RANK_SETTINGS or (name in LATER_SETTINGS and value == LATER_SETTINGS[name]):

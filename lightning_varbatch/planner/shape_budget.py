@@ -28,8 +28,7 @@ __all__ = ["ShapeBudget"]
 class ShapeBudget:
     """The static shapes of a planner with ``max_shapes`` (``None`` everywhere without it).
 
-    Needs ``config`` and ``prepared`` from the planner; resets its cached sort and cuts when
-    the shape lengths change.
+    Needs the planner's ``config`` and ``prepared``; new shape lengths reset its cached cuts.
     """
 
     config: PlanConfig
@@ -42,8 +41,7 @@ class ShapeBudget:
     def shape_lengths(self) -> np.ndarray | None:
         """The shape budget's padded lengths, ascending (``None`` without ``max_shapes``).
 
-        Chosen once from the planned examples' lengths (:mod:`~lightning_varbatch.planner.shapes`),
-        so resumed and re-planned epochs keep the same shapes.
+        Chosen once from the planned lengths (``planner.shapes``): re-planned epochs keep them.
         """
         if self.config.max_shapes is None:
             return None

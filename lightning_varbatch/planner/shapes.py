@@ -29,8 +29,7 @@ MAX_CANDIDATES = 1024
 def _candidates(padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct padded lengths (or quantiles of them) and how many examples each stands for.
 
-    Each example counts at the smallest candidate that holds it; the longest length is always
-    a candidate.
+    Each example counts at the smallest candidate holding it; the longest is always a candidate.
     """
     values, counts = np.unique(padded, return_counts=True)
     if values.size <= MAX_CANDIDATES:

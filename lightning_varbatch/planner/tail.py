@@ -101,9 +101,8 @@ def spread_tail(
 ) -> SortedCut:
     """Re-cut the last optimizer step into exactly ``multiple`` even micro-batches.
 
-    The last step's examples (one more step's too, when they are fewer than ``multiple``) are
-    re-cut by :func:`even_cuts`; with too few examples overall :func:`split_micro_batches`
-    takes over.
+    The last step's examples (one more step's too, when they are fewer than ``multiple``) are re-cut
+    by :func:`even_cuts`; with too few examples overall :func:`split_micro_batches` takes over.
     """
     m, n = cut.num_micro_batches, groups.size
     if m == 0:
@@ -243,10 +242,7 @@ class _TailCut:
         return self._fit[budget]
 
     def need(self, low: float) -> list[int]:
-        """Per group: the fewest examples of its padded length costing >= ``low``.
-
-        ``cap + 1`` stands for "no micro-batch reaches ``low``".
-        """
+        """Per group: the fewest examples of its padded length costing >= ``low`` (or cap + 1)."""
         if low not in self._need:
             fewest = smallest_true(
                 lambda k: checked_cost(self.cost_fn, k, self.padded, k * self.padded) >= low,
@@ -306,10 +302,9 @@ def even_cuts(sub: SortedGroups, parts: int, config: PlanConfig) -> np.ndarray:
     """Cut ``sub``'s sorted order into exactly ``parts`` contiguous, even micro-batches.
 
     First the smallest budget ``B`` whose greedy cut needs at most ``parts`` micro-batches (the
-    min-max cut), then the largest floor ``L`` for which a cut with every cost in ``[L, B]``
-    exists (each boundary as early as lets its micro-batch reach ``L``). With equal lengths the
-    sizes are ``floor(n / parts)`` and ``ceil(n / parts)``. ``batch_size_multiple`` is not
-    applied here.
+    min-max cut), then the largest floor ``L`` for which a cut with every cost in ``[L, B]`` exists
+    (each boundary as early as lets its micro-batch reach ``L``). With equal lengths the sizes are
+    ``floor(n / parts)`` and ``ceil(n / parts)``. ``batch_size_multiple`` is not applied here.
 
     Returns:
         ``(parts + 1,)`` boundaries: 0, ..., ``sub.size``.

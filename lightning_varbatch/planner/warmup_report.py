@@ -59,10 +59,7 @@ class WarmupStage:
 
 @dataclass(frozen=True)
 class WarmupReport:
-    """The stages of a plan's length warm-up (``rows``), the last row the steps after it.
-
-    ``datasets`` names a mixture's datasets (the order of each row's ``dataset_caps``).
-    """
+    """A plan's length warm-up stages (``rows``; last: steps after); ``datasets``: a mixture's."""
 
     first_step: int
     rows: tuple[WarmupStage, ...]

@@ -313,9 +313,8 @@ def column_lengths(
 def source_with_column_lengths(source: DataSource, name: str) -> DataSource:
     """``source`` with its ``lengths``/``loss_lengths`` read from its dataset's columns.
 
-    A :class:`~lightning_varbatch.DataSource` whose ``lengths`` (or ``loss_lengths``) name
-    columns of its Arrow-backed ``dataset`` gets the arrays instead; others are returned as
-    they are.
+    A :class:`~lightning_varbatch.DataSource` whose ``lengths`` (or ``loss_lengths``) name columns
+    of its Arrow-backed ``dataset`` gets the arrays instead; others are returned as they are.
 
     Raises:
         ValueError: when columns are named but the source has no ``dataset``.

@@ -1,10 +1,9 @@
 """What identifies a shard's content for a resume, wherever the shard lies, and what changed.
 
 A stream saves :func:`shard_identity` of every shard with its position (through
-:meth:`~lightning_varbatch.sources.shards.ShardedSource.identity`); a resume compares the
-saved list with the shards it is given now (:func:`identity_changes`), not their paths, so
-shards copied to node-local disk resume, and reordered, changed, added or missing shards are
-named in the refusal.
+:meth:`~lightning_varbatch.sources.shards.ShardedSource.identity`); a resume compares the saved list
+with the shards it is given now (:func:`identity_changes`), not their paths, so shards copied to
+node-local disk resume, and reordered, changed, added or missing shards are named in the refusal.
 """
 
 from __future__ import annotations

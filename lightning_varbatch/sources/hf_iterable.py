@@ -1,10 +1,9 @@
 """Shards of a Hugging Face streaming dataset (``datasets.IterableDataset``).
 
 Each of the dataset's ``num_shards`` data sources becomes a shard. Without random access, the
-lengths take one pass over each shard's ``columns`` (cached on disk when its files are known
-and the dataset is not transformed), and ``read(rows)`` iterates the shard from its start: a
-resume in the middle of a shard decodes its earlier rows again. ``datasets`` is imported only
-when used.
+lengths take one pass over each shard's ``columns`` (cached on disk when its files are known and the
+dataset is not transformed), and ``read(rows)`` iterates the shard from its start: a resume in the
+middle of a shard decodes its earlier rows again. ``datasets`` is imported only when used.
 
 Example:
     >>> import tempfile, datasets, pyarrow as pa, pyarrow.parquet as pq

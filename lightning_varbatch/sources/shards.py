@@ -1,11 +1,10 @@
 """Shards: data too large to index in memory, read front to back, with cheap per-row lengths.
 
-A :class:`Shard` is one file (or chunk, or stream partition) of a dataset: it knows its row
-count and per-row lengths without handing over the data, and reads the rows asked for strictly
-front to back. A :class:`ShardedSource` is a list of shards with global row offsets;
-:func:`shards_from_files` builds one from parquet, Arrow IPC or JSON-lines files (streaming
-Hugging Face datasets and ``litdata`` folders have their own builders); anything else plugs in
-by implementing the four members of :class:`Shard` (and a ``stats``).
+A :class:`Shard` (a file, chunk or stream partition) knows its row count and per-row lengths
+without handing over the data, and reads the rows asked for strictly front to back. A
+:class:`ShardedSource` lists shards with global row offsets; :func:`shards_from_files` builds
+one from parquet, Arrow IPC or JSON-lines files (streaming Hugging Face datasets and ``litdata``
+folders have their own builders); anything else implements :class:`Shard` (and a ``stats``).
 
 Example:
     >>> import os, tempfile, pyarrow as pa, pyarrow.parquet as pq
@@ -59,9 +58,7 @@ SHARD_SUFFIXES = {
 
 @runtime_checkable
 class Shard(Protocol):
-    """One part of a dataset, read front to back.
-
-    Implementations also keep a ``stats: ReadStats`` that they update as they read.
+    """One part of a dataset, read front to back; it counts its reads in ``stats: ReadStats``.
 
     Example:
         >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq
@@ -87,10 +84,9 @@ class Shard(Protocol):
         ...
 
     def read(self, rows: np.ndarray) -> Iterator[dict[str, Any]]:
-        """One item (a dict of the row's fields) per row of ``rows``, in order.
+        """One item (a dict of the row's fields) per row of ``rows``, read front to back.
 
-        ``rows`` is strictly ascending within ``[0, num_rows)``; token-id fields come as 1-D
-        numpy integer arrays. The shard is read front to back.
+        ``rows`` ascends strictly within ``[0, num_rows)``; token ids come as 1-D int arrays.
         """
         ...
 
@@ -305,13 +301,11 @@ def shards_from_files(
     Args:
         paths: a folder (its supported files, sorted), a glob (``"data/*.parquet"``) or a
             list of files, in shard order.
-        columns: where the lengths come from, as for
-            :func:`~lightning_varbatch.sources.column_lengths`: a column of lengths, a column
-            of token ids (their list lengths), or a (source, target) pair of columns.
+        columns: where the lengths come from, as for ``sources.column_lengths``: a column of
+            lengths or of token ids (their list lengths), or a (source, target) pair of them.
         fields: the columns read into items (``None``: all).
-        cache_dir: where shard indexes (lengths, line offsets) are cached (``True``: the
-            default folder under ``$LIGHTNING_VARBATCH_CACHE`` or
-            ``~/.cache/lightning_varbatch``; ``None``/``False``: no cache).
+        cache_dir: where shard indexes (lengths, line offsets) are cached; ``None``/``False``:
+            nowhere; ``True``: ``$LIGHTNING_VARBATCH_CACHE`` or ``~/.cache/lightning_varbatch``.
 
     Raises:
         SettingValueError: for no files, a missing file, or an unknown suffix (the supported

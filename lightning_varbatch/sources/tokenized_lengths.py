@@ -1,12 +1,11 @@
 """Token counts of text columns, computed once with your tokenizer, in batches, and cached.
 
-When a Hugging Face dataset holds text, not token ids, the plan still needs one length per
-example. :func:`tokenized_lengths` tokenizes the named column(s) in batches through
-``Dataset.map`` (``batched=True``, optionally ``num_proc`` processes, with its progress bar),
-keeps only the counts, and saves them as a ``.npy`` file keyed by the dataset's fingerprint,
-the columns and the tokenizer, so the next run with the same data and tokenizer reads them in
-milliseconds. To keep them as a column instead:
-``ds = ds.add_column("num_tokens", tokenized_lengths(ds, tok, "text"))``.
+When a Hugging Face dataset holds text, not token ids, the plan still needs one length per example.
+:func:`tokenized_lengths` tokenizes the named column(s) in batches through ``Dataset.map``
+(``batched=True``, optionally ``num_proc`` processes, with its progress bar), keeps only the counts,
+and saves them as a ``.npy`` file keyed by the dataset's fingerprint, the columns and the tokenizer,
+so the next run with the same data and tokenizer reads them in milliseconds. To keep them as a
+column instead: ``ds = ds.add_column("num_tokens", tokenized_lengths(ds, tok, "text"))``.
 
 Counts include whatever special tokens the tokenizer adds, which is what the collate will pad
 (:mod:`~lightning_varbatch.sources.token_counts` reads the tokenizer's results).

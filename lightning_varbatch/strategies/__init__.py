@@ -10,13 +10,10 @@ Registered names (``Trainer(strategy=NAME)``; Lightning's ``"ddp"`` needs nothin
   ``"deepspeed_varbatch_stage_3_offload"``, ``"deepspeed_varbatch_stage_3_offload_nvme"``:
   :class:`VarBatchDeepSpeedStrategy` (CPU and CUDA).
 
-DeepSpeed is an optional dependency: the DeepSpeed names are registered in any case (the
-module imports ``deepspeed`` only when a strategy is used) and constructing the strategy without
-DeepSpeed installed raises Lightning's "you must have DeepSpeed installed" error.
-
-Under every strategy the gradient is the mean over ranks of each rank's accumulated gradient,
-as with DDP, so a ``training_step`` returning
-:func:`~lightning_varbatch.loss.token_mean_loss` gets the exact token mean of the step.
+DeepSpeed is optional: its names are registered anyway (``deepspeed`` is imported only when a
+strategy is used); without it, constructing one raises Lightning's "you must have DeepSpeed
+installed". Under every strategy the gradient is the mean over ranks of each rank's accumulated
+gradient, as with DDP, so :func:`~lightning_varbatch.loss.token_mean_loss` is the exact mean.
 
 Example:
     >>> import lightning_varbatch.strategies

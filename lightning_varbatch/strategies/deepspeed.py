@@ -4,20 +4,18 @@ Lightning's :class:`~lightning.pytorch.strategies.DeepSpeedStrategy` assumes a f
 size, CUDA devices and that DeepSpeed's loss scaling composes with Lightning's. This subclass:
 
 * never reads a batch size from the DataLoader: ``train_micro_batch_size_per_gpu`` is a nominal
-  ``1`` unless the config sets it. DeepSpeed only uses it to satisfy
-  ``train_batch_size == micro × gradient_accumulation_steps × world_size`` and to label its
-  throughput logs; it never compares it with the real batches (``DeepSpeedEngine.backward`` and
-  ``step`` count micro-steps, not samples);
+  ``1`` unless the config sets it. DeepSpeed uses it only for ``train_batch_size == micro ×
+  gradient_accumulation_steps × world_size`` and its throughput logs, never against the real
+  batches (``DeepSpeedEngine.backward`` and ``step`` count micro-steps, not samples);
 * sets ``gradient_accumulation_steps`` to ``Trainer(accumulate_grad_batches)`` and checks a config
   that sets either value, with an error that says which setting to change;
 * turns DeepSpeed's throughput timer off, since its samples/sec are ``nominal micro × ...``;
 * scales gradients like DDP: Lightning's automatic optimisation already divides the loss by
   ``accumulate_grad_batches``, so ``DeepSpeedEngine.backward`` is called with
   ``scale_wrt_gas=False``. Without it the gradient is divided by the accumulation twice (an
-  update of exactly 1/A of the DDP one, measured with A=2 on ZeRO 2). Lightning keeps calling
-  ``engine.step()`` on every micro-batch and DeepSpeed applies it on its own accumulation
-  boundary (``managed_gradient_accumulation`` stays on: turning it off would make every
-  ``step()`` a boundary);
+  update of exactly 1/A of the DDP one, measured with A=2 on ZeRO 2). Lightning calls
+  ``engine.step()`` on every micro-batch; DeepSpeed applies it at its accumulation boundary
+  (``managed_gradient_accumulation`` stays on: off, every ``step()`` would be a boundary);
 * runs on CPU (gloo) as well as CUDA, without JIT-building DeepSpeed's shared-memory comm op;
 * allows a torch optimizer from ``configure_optimizers`` under ZeRO with a user ``config=``
   (``zero_allow_untested_optimizer: true`` unless the config sets it), as Lightning's default
@@ -147,10 +145,9 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
             # dict (possibly shared by several strategies) must not change under them.
             self.config = copy.deepcopy(self.config)
             # Lightning's default config (DeepSpeedStrategy._create_default_config) sets
-            # zero_allow_untested_optimizer=True; a user's config=... dict does not, and then
+            # zero_allow_untested_optimizer=True; without it (a user's config=... dict)
             # deepspeed.initialize asserts "You are using an untested ZeRO Optimizer" for any
-            # torch optimizer (SGD, AdamW, ...) from configure_optimizers, the Lightning way.
-            # Allow it unless the user decided explicitly.
+            # torch optimizer from configure_optimizers. Allow it unless the user decided.
             self.config.setdefault("zero_allow_untested_optimizer", True)
 
     @property
@@ -194,8 +191,7 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
         if not self._on_cpu:
             super().setup_distributed()
             return
-        # DeepSpeedStrategy.setup_distributed validates that device indices equal local ranks;
-        # CPU devices have index None, so skip that check and do the rest.
+        # Its setup_distributed requires device index == local rank (None on CPU): do the rest.
         reset_seed()
         self.set_world_ranks()
         context = contextlib.nullcontext() if self.cpu_shm_comm else _without_shm_comm_op()

@@ -2,24 +2,21 @@
 
 Why FSDP1 (``FullyShardedDataParallel`` through Lightning's
 :class:`~lightning.pytorch.strategies.FSDPStrategy`) and not FSDP2 (``fully_shard`` through
-:class:`~lightning.pytorch.strategies.ModelParallelStrategy`): ``ModelParallelStrategy`` requires
-the LightningModule to implement ``configure_model`` and shard itself, so switching a DDP or
-DeepSpeed model to it is a code change, not a config switch. ``FSDPStrategy`` wraps any module
-(optionally with an ``auto_wrap_policy``), keeps Lightning's checkpointing, precision and
-activation-checkpointing support, and reduces gradients with a mean over ranks exactly like DDP,
-so :func:`~lightning_varbatch.loss.token_mean_loss` is exact under it. Two things keep it off
-CPU in Lightning 2.6, both fixed here:
+:class:`~lightning.pytorch.strategies.ModelParallelStrategy`): the latter requires the
+LightningModule to implement ``configure_model`` and shard itself, a code change rather than a
+config switch. ``FSDPStrategy`` wraps any module (optionally with an ``auto_wrap_policy``), keeps
+Lightning's checkpointing, precision and activation checkpointing, and averages gradients over
+ranks like DDP, so :func:`~lightning_varbatch.loss.token_mean_loss` is exact under it. Two things
+keep it off CPU in Lightning 2.6, both fixed here:
 
-* the accelerator connector rejects ``strategy="fsdp"`` without a GPU; the check is on the
-  registered names and the exact type ``FSDPStrategy``, so this subclass (registered as
-  ``fsdp_varbatch``) passes it;
+* the accelerator connector rejects ``strategy="fsdp"`` without a GPU, checking the registered
+  names and the exact type ``FSDPStrategy``: this subclass (``fsdp_varbatch``) passes;
 * Lightning passes ``device_id=root_device.index`` to ``FullyShardedDataParallel``, ``None`` on
   CPU, and torch's FSDP then raises "FSDP needs a non-CPU accelerator device"
   (``torch/distributed/fsdp/_init_utils.py``, ``_init_device_handle``). Here a CPU run passes
   ``device_id=torch.device("cpu")``.
 
-``use_orig_params`` defaults to ``True`` so that ``configure_optimizers`` may use
-``self.parameters()`` as under DDP.
+``use_orig_params`` defaults to ``True``: ``configure_optimizers`` may use ``self.parameters()``.
 """
 
 from __future__ import annotations
@@ -188,9 +185,8 @@ class VarBatchFSDPStrategy(FSDPStrategy):
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         """Register ``fsdp_varbatch`` and ``fsdp_varbatch_cpu_offload``.
 
-        Unlike ``FSDPStrategy.register_strategies`` this does not add the names to
-        ``FSDPStrategy._registered_strategies`` (a list shared with the base class), which the
-        accelerator connector uses to reject FSDP without a GPU.
+        Not into ``FSDPStrategy._registered_strategies`` (shared with the base class), which
+        the accelerator connector uses to reject FSDP without a GPU.
         """
         if not torch.distributed.is_available():
             return
