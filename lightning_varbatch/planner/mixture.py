@@ -34,7 +34,7 @@ import numpy.typing as npt
 
 from lightning_varbatch.checks import check_choice, check_count
 from lightning_varbatch.errors import SettingValueError
-from lightning_varbatch.planner.epoch_planner import EpochPlan
+from lightning_varbatch.planner.epoch_planner import EpochPlan, EpochPlanner
 from lightning_varbatch.planner.interleave import MIX_TAG, Part, compose_parts
 from lightning_varbatch.planner.lengths import PreparedLengths
 from lightning_varbatch.planner.mixture_datasets import (
@@ -45,10 +45,11 @@ from lightning_varbatch.planner.mixture_datasets import (
     as_sources,
     check_dataset_index,
     dataset_errors,
-    dataset_planner,
     fit_units,
+    item_count,
     mixture_probabilities,
     share_shape_lengths,
+    source_config,
     source_names,
 )
 from lightning_varbatch.planner.mixture_topology import MixtureTopology
@@ -57,6 +58,28 @@ from lightning_varbatch.planner.rank_shares import apportion
 from lightning_varbatch.planner.settings import PlanConfig, check_config
 
 __all__ = ["DataSource", "MixturePlanner"]
+
+
+def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: str) -> EpochPlanner:
+    """The planner of dataset ``index`` of a mixture, with its own settings (:func:`source_config`).
+
+    Raises:
+        SettingError, ValueError, TypeError: for bad lengths or settings, or a dataset whose
+            item count differs from its lengths; the message starts with ``which`` (the
+            dataset's name and index).
+    """
+    with dataset_errors(which, type_errors=True):
+        planner = EpochPlanner(
+            source.lengths, source_config(common, source, index), source.loss_lengths
+        )
+        items = item_count(source.dataset)
+        if items is not None and items != planner.num_examples:
+            raise ValueError(
+                f"its dataset has {items} items but its lengths describe "
+                f"{planner.num_examples} examples: pass one length per item (lengths of "
+                "the same dataset, in the same order)."
+            )
+    return planner
 
 
 class MixturePlanner(MixtureTopology):

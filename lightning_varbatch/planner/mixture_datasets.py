@@ -24,9 +24,9 @@ import numpy.typing as npt
 
 from lightning_varbatch.checks import check_count, check_real
 from lightning_varbatch.errors import SettingError, SettingTypeError, SettingValueError
-from lightning_varbatch.planner.epoch_planner import EpochPlanner
 from lightning_varbatch.planner.length_warmup import WARMUP_DEFAULTS
 from lightning_varbatch.planner.settings import PlanConfig
+from lightning_varbatch.planner.shape_budget import ShapeBudget
 from lightning_varbatch.planner.shapes import choose_shape_lengths
 
 MixingPolicy: TypeAlias = Literal["per_step", "per_batch"]
@@ -41,7 +41,6 @@ __all__ = [
     "as_sources",
     "check_dataset_index",
     "dataset_errors",
-    "dataset_planner",
     "fit_units",
     "item_count",
     "mixture_probabilities",
@@ -266,7 +265,7 @@ def source_config(common: PlanConfig, source: DataSource, index: int) -> PlanCon
 
 
 def share_shape_lengths(
-    planners: Sequence[EpochPlanner],
+    planners: Sequence[ShapeBudget],
     sources: Sequence[DataSource],
     names: list[str],
     config: PlanConfig,
@@ -329,28 +328,6 @@ def dataset_errors(which: str, *, type_errors: bool = False) -> Iterator[None]:
         if not type_errors:
             raise
         raise TypeError(f"{which}: {error}") from error
-
-
-def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: str) -> EpochPlanner:
-    """The planner of dataset ``index`` of a mixture, with its own settings (:func:`source_config`).
-
-    Raises:
-        SettingError, ValueError, TypeError: for bad lengths or settings, or a dataset whose
-            item count differs from its lengths; the message starts with ``which`` (the
-            dataset's name and index).
-    """
-    with dataset_errors(which, type_errors=True):
-        planner = EpochPlanner(
-            source.lengths, source_config(common, source, index), source.loss_lengths
-        )
-        items = item_count(source.dataset)
-        if items is not None and items != planner.num_examples:
-            raise ValueError(
-                f"its dataset has {items} items but its lengths describe "
-                f"{planner.num_examples} examples: pass one length per item (lengths of "
-                "the same dataset, in the same order)."
-            )
-    return planner
 
 
 def check_dataset_index(dataset: object, names: Sequence[str]) -> int:
