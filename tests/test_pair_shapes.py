@@ -48,4 +48,5 @@ def test_the_quick_run_prints_every_distribution(capsys: pytest.CaptureFixture[s
     assert main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert all(f"\n{name}:" in out for name in DISTRIBUTIONS)
+    assert "of the bound" in out and "exceeded the optimum 0 times" in out
     assert "result file" not in out  # --quick never replaces the committed result

@@ -250,19 +250,26 @@ def speechbrain_sampler_module() -> tuple[Any, str]:
     return sampler, SPEECHBRAIN_TORCHAUDIO[0]
 
 
-def _speechbrain(
-    key: np.ndarray, tl: np.ndarray, m: int, rank: int, world: int, seed: int
-) -> Batches:
+def speechbrain_sampler(key: np.ndarray, max_tokens: int, seed: int) -> Any:
+    """SpeechBrain's ``DynamicBatchSampler`` as its LibriSpeech recipes build it: 200 buckets,
+    ``shuffle=True``, ``batch_ordering="random"`` (every rank builds the same one)."""
     sb, _ = speechbrain_sampler_module()
-    inner = sb.DynamicBatchSampler(
+    return sb.DynamicBatchSampler(
         list(range(key.size)),
-        max_batch_length=m,
+        max_batch_length=max_tokens,
         num_buckets=SPEECHBRAIN_BUCKETS,
         lengths_list=key.tolist(),
         shuffle=True,
         batch_ordering="random",
         seed=seed,
     )
+
+
+def _speechbrain(
+    key: np.ndarray, tl: np.ndarray, m: int, rank: int, world: int, seed: int
+) -> Batches:
+    sb, _ = speechbrain_sampler_module()
+    inner = speechbrain_sampler(key, m, seed)
     outer = sb.DistributedSamplerWrapper(inner, num_replicas=world, rank=rank, shuffle=True)
     outer.set_epoch(0)
     return [list(map(int, x)) for x in outer]

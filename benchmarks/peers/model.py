@@ -107,24 +107,10 @@ def _fairseq_pkg(tl: np.ndarray, m: int, rank: int, world: int, seed: int) -> li
     ``ShardedIterator(fill_value=[])``. The fill (an empty batch, trained by fairseq as a dummy
     batch) is left out here: the caller sees the unequal counts and applies the workaround.
     """
-    import torch
-    from fairseq.data import data_utils
-    from fairseq.data.iterators import EpochBatchIterator
+    from benchmarks.planning.baselines_libs import fairseq_batches, fairseq_shard
 
-    src, tgt = tl[:, 0].astype(np.int64), tl[:, 1].astype(np.int64)
-    with data_utils.numpy_seed(seed):
-        indices = np.random.permutation(len(tl)).astype(np.int64)  # noqa: NPY002 (fairseq's)
-    indices = indices[np.argsort(tgt[indices], kind="mergesort")]
-    indices = indices[np.argsort(src[indices], kind="mergesort")]
-    key = np.maximum(src, tgt)
-    batches = data_utils.batch_by_size(
-        indices, lambda i: key[i], num_tokens_vec=key[indices], max_tokens=m
-    )
-
-    ids = torch.utils.data.TensorDataset(torch.arange(len(tl)))
-    it = EpochBatchIterator(ids, list, batches, seed=seed, num_shards=world, shard_id=rank, epoch=1)
-    mine = it.ordered_batches(1, False, True)
-    return [list(map(int, b)) for b in mine if len(b)]
+    batches = fairseq_batches(tl, m, seed)
+    return [list(map(int, b)) for b in fairseq_shard(batches, len(tl), world, rank, seed, 0)]
 
 
 def deal_row(name: str, tl: np.ndarray, setting: int, rank: int, world: int, seed: int) -> Any:

@@ -112,28 +112,14 @@ def lhotse_two_sided() -> str | None:
 
 
 def _fairseq(tl: np.ndarray, m: int, rank: int, world: int, seed: int, kn: dict) -> Batches:
-    """fairseq's translation task: ``ordered_indices``, ``batch_by_size``, ``EpochBatchIterator``
-    (:func:`benchmarks.peers.model._fairseq_pkg` without knobs)."""
-    import torch
-    from fairseq.data import data_utils
-    from fairseq.data.iterators import EpochBatchIterator
+    """fairseq's translation task (:func:`benchmarks.peers.model._fairseq_pkg`) with its knobs:
+    ``required_batch_size_multiple`` and ``grouped_shuffling``."""
+    from benchmarks.planning.baselines_libs import fairseq_batches, fairseq_shard
 
-    src, tgt = tl[:, 0].astype(np.int64), tl[:, 1].astype(np.int64)
-    with data_utils.numpy_seed(seed):
-        indices = np.random.permutation(len(tl)).astype(np.int64)  # noqa: NPY002 (fairseq's)
-    indices = indices[np.argsort(tgt[indices], kind="mergesort")]
-    indices = indices[np.argsort(src[indices], kind="mergesort")]
-    key = np.maximum(src, tgt)
-    batches = data_utils.batch_by_size(
-        indices, lambda i: key[i], num_tokens_vec=key[indices], max_tokens=m,
-        required_batch_size_multiple=int(kn.get("multiple", 1)),
-    )  # fmt: skip
-    ids = torch.utils.data.TensorDataset(torch.arange(len(tl)))
-    it = EpochBatchIterator(
-        ids, list, batches, seed=seed, num_shards=world, shard_id=rank, epoch=1,
-        grouped_shuffling=kn.get("grouped", "0") == "1",
-    )  # fmt: skip
-    return [list(map(int, b)) for b in it.ordered_batches(1, False, True) if len(b)]
+    batches = fairseq_batches(tl, m, seed, int(kn.get("multiple", 1)))
+    grouped = kn.get("grouped", "0") == "1"
+    mine = fairseq_shard(batches, len(tl), world, rank, seed, 0, grouped)
+    return [list(map(int, b)) for b in mine]
 
 
 def _speechbrain(key: np.ndarray, m: int, rank: int, world: int, seed: int, kn: dict) -> Batches:

@@ -1,4 +1,4 @@
-"""Baselines from other libraries (lhotse, Hugging Face + accelerate, fairseq), driven by API.
+"""Baselines from other libraries (lhotse, Hugging Face, fairseq, SpeechBrain), driven by API.
 
 Each baseline is driven through its public API with plain lengths (no audio, no text):
 
@@ -24,13 +24,15 @@ Each baseline is driven through its public API with plain lengths (no audio, no 
   ``BatchSamplerShard`` runs over it. Two sizes: ``B`` of the DistributedSampler row (the
   largest fixed size whose median random batch fits the budget) and
   ``B = max_tokens // longest key`` (the largest size that never exceeds the budget).
-* **fairseq** ``data_utils.batch_by_size``: only if ``fairseq`` imports. fairseq 0.12.2 (the
-  latest release) does not install on Python 3.11: there is no wheel for it, the sdist fails to
-  build (its ``setup.py`` lists ``fairseq/clib/libbase/balanced_assignment.cpp``, which the
-  sdist does not contain), and the package does not import on 3.11 either (dataclass mutable
-  defaults, facebookresearch/fairseq#5012). The ``greedy sorted`` row of the main benchmark is
-  fairseq's algorithm (sort by length, cut greedily under the padded budget, shuffle batches,
-  ``batches[rank::world]``; :mod:`benchmarks.planning.baselines`).
+* **fairseq** (the ``ve-fairseq`` wheel for CPython 3.11; fairseq 0.12.2 itself has no 3.11
+  wheel and does not import there, facebookresearch/fairseq#5012): its translation task's
+  batching, ``LanguagePairDataset.ordered_indices`` then ``data_utils.batch_by_size`` with the
+  pairs' ``max(source, target)`` as ``num_tokens_vec``, dealt by ``EpochBatchIterator``
+  (``ShardedIterator(fill_value=[])``: ranks may hold different counts, fairseq trains dummy
+  batches for the missing ones). The ``greedy sorted`` row of the main benchmark is its
+  algorithm re-implemented (:mod:`benchmarks.planning.baselines`).
+* **SpeechBrain** and Hugging Face's ``batch_rebalance``: driven in
+  :mod:`benchmarks.planning.compare_libs` through :mod:`benchmarks.peers.batches`.
 
 Every function returns plain index arrays per rank;
 :func:`benchmarks.planning.metrics.batches_from_ranks` turns them into what the metrics read.
@@ -39,10 +41,28 @@ Every function returns plain index arrays per rank;
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from typing import Any
 
 import numpy as np
+
+DISTRIBUTIONS = ("lhotse", "transformers", "accelerate", "deepspeed", "ve-fairseq", "speechbrain")
+"""The libraries' distributions whose versions a planning result records."""
+
+
+def library_versions() -> dict[str, str]:
+    """``{distribution: version}`` of the libraries of :data:`DISTRIBUTIONS` installed here."""
+    from importlib import metadata
+
+    out = {}
+    for name in DISTRIBUTIONS:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
 
 # -- lhotse --------------------------------------------------------------------------------------
 
@@ -144,10 +164,71 @@ def hf_all_ranks(
 # -- fairseq -------------------------------------------------------------------------------------
 
 
-def fairseq_status() -> str:
-    """Why fairseq's ``batch_by_size`` is not run here (it is never run; see the docstring)."""
+def fairseq_status() -> str | None:
+    """``None`` when fairseq's batching imports (the ``ve-fairseq`` wheel), else why not."""
     try:
         from fairseq.data.data_utils import batch_by_size  # noqa: F401
+        from fairseq.data.iterators import EpochBatchIterator  # noqa: F401
     except Exception as e:  # ImportError, or the Python 3.11 dataclass ValueError
         return f"not importable: {type(e).__name__}: {e}"[:140]
-    return "importable, but no adapter is written (it could not be installed when this was made)"
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets the root to DEBUG
+    return None
+
+
+def fairseq_batches(
+    lengths: np.ndarray, max_tokens: int, seed: int, multiple: int = 1
+) -> list[np.ndarray]:
+    """The batches fairseq's translation task cuts (the same on every rank).
+
+    ``LanguagePairDataset.ordered_indices`` under ``numpy_seed(seed)`` (a permutation, then
+    stable sorts by target and source size), then ``batch_by_size`` with ``num_tokens_vec``
+    the pairs' ``max(source, target)`` and ``required_batch_size_multiple=multiple``.
+    """
+    from fairseq.data import data_utils
+
+    src, tgt = lengths[:, 0].astype(np.int64), lengths[:, 1].astype(np.int64)
+    with data_utils.numpy_seed(seed):
+        indices = np.random.permutation(len(lengths)).astype(np.int64)  # noqa: NPY002 (fairseq's)
+    indices = indices[np.argsort(tgt[indices], kind="mergesort")]
+    indices = indices[np.argsort(src[indices], kind="mergesort")]
+    key = np.maximum(src, tgt)
+    return list(
+        data_utils.batch_by_size(
+            indices,
+            lambda i: key[i],
+            num_tokens_vec=key[indices],
+            max_tokens=max_tokens,
+            required_batch_size_multiple=multiple,
+        )
+    )
+
+
+def fairseq_shard(
+    batches: list[np.ndarray],
+    n: int,
+    world: int,
+    rank: int,
+    seed: int,
+    epoch: int,
+    grouped: bool = False,
+) -> list[np.ndarray]:
+    """Rank ``rank``'s batches of ``epoch`` (0-based): ``EpochBatchIterator`` shuffles them with
+    ``seed + epoch`` (``grouped``: its ``grouped_shuffling``) and deals them with
+    ``ShardedIterator(fill_value=[])``; the fill (an empty batch fairseq trains as a dummy) is
+    left out, so ranks may hold different counts."""
+    import torch
+    from fairseq.data.iterators import EpochBatchIterator
+
+    ids = torch.utils.data.TensorDataset(torch.arange(n))
+    it = EpochBatchIterator(
+        ids,
+        list,
+        batches,
+        seed=seed,
+        num_shards=world,
+        shard_id=rank,
+        epoch=epoch + 1,
+        grouped_shuffling=grouped,
+    )
+    mine = it.ordered_batches(epoch + 1, False, True)
+    return [np.asarray(b, dtype=np.int64) for b in mine if len(b)]

@@ -3,7 +3,9 @@
 :func:`run_baselines` runs, at the main size: our planner with the quadratic cost model, the
 baselines of :mod:`benchmarks.planning.baselines` (DistributedSampler, greedy sorted, DeepSpeed on
 subsamples) and those of :mod:`benchmarks.planning.baselines_libs` (lhotse on ``--lhotse-size``
-examples next to our planner on the same examples, Hugging Face + accelerate; fairseq explained).
+examples next to our planner on the same examples, Hugging Face + accelerate) and of
+:mod:`benchmarks.planning.compare_libs` (fairseq's package, SpeechBrain, Hugging Face's
+``batch_rebalance``).
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ from benchmarks.planning.baselines import (
     greedy_rank,
 )
 from benchmarks.planning.baselines_libs import (
-    fairseq_status,
     hf_all_ranks,
     hf_available,
     hf_rank,
     lhotse_items,
     lhotse_rank,
 )
+from benchmarks.planning.compare_libs import run_fairseq, run_hf_rebalance, run_speechbrain
 from benchmarks.planning.measure import ours_rank
 from benchmarks.planning.metrics import (
     QUAD_COEF,
@@ -150,7 +152,7 @@ def run_baselines(
 
     # (c) lhotse, Hugging Face, fairseq (benchmarks/planning/baselines_libs.py)
     config = PlanConfig(max_tokens=budget)  # as in main()
-    others = run_others(lengths, key, args, config, bsz, res.ours_s, res.floor_s)
+    others = run_others(lengths, key, args, config, bsz, res.ours_all, res.floor_s)
     perfs += others.perfs
     quals += others.quals
     info["others"] = others
@@ -226,7 +228,10 @@ def run_lhotse(lengths: np.ndarray, args: Any, config: PlanConfig, results: Othe
     ours_t: list[float] = []
     planner = EpochPlanner(sub, config)
     ours_q = plan_quality(
-        planner, planner.plan(0, world), other_epoch=plan_batches(planner.plan(1, world))
+        planner,
+        planner.plan(0, world),
+        other_epoch=plan_batches(planner.plan(1, world)),
+        pairs=sub,
     )
     del planner
     results.quals.append(qual_row(f"ours: EpochPlanner (n={m:,})", m, ours_q))
@@ -244,7 +249,7 @@ def run_lhotse(lengths: np.ndarray, args: Any, config: PlanConfig, results: Othe
         dt1, next_epoch = lhotse_rank(items, budget, world, 0, seed, 1, nb)
         times.append(dt1)
         b0 = batches_from_ranks(per_rank)
-        q = quality(b0, key, budget, world)
+        q = quality(b0, key, budget, world, pairs=sub)
         q.d_order, q.d_comp = epoch_change(b0, batches_from_ranks([next_epoch]))
         rows.append((nb, times, q))
         results.qualities[f"lhotse{nb}"] = q
@@ -281,13 +286,24 @@ def run_lhotse(lengths: np.ndarray, args: Any, config: PlanConfig, results: Othe
                 floor_s=None,
                 ours_s=ours_med,
                 note=f"linear to {args.main_n:,}: {extrap:.1f} s per rank",
+                x_ours_min=min(times) / max(ours_t),  # every rank against every run of ours
+                x_ours_max=max(times) / min(ours_t),
             )
         )
         results.quals.append(qual_row(f"{name} (n={m:,})", m, q))
     del items
 
 
-def run_hf(key: np.ndarray, args: Any, fixed_b: int, ours_s: float, results: OtherResults) -> None:
+def run_hf(
+    key: np.ndarray,
+    pairs: np.ndarray,
+    args: Any,
+    fixed_b: int,
+    ours_all: list[float],
+    results: OtherResults,
+) -> None:
+    """Hugging Face's length-grouped sampler at the main size; ``ours_all``: our planner's
+    runs at that size (every HF run is compared with every one of them for the range)."""
     why = hf_available()
     if why is not None:
         results.lines.append(f"Hugging Face LengthGroupedSampler: not run ({why})")
@@ -308,13 +324,15 @@ def run_hf(key: np.ndarray, args: Any, fixed_b: int, ours_s: float, results: Oth
                 rank_s=med,
                 rank_best_s=min(times),
                 floor_s=args.floor_s,
-                ours_s=ours_s,
+                ours_s=statistics.median(ours_all),
                 note=why_b,
+                x_ours_min=min(times) / max(ours_all),
+                x_ours_max=max(times) / min(ours_all),
             )
         )
         b0 = batches_from_ranks(hf_all_ranks(lengths, b, world, seed, 0))
         b1 = batches_from_ranks(hf_all_ranks(lengths, b, world, seed, 1))
-        q = quality(b0, key, budget, world, other_epoch=b1)
+        q = quality(b0, key, budget, world, other_epoch=b1, pairs=pairs)
         results.qualities[f"hf{b}"] = q
         results.quals.append(qual_row(name, n, q))
         print(f"  HF LengthGroupedSampler + BatchSamplerShard B={b}: rank-0 epoch {med:.2f} s")
@@ -326,10 +344,11 @@ def run_others(
     args: Any,
     config: PlanConfig,
     fixed_b: int,
-    ours_s: float,
+    ours_all: list[float],
     floor_s: float,
 ) -> OtherResults:
-    """All baselines of this module; skipped ones are explained in ``lines``."""
+    """The libraries' baselines (lhotse, Hugging Face, fairseq, SpeechBrain); skipped ones are
+    explained in ``lines``. ``ours_all``: our planner's runs at the main size."""
     results = OtherResults()
     args.main_n = lengths.shape[0]
     args.floor_s = floor_s
@@ -341,10 +360,9 @@ def run_others(
         else:
             run_lhotse(lengths, args, config, results)
     if not args.no_hf:
-        run_hf(key, args, fixed_b, ours_s, results)
-    results.lines.append(
-        "fairseq batch_by_size: not run: " + fairseq_status() + ". fairseq 0.12.2 has no "
-        "Python 3.11 wheel and its sdist fails to build (balanced_assignment.cpp missing); "
-        "see the 'greedy sorted' row for its algorithm"
-    )
+        run_hf(key, lengths, args, fixed_b, ours_all, results)
+        run_hf_rebalance(lengths, args, fixed_b, results)
+    run_fairseq(lengths, key, args, results)
+    if args.lhotse_size > 0:
+        run_speechbrain(lengths, args, results)
     return results

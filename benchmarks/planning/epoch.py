@@ -1,4 +1,4 @@
-"""Planning benchmark: the epoch planner against the floor and three baselines.
+"""Planning benchmark: the epoch planner against the floor and every installed baseline.
 
 Run from the repository root (``-m`` puts the root on ``sys.path``)::
 
@@ -65,11 +65,12 @@ efficiency >= 0.99 with d-order and d-comp > 0.5; max cost <= max_tokens; mean i
 Baselines (how each is driven: :mod:`benchmarks.planning.baselines` for the fixed-size
 ``DistributedSampler``, greedy sorted and DeepSpeed ``batch_by_seqlens``;
 :mod:`benchmarks.planning.baselines_libs` for lhotse ``DynamicBucketingSampler``, Hugging Face
-``LengthGroupedSampler`` + accelerate's ``BatchSamplerShard``, and fairseq ``batch_by_size``,
-which does not install on Python 3.11). DeepSpeed is super-linear, so it runs on subsamples
-(``--ds-sizes``) and its time is extrapolated to the main size with the exponent fitted on the two
-largest; lhotse runs on ``--lhotse-size`` examples (default 500k) next to our planner timed on the
-same examples.
+``LengthGroupedSampler`` + accelerate's ``BatchSamplerShard`` and ``batch_rebalance``, fairseq's
+``batch_by_size`` + ``EpochBatchIterator`` and SpeechBrain's ``DynamicBatchSampler``; each runs
+only where its package imports, and the run says why not otherwise). DeepSpeed is super-linear,
+so it runs on subsamples (``--ds-sizes``) and its time is extrapolated to the main size with the
+exponent fitted on the two largest; lhotse, SpeechBrain and ``batch_rebalance`` run on
+``--lhotse-size`` examples (default 500k) next to our planner timed on the same examples.
 
 The performance table's **x ours** column is the row's time over our planner's time at the
 same size, measured in the same run.
@@ -85,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -104,6 +106,8 @@ from benchmarks.harness import (
     traced,
     write_json,
 )
+from benchmarks.peers.batches import speechbrain_sampler_module
+from benchmarks.planning.baselines_libs import library_versions
 from benchmarks.planning.compare import run_baselines
 from benchmarks.planning.measure import (
     BENCH_MODULES,
@@ -295,9 +299,16 @@ def _import_and_freeze(args: argparse.Namespace) -> None:
         names.append("lhotse.dataset.sampling.dynamic_bucketing")
     if not args.no_hf:
         names += ["transformers.trainer_pt_utils", "accelerate.data_loader"]
+    names.append("fairseq.data.iterators")
     for name in names:
         try:
             importlib.import_module(name)
+        except Exception:  # reported where the baseline runs
+            pass
+    logging.getLogger().setLevel(logging.WARNING)  # fairseq's import sets the root to DEBUG
+    if args.lhotse_size:
+        try:
+            speechbrain_sampler_module()
         except Exception:  # reported where the baseline runs
             pass
     gc.collect()
@@ -364,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_res = results[0]
     big = results[-1] if len(results) > 1 and results[-1].n > main_res.n else None
     print_targets(main_res, big, args, info)
+    info["versions"] = library_versions()
     run.write(result_record(results, perfs, quals, info), result_path(args))
     write_json(
         args.json,

@@ -38,10 +38,12 @@ BENCH_MODULES = [
     "benchmarks.planning.epoch",
     "benchmarks.planning.measure",
     "benchmarks.planning.compare",
+    "benchmarks.planning.compare_libs",
     "benchmarks.planning.report",
     "benchmarks.planning.metrics",
     "benchmarks.planning.baselines",
     "benchmarks.planning.baselines_libs",
+    "benchmarks.peers.batches",
 ]
 
 

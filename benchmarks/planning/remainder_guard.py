@@ -21,36 +21,65 @@ Rows (median of ``--repeats``, seconds):
   ``load_state_dict`` runs), with per-rank budgets (``rank_shares``) as a second case;
 * **ledger at a checkpoint**: ``consumed_ledger`` at the half (what every ``state_dict`` adds).
 
-Ratios: the guard over the re-plan it guards, and over a fresh plan.
+The rows are measured in turn within each repeat (interleaved), so a ratio is computed per
+repeat, between rows timed seconds apart; the tables show its median and its range over the
+repeats: the guard over the re-plan it guards, the same-topology guard and the ledger over a
+fresh plan. A full run writes ``benchmarks/results/remainder_guard.json`` (``--quick`` writes
+nothing unless ``--result PATH``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.harness import uptime
+from benchmarks.harness import uptime, write_json
+from benchmarks.results import Run, add_result_option, result_path
 from lightning_varbatch import EpochPlanner, PlanConfig
 from lightning_varbatch.planner import rank_budgets, wmt_like_lengths
 from lightning_varbatch.planner.remainder_guard import consumed_ledger, guard_remainder
 
-WORLD, BUDGET = 8, 16384
+WORLD, RESUMED_WORLD, BUDGET = 8, 6, 16384
+ROWS = {
+    "fresh": "fresh plan",
+    "replan": "elastic re-plan",
+    "guard_elastic": "guard, elastic",
+    "guard_same": "guard, same topology",
+    "guard_shares": "guard, same topology, shares",
+    "ledger": "ledger at a checkpoint",
+}
+"""The timed rows: result keys and what they are called."""
+RATIOS = {
+    "guard_over_replan": ("guard_elastic", "replan"),
+    "guard_over_fresh": ("guard_same", "fresh"),
+    "shares_over_fresh": ("guard_shares", "fresh"),
+    "ledger_over_fresh": ("ledger", "fresh"),
+}
+"""Each ratio's numerator and denominator rows, computed per repeat."""
+MEASURED = [
+    "lightning_varbatch.planner.epoch_planner",
+    "lightning_varbatch.planner.remainder_guard",
+    "lightning_varbatch.planner.rank_shares",
+    "lightning_varbatch.planner.synthetic",
+]
+"""The package code the figures measure (with its imports; :mod:`benchmarks.results`)."""
 
 
-def _time(fn: Callable[[], Any], repeats: int) -> float:
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append(time.perf_counter() - t0)
-    return statistics.median(runs)
+def _seconds(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-def measure(n: int, repeats: int) -> dict[str, float]:
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure(n: int, repeats: int) -> dict[str, Any]:
+    """Every row's seconds per repeat (rows in turn within a repeat), medians and ratios."""
     lengths = wmt_like_lengths(n, seed=0)
     planner = EpochPlanner(lengths, PlanConfig(max_tokens=BUDGET))
     planner.plan(0, WORLD)  # sort and cut cached, as from a run's second epoch on
@@ -60,50 +89,69 @@ def measure(n: int, repeats: int) -> dict[str, float]:
 
     def replan() -> Any:
         planner._last = None  # plan_resumed caches its last plan: time a real re-plan
-        return planner.plan_resumed(1, 6, 1, history)
+        return planner.plan_resumed(1, RESUMED_WORLD, 1, history)
 
     rest = replan()
     shares = rank_budgets(BUDGET, WORLD, [1.0, 0.8] * (WORLD // 2))
     lanes = planner.plan(1, WORLD, rank_budgets=shares)
-    out = {
-        "examples": float(n),
-        "fresh plan": _time(lambda: planner.plan(1, WORLD), repeats),
-        "elastic re-plan": _time(replan, repeats),
-        "guard, elastic": _time(lambda: guard_remainder(planner, rest), repeats),
-        "guard, same topology": _time(lambda: guard_remainder(planner, fresh, half), repeats),
-        "guard, same topology, shares": _time(
-            lambda: guard_remainder(planner, lanes, lanes.num_micro_batches_per_rank // 2),
-            repeats,
-        ),
-        "ledger at a checkpoint": _time(lambda: consumed_ledger(fresh, half), repeats),
+    lanes_half = lanes.num_micro_batches_per_rank // 2
+    work: dict[str, Callable[[], Any]] = {
+        "fresh": lambda: planner.plan(1, WORLD),
+        "replan": replan,
+        "guard_elastic": lambda: guard_remainder(planner, rest),
+        "guard_same": lambda: guard_remainder(planner, fresh, half),
+        "guard_shares": lambda: guard_remainder(planner, lanes, lanes_half),
+        "ledger": lambda: consumed_ledger(fresh, half),
     }
-    return out
+    runs: dict[str, list[float]] = {row: [] for row in ROWS}
+    for _ in range(repeats):
+        for row in ROWS:
+            runs[row].append(_seconds(work[row]))
+    per_repeat = {
+        name: [a / b for a, b in zip(runs[top], runs[bottom], strict=True)]
+        for name, (top, bottom) in RATIOS.items()
+    }
+    return {
+        "examples": n,
+        "world_size": WORLD,
+        "resumed_world_size": RESUMED_WORLD,
+        "max_tokens": BUDGET,
+        "repeats": repeats,
+        "micro_batches_per_rank": fresh.num_micro_batches_per_rank,
+        "consumed_per_rank": half,
+        "seconds": {row: _spread(v) for row, v in runs.items()},
+        "runs": runs,
+        "ratios": {name: _spread(v) for name, v in per_repeat.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="300k pairs instead of 4.5M")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--json", default=None, help="write the medians here (flat)")
+    add_result_option(p, "remainder_guard")
     args = p.parse_args(argv)
+    run = Run(
+        "remainder_guard",
+        settings=vars(args),
+        package=MEASURED,
+        bench=["benchmarks.planning.remainder_guard"],
+    )
     n = 300_000 if args.quick else 4_500_000
     print(f"uptime: {uptime()}")
     got = measure(n, args.repeats)
     print(f"\n{n:,} WMT-like pairs, {WORLD} ranks, max_tokens={BUDGET}, median of {args.repeats}")
-    print(f"{'':34s} {'seconds':>9s}")
-    for name, value in got.items():
-        if name != "examples":
-            print(f"{name:34s} {value:9.3f}")
-    guard = got["guard, elastic"]
-    print(
-        f"\nguard / elastic re-plan: {guard / got['elastic re-plan']:.2f}"
-        f"   guard (same topology) / fresh plan: "
-        f"{got['guard, same topology'] / got['fresh plan']:.2f}"
-    )
+    print(f"{'':34s} {'seconds':>9s} {'min':>9s} {'max':>9s}")
+    for row, s in got["seconds"].items():
+        print(f"{ROWS[row]:34s} {s['median']:9.3f} {s['min']:9.3f} {s['max']:9.3f}")
+    print()
+    for name, r in got["ratios"].items():
+        print(f"{name:34s} {r['median']:9.3f} {r['min']:9.3f} {r['max']:9.3f}")
     print(f"uptime: {uptime()}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(got, f, indent=1)
+    flat = {"examples": float(n), **{ROWS[r]: s["median"] for r, s in got["seconds"].items()}}
+    write_json(args.json, flat)
+    run.write(got, result_path(args))
     return 0
 
 

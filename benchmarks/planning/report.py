@@ -30,6 +30,9 @@ class Perf:
     rss_bpe: float | None = None
     note: str = ""
     ours_s: float | None = None
+    x_ours_min: float | None = None
+    """The lowest of the row's ratios to ours over paired runs (where it was timed in pairs)."""
+    x_ours_max: float | None = None
 
 
 def perf_rows(perfs: Sequence[Perf]) -> list[list[str]]:
@@ -241,7 +244,10 @@ def print_targets(
 GROUPS = {
     "fixed": "DistributedSampler",
     "lhotse": "lhotse",
-    "hf": "HF",
+    "hf": "HF LengthGrouped",
+    "hf_rebalance": "HF batch_rebalance",
+    "fairseq": "fairseq",
+    "speechbrain": "SpeechBrain",
     "greedy": "greedy",
     "deepspeed": "DeepSpeed",
 }
@@ -268,6 +274,8 @@ def group_summary(
     out: dict[str, Any] = {"rows": len(q), "batches_per_rank": [r["batches/rank"] for r in q]}
     for name, values in [
         ("x_ours", [r["x_ours"] for r in p]),
+        ("x_ours_pairs_min", [r["x_ours_min"] for r in p if r.get("x_ours_min") is not None]),
+        ("x_ours_pairs_max", [r["x_ours_max"] for r in p if r.get("x_ours_max") is not None]),
         ("rank_s", [r["rank_s"] for r in mine if r["rank_s"]]),
         (
             "plan_s",
@@ -322,6 +330,7 @@ def result_record(
         "fixed_batch": info.get("fixed_batch"),
         "deepspeed_extrapolated_s": info.get("ds_extrapolated_s"),
         "deepspeed_exponent": info.get("ds_exponent"),
+        "library_versions": info.get("versions"),
     }
 
 

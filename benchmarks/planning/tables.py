@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from benchmarks.planning.tables_libraries import TABLES as LIBRARY_TABLES
 from benchmarks.render_tables import TIMES, Result, cell, markdown, provenance_line
 
 
@@ -194,7 +195,7 @@ def pair_shapes(result: Result) -> str:
     orders = ["ours", "max", "max, source, target", "source, target", "target, source"]
     rows = []
     for dist, d in r.items():
-        if dist == "summary":
+        if "rows" not in d:  # the summary and the tiny-input check
             continue
         for row in d["rows"]:
             best = row["best_other"]
@@ -204,14 +205,98 @@ def pair_shapes(result: Result) -> str:
                 + [
                     f"{row['ours_over_best']:.4f}",
                     f"{row['micro_batches']['ours']:.0f} / {row['micro_batches'][best]:.0f}",
+                    cell(row.get("bound_padding"), ".4f"),
+                    cell(row.get("distance"), ".4f"),
                     row["verdict"],
                 ]
             )
-    headers = ["data (corr.)", "budget", *orders, "ours / best", "mbs ours / best", "verdict"]
-    return markdown(headers, rows, "lr" + "r" * 7 + "rl")
+    headers = ["data (corr.)", "budget", *orders, "ours / best", "mbs ours / best"]
+    headers += ["bound pad", "ours / bound - 1", "verdict"]
+    return markdown(headers, rows, "lr" + "r" * 9 + "l")
+
+
+GUARD_ROWS = {
+    "fresh": "fresh plan of a later epoch (sort and cut cached)",
+    "replan": "elastic re-plan: {world} ranks ran half the epoch, the rest on {resumed} "
+    "(guard included)",
+    "guard_elastic": "guard of that remainder",
+    "guard_same": "guard at a same-topology resume (what `load_state_dict` runs)",
+    "guard_shares": "the same, ranks of their own budgets (`rank_shares`)",
+    "ledger": "the ledger at a checkpoint (`state_dict`)",
+}
+GUARD_RATIOS = {
+    "guard_elastic": "guard_over_replan",
+    "guard_same": "guard_over_fresh",
+    "guard_shares": "shares_over_fresh",
+    "ledger": "ledger_over_fresh",
+}
+
+
+def _span(s: dict[str, float], spec: str) -> str:
+    """``median (min-max)`` of a spread."""
+    return f"{s['median']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
+
+
+def remainder_guard(result: Result) -> str:
+    """What the remainder guard costs: seconds per row and its ratio to what it guards."""
+    r = result["results"]
+    rows = []
+    for key, what in GUARD_ROWS.items():
+        ratio = GUARD_RATIOS.get(key)
+        over = "re-plan" if ratio == "guard_over_replan" else "fresh plan"
+        rows.append(
+            [
+                what.format(world=r["world_size"], resumed=r["resumed_world_size"]),
+                _span(r["seconds"][key], ".3f"),
+                "" if ratio is None else f"{_span(r['ratios'][ratio], '.2f')} of the {over}",
+            ]
+        )
+    return markdown(["what", "seconds, median (range)", "ratio, median (range)"], rows, "lrl")
+
+
+def batch_schedule_time(result: Result) -> str:
+    """The batch-size schedule's plan time against no schedule, with per-repeat ranges."""
+    r = result["results"]
+    rows = []
+    for name, seconds in r["seconds"].items():
+        label = "none" if name == "none" else f'{name}: `"{r["schedules"][name]}"`'
+        cells = [label, f"{r['steps'][name]:,}"]
+        for row in ("first", "cached", "later"):
+            text = f"{seconds[row]:.3f}"
+            if name in r["ratios"]:
+                span = r["ratio_range"][name][row]
+                text += (
+                    f" ({r['ratios'][name][row]:.2f}{TIMES}, {span['min']:.2f}-{span['max']:.2f})"
+                )
+            cells.append(text)
+        rows.append(cells)
+    headers = ["schedule", "steps, epoch 0", "first plan (s)", "epoch 0, cached (s)"]
+    return markdown([*headers, "later epoch (s)"], rows)
+
+
+def batch_schedule_stages(result: Result) -> str:
+    """Each stage of epoch 0 under each schedule: steps, budget, tokens per step, fill."""
+    rows = []
+    for name, stages in result["results"]["stages"].items():
+        for s in stages:
+            low, high = s["budget_min"], s["budget_max"]
+            rows.append(
+                [
+                    name,
+                    s["label"],
+                    f"{s['num_steps']:,}",
+                    f"{low:,}" if low == high else f"{low:,}-{high:,}",
+                    f"{s['tokens_per_step']:,.0f}",
+                    f"{100 * s['fill']:.1f} %",
+                    f"{100 * s['min_fill']:.1f} %",
+                ]
+            )
+    headers = ["schedule", "fraction", "steps", "budget per rank", "tokens/step", "fill mean"]
+    return markdown([*headers, "fill min"], rows, "llrrrrr")
 
 
 TABLES: dict[str, Callable[[Result], str]] = {
+    **LIBRARY_TABLES,
     "planning_targets": planning_targets,
     "planning_performance": planning_performance,
     "planning_quality": planning_quality,
@@ -220,4 +305,7 @@ TABLES: dict[str, Callable[[Result], str]] = {
     "pair_plan_time": pair_plan_time,
     "length_warmup": length_warmup,
     "pair_shapes": pair_shapes,
+    "remainder_guard": remainder_guard,
+    "batch_schedule_time": batch_schedule_time,
+    "batch_schedule_stages": batch_schedule_stages,
 }

@@ -2,37 +2,31 @@
 
 Run from the repository root (issue 32)::
 
-    python -m benchmarks.training.batch_schedule --json /tmp/bst.json  # 12 runs, ~10 min
-    python -m benchmarks.training.batch_schedule --quick                # smoke test, seconds
+    python -m benchmarks.training.batch_schedule          # 12 runs, ~5 min idle (~10 busy)
+    python -m benchmarks.training.batch_schedule --quick  # smoke test, seconds
+
+A full run writes ``benchmarks/results/batch_schedule_training.json`` (``--quick`` only with
+``--result PATH``); ``benchmarks.training.tables`` renders its table.
 
 Every run trains the LM example's model (:class:`examples.lm.model.CausalLM`, 2 layers, 128
-wide) on the example's embedded documents (19,500 training, 500 held out, cut to 128 tokens)
-in packed rows of ``max_tokens=1024`` (one rank, no accumulation: the full step is 1,024
-tokens), and stops at the first step that reaches ``--tokens`` planning tokens (document
-lengths, the schedule's clock), not at a step count. The arms:
+wide) on its embedded documents (19,500 training, 500 held out, cut to 128 tokens) in packed
+rows of ``max_tokens=1024`` (one rank: the full step is 1,024 tokens), and stops at the first
+step that reaches ``--tokens`` planning tokens, not at a step count. The arms: **schedule**
+``none`` or ``ramp`` (``batch_schedule="ramp:0.25:T"``, ``T`` = 30 % of the run's tokens: a
+quarter of the full step growing to it at ``T``); **peak learning rate** the example's ``3e-3``
+and 3× it; **seed** 0, 1, 2 (shuffle and initial weights; one held-out split for all runs).
 
-* **schedule**: ``none`` (every step full) or ``ramp`` (``batch_schedule="ramp:0.25:T"``,
-  ``T`` = 30 % of the run's tokens: the first steps a quarter of the full step, growing to it
-  at ``T``);
-* **peak learning rate**: the example's ``3e-3`` and 3× it;
-* **seed**: 0, 1, 2 (the shuffle and the initial weights; the split is seed 0's in all runs,
-  so every run is scored on the same held-out documents).
+The learning rate follows **tokens**, the same in both arms: a linear warm-up over the first
+10 % of the tokens, then a cosine decay to 10 % of the peak at ``--tokens``, read at the
+midpoint of each step's tokens (a step-based schedule would hand the ramp arm's extra steps a
+longer warm-up in tokens). ``BatchSizeLRScaler(rule="sqrt")`` scales every step's rate in both
+arms by ``sqrt(step tokens / 1024)`` (the rule for Adam-type optimizers, and that of
+``conf/callbacks/default.yaml``).
 
-The learning-rate schedule is in **tokens**, the same in both arms: a linear warm-up over the
-first 10 % of the tokens (the example's 30 of 300 steps), then a cosine decay to 10 % of the
-peak at ``--tokens``; a step's rate is read at the midpoint of its tokens. A step-based
-schedule would hand the ramp arm's extra steps a longer warm-up and a later decay in tokens.
-On top, ``BatchSizeLRScaler(rule="sqrt")`` scales every step's rate in both arms by
-``sqrt(step tokens / 1024)`` (the square-root rule for Adam-type optimizers, and the rule of
-the repository's ``conf/callbacks/default.yaml``; the linear rule would give the ramp's first
-steps a quarter of the rate).
-
-Reported per arm (median and range over the seeds): optimizer steps, the ramp's fill (real
-tokens over the schedule's budget, ``keys.STEP_BUDGET``, of the steps under the full step),
-tokens trained, the training loss (token-weighted) over the last 10 % of the tokens and over
-the 5 % before the ramp ends, the held-out loss at the end, and the training wall time
-(``fit``, one torch thread); then the ramp arm against the ``none`` arm of the same peak rate
-and seed, measured in the same run (loss differences, step and time ratios).
+Reported per arm (median and range over the seeds): steps, the ramp's fill (real tokens over
+``keys.STEP_BUDGET`` of the steps under the full step), tokens, the token-weighted training
+loss over the last 10 % and the 5 % before the ramp ends, the held-out loss, the ``fit`` time;
+and the ramp arm against ``none`` of the same peak rate and seed (differences, ratios).
 """
 
 from __future__ import annotations
@@ -51,6 +45,7 @@ from lightning.pytorch import Trainer, seed_everything
 from omegaconf import OmegaConf
 
 from benchmarks.harness import command_line, fmt, print_table, torch_machine_line, write_json
+from benchmarks.results import Run, add_result_option, result_path
 from examples.lm.data import build_documents, encode_documents, length_stats, split_documents
 from examples.lm.datamodule import flop_model
 from examples.lm.model import CausalLM
@@ -58,6 +53,17 @@ from examples.translation import tokenizer as tok
 from lightning_varbatch import BatchSizeLRScaler, PackingCollate, TokenBudgetDataModule, keys
 
 MODULE = "benchmarks.training.batch_schedule"
+RESULT = "batch_schedule_training"
+MEASURED = [
+    "examples.lm.model",
+    "examples.lm.data",
+    "examples.lm.datamodule",
+    "examples.translation.tokenizer",
+    "lightning_varbatch.callbacks.lr_scaling",
+    "lightning_varbatch.data.packed_collate",
+    "lightning_varbatch.data.datamodule",
+]
+"""The package modules the runs train with (their import closure is fingerprinted)."""
 SCHEDULES = ("none", "ramp")
 SUMMED = ("steps", "tokens", "train_loss", "train_loss_ramp_end", "val_loss", "seconds")
 
@@ -244,10 +250,8 @@ def train_one(scale: Scale, corpus: dict[str, Any], schedule: str, lr: float, se
 
 
 def run_grid(scale: Scale, json_path: str | None = None, deadline: float = math.inf) -> list[dict]:
-    """Every (seed, peak rate, schedule) run, seed by seed; ``json_path`` rewritten after each.
-
-    No run starts after ``deadline`` (``time.perf_counter()``); the finished ones are returned.
-    """
+    """Every (seed, peak rate, schedule) run; ``json_path`` rewritten after each; no run starts
+    after ``deadline`` (``time.perf_counter()``)."""
     torch.set_num_threads(scale.threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no per-Trainer banner
     corpus = build_corpus(scale)
@@ -346,19 +350,23 @@ def describe(scale: Scale) -> None:
     )
 
 
-def report(scale: Scale, runs: Sequence[dict], json_path: str | None, started: float) -> None:
-    """The table and the JSON of a finished grid."""
+def report(
+    scale: Scale, runs: Sequence[dict], json_path: str | None, started: float
+) -> dict[str, Any]:
+    """The table and the JSON of a finished grid; returns the numbers (empty: no run)."""
     rows = summarise(runs)
     if not rows:
         print("no run finished")
-        return
+        return {}
     print(
         "\nper (peak lr, schedule): median [min, max] over seeds; Δ and x are the ramp arm "
         "minus / over the none arm of the same seed and peak lr, measured in this run\n"
     )
     table(rows)
     print(f"\n{len(runs)} runs in {time.perf_counter() - started:.0f} s")
-    write_json(json_path, {"scale": asdict(scale), "runs": list(runs), "table": rows})
+    numbers = {"scale": asdict(scale), "runs": list(runs), "table": rows}
+    write_json(json_path, numbers)
+    return numbers
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -367,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=None, help="planning tokens per run")
     parser.add_argument("--seeds", type=int, nargs="+", default=None)
     parser.add_argument("--json", default=None, help="write the runs and the table here")
+    add_result_option(parser, RESULT)
     args = parser.parse_args(argv)
     scale = QUICK if args.quick else FULL
     if args.tokens is not None:
@@ -374,11 +383,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds is not None:
         scale = replace(scale, seeds=tuple(args.seeds))
     started = time.perf_counter()
+    run = Run(RESULT, settings=asdict(scale), package=MEASURED, bench=[MODULE])
     print("command:", command_line(MODULE, argv))
     print("machine:", torch_machine_line())
     describe(scale)
     runs = run_grid(scale, args.json)
-    report(scale, runs, args.json, started)
+    numbers = report(scale, runs, args.json, started)
+    if numbers:
+        run.write(numbers, result_path(args))
+    print("machine after:", torch_machine_line())
     return 0
 
 

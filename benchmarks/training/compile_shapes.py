@@ -2,8 +2,12 @@
 
 Run from the repository root (venv active)::
 
-    python -m benchmarks.training.compile_shapes            # ~8-10 min on 2 shared CPU cores
+    python -m benchmarks.training.compile_shapes            # ~5-6 min on 2 idle CPU cores
     python -m benchmarks.training.compile_shapes --quick    # smoke test, under a minute
+
+A full run writes ``benchmarks/results/compile_shapes.json`` (:class:`benchmarks.results.Run`;
+``--result PATH`` elsewhere, ``--no-result`` none); ``--quick`` writes none unless given
+``--result``. Compiling the K-shape arm's 8 shapes takes about 3 of the minutes.
 
 ``--quick`` plans 100,000 pairs and trains a one-layer ``d_model=32`` model on 400 documents
 (budget 1,024, K = 2) in this process, compiling with the ``aot_eager`` backend (dynamo's
@@ -30,10 +34,11 @@ the benchmark prints which K meet it.
 (:class:`TinyLM`: pre-norm blocks, ``F.scaled_dot_product_attention`` with a boolean mask
 ``causal & key mask``, GELU FFN, tied embeddings; ``d_model=128``, 4 heads, 2 layers, FFN 512,
 vocabulary 1,000; AdamW lr 1e-3; fp32; ``torch.set_num_threads(1)``), trained once over the
-same 10,000 documents (random token ids; lengths: the target side of
-``wmt_like_lengths(10_000, seed=1)``, at least 2) with ``TokenBudgetBatchSampler(lengths,
-4096, world_size=1, shuffle=True, loss_lengths=lengths - 1)`` and ``PaddingCollate(loss_offset=1)``
-(loss = summed cross-entropy / the batch's ``ntokens``). Arms:
+same ``--docs`` documents (4,000 in a CPU run, :data:`CPU_RUN`; random token ids; lengths:
+the target side of ``wmt_like_lengths(docs, seed=1)``, at least 2) with
+``TokenBudgetBatchSampler(lengths, 4096, world_size=1, shuffle=True, loss_lengths=lengths -
+1)`` and ``PaddingCollate(loss_offset=1)`` (loss = summed cross-entropy / the batch's
+``ntokens``). Arms:
 
 * **eager, free shapes** (the baseline): the model as it is; every micro-batch padded to its
   own longest.
@@ -44,7 +49,7 @@ same 10,000 documents (random token ids; lengths: the target side of
   True`` (so that a fallback to eager would fail instead of passing silently).
 * **compiled dynamic, free shapes**: ``torch.compile(model, dynamic=True)``, free shapes.
 * **compiled static, free shapes**: ``torch.compile(model, dynamic=False)``, free shapes:
-  the recompile storm, capped at ``--storm-steps`` steps (3).
+  the recompile storm, capped at ``--storm-steps`` steps (2).
 
 Each arm runs in a fresh process (``--quick``: all in this process) with a fresh, empty
 inductor cache (``TORCHINDUCTOR_CACHE_DIR`` a new temporary folder) and
@@ -56,13 +61,18 @@ agrees with it when nothing breaks the graph; graph breaks are counted and must 
 **compile steps**: the steps during which ``graphs`` rose; **compile s**: their summed step
 times (compilation plus one step); **steady real tok/s**: real (non-padding) document tokens
 of the other steps after the first ``warmup`` (3) steps / their summed step time; **x eager**:
-against the eager free-shape arm of the same run; **all steps s**: every step, compilation
-included; **x eager paired**: after training, each compiled arm runs its first
-``paired_steps`` (40) micro-batches again, alternating the eager model and the compiled one
-step by step (no new compilation), and divides the eager time by the compiled time: a ratio
-that a change of the machine's load during the run hits alike on both sides (the arms run
-minutes apart, the ``x eager`` column does not have that protection). For the K-shape arm
-the benchmark asserts ``graphs == distinct shapes``.
+against the eager free-shape arm, run minutes apart in another process (the machine's load
+moves it); **all steps s**: every step, compilation included.
+
+**Paired ratios.** After training (nothing left to compile), the processes of ``eager_k``,
+``compiled_k`` and ``dynamic_free`` run the arm and its references (:data:`PAIRED`: eager on
+free shapes, eager on K shapes, the compiled model) one step each per round, in turn (a b c,
+then c b a), for ``--paired-steps`` rounds (24), on micro-batches spread over the epoch: a
+change of the machine's load hits them alike. **x eager free, paired**: the arm's real
+tokens/s over eager free shapes; **compiled / eager, same batches**: a compiled model's over
+the same model run eagerly on the same micro-batches; each with a 90 % bootstrap interval over
+the rounds (:func:`paired_ratio`). For the K-shape arm the benchmark asserts ``graphs ==
+distinct shapes``.
 
 Before the arms, the benchmark checks the masked rows on the eager model: for a K-shape
 micro-batch with fully masked rows, the attention output of those rows (every query sees no
@@ -94,6 +104,7 @@ from benchmarks.harness import (
     torch_machine_line,
     write_json,
 )
+from benchmarks.results import Run, add_result_option, result_path
 
 # -- Part 1 settings
 PAIRS = 1_000_000
@@ -113,6 +124,15 @@ ARM_NAMES = {
     "static_free": "compiled static, free shapes",
 }
 FIRST_TOKEN = 3
+MODULE = "benchmarks.training.compile_shapes"
+PAIRED = {
+    "eager_k": ("eager_free", "eager_k"),
+    "compiled_k": ("eager_free", "eager_k", "compiled_k"),
+    "dynamic_free": ("eager_free", "dynamic_free"),
+}
+"""The variants each arm's process runs in turn after training, one step each per round."""
+SAME_BATCHES = {"compiled_k": "eager_k", "dynamic_free": "eager_free"}
+"""A compiled arm's eager counterpart on the same micro-batches."""
 
 
 # -- Part 1: the padding of K shapes -------------------------------------------------------------
@@ -224,7 +244,22 @@ class CompileSettings(TrainingSettings):
 DEFAULTS = CompileSettings(
     max_tokens=4096, vocab=1000, d_model=128, nhead=4, layers=2, ffn=512, lr=1e-3, warmup=3
 )
-"""Part 2's CPU sizes."""
+"""Part 2's workload: the model and the budget (the GPU script takes these too)."""
+
+CPU_RUN = replace(DEFAULTS, docs=4_000, storm_steps=2, paired_steps=24)
+"""What a full CPU run trains (the command's defaults): 4,000 of the workload's documents, 2
+steps of the recompile storm and 24 paired rounds, so that a run takes about 5 minutes on 2
+idle cores (compiling the 8 shapes alone takes about 3)."""
+
+MEASURED = [
+    "lightning_varbatch.planner.epoch_planner",
+    "lightning_varbatch.planner.diagnostics",
+    "lightning_varbatch.planner.shapes",
+    "lightning_varbatch.planner.synthetic",
+    "lightning_varbatch.data.sampler",
+    "lightning_varbatch.data.collate",
+]
+"""The package modules the result measured (their import closure is fingerprinted)."""
 
 
 @dataclass
@@ -248,8 +283,10 @@ class ArmResult:
     finite: bool
     recompile_limit: int | None
     paired_steps: int = 0
-    paired_eager_s: float = 0.0
-    paired_compiled_s: float = 0.0
+    paired_s: dict[str, list[float]] = field(default_factory=dict)
+    """Per paired round, each variant's step time (:data:`PAIRED`)."""
+    paired_real: dict[str, list[int]] = field(default_factory=dict)
+    """Per paired round, the real tokens of each variant's micro-batch."""
     step_s: list[float] = field(default_factory=list)
 
     @property
@@ -408,7 +445,9 @@ def run_arm(arm: str, s: CompileSettings) -> ArmResult:
     torch._dynamo.reset()
     counters.clear()
     torch.manual_seed(s.seed)
-    batches = train_batches(s, shapes=arm.endswith("_k"))
+    free = train_batches(s, shapes=False)
+    k_shapes = train_batches(s, shapes=True) if arm in ("eager_k", "compiled_k") else []
+    batches = k_shapes if arm.endswith("_k") else free
     if arm == "static_free":
         batches = batches[: s.storm_steps]
     if s.max_steps is not None:
@@ -443,20 +482,31 @@ def run_arm(arm: str, s: CompileSettings) -> ArmResult:
         losses.append(loss.item())
         return time.perf_counter() - t0
 
-    paired = [0.0, 0.0]
+    variants = {
+        "eager_free": (model, free),
+        "eager_k": (model, k_shapes),
+        "compiled_k": (fn, k_shapes),
+        "dynamic_free": (fn, free),
+    }
+    names = PAIRED.get(arm, ())
+    paired_s: dict[str, list[float]] = {v: [] for v in names}
+    paired_real: dict[str, list[int]] = {v: [] for v in names}
     try:
         for batch in batches:
             before = graph_counts()[0]
             times.append(step(fn, batch))
             compiled.append(graph_counts()[0] > before)
-        if fn is not model and arm != "static_free":
-            # The same model eager and compiled, step by step on the same micro-batches, so
-            # that a change of the machine's load hits both alike.
-            graphs = graph_counts()[0]
-            for batch in batches[: s.paired_steps]:
-                paired[0] += step(model, batch)
-                paired[1] += step(fn, batch)
-            assert graph_counts()[0] == graphs, "the paired pass compiled again"
+        # After training (nothing left to compile): the arm and its references, one step each
+        # per round in turn (a b c, then c b a, ...), so that a change of the machine's load
+        # hits them alike; a compiled arm also runs its own model eagerly on the same batches.
+        graphs = graph_counts()[0]
+        for i in range(s.paired_steps if names else 0):
+            for v in names if i % 2 == 0 else names[::-1]:
+                run, pool = variants[v]
+                batch = pool[(i * len(pool)) // s.paired_steps]  # spread over the epoch
+                paired_s[v].append(step(run, batch))
+                paired_real[v].append(int(batch["tokens_mask"].sum()))
+        assert graph_counts()[0] == graphs, "the paired pass compiled again"
     finally:
         dynamo.recompile_limit, dynamo.fail_on_recompile_limit_hit = saved
     graphs, frames, breaks = graph_counts()
@@ -486,9 +536,9 @@ def run_arm(arm: str, s: CompileSettings) -> ArmResult:
         final_loss=losses[-1],
         finite=finite,
         recompile_limit=limit,
-        paired_steps=min(s.paired_steps, len(batches)) if paired[1] else 0,
-        paired_eager_s=paired[0],
-        paired_compiled_s=paired[1],
+        paired_steps=s.paired_steps if names else 0,
+        paired_s=paired_s,
+        paired_real=paired_real,
         step_s=times,
     )
 
@@ -497,9 +547,7 @@ def spawn(arm: str, s: CompileSettings) -> ArmResult:
     """Run one arm in a fresh process with a fresh, empty inductor cache."""
     cache = tempfile.mkdtemp(prefix="inductor-cache-")
     try:
-        found = run_training_child(
-            "benchmarks.training.compile_shapes", arm, s, TORCHINDUCTOR_CACHE_DIR=cache
-        )
+        found = run_training_child(MODULE, arm, s, TORCHINDUCTOR_CACHE_DIR=cache)
         return ArmResult(**found)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
@@ -520,6 +568,24 @@ def run_in_process(arm: str, s: CompileSettings) -> ArmResult:
         shutil.rmtree(cache, ignore_errors=True)
 
 
+def paired_ratio(
+    r: ArmResult, num: str, den: str, resamples: int = 2000, seed: int = 0
+) -> list[float]:
+    """``[ratio, low, high]``: real tokens/s of variant ``num`` over ``den`` in ``r``'s paired
+    pass, with a 90 % bootstrap interval over its rounds (each round resampled as a whole)."""
+    ns, nr = np.asarray(r.paired_s[num]), np.asarray(r.paired_real[num], dtype=np.float64)
+    ds, dr = np.asarray(r.paired_s[den]), np.asarray(r.paired_real[den], dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, ns.size, (resamples, ns.size))
+    boot = (nr[idx].sum(1) / ns[idx].sum(1)) / (dr[idx].sum(1) / ds[idx].sum(1))
+    point = (nr.sum() / ns.sum()) / (dr.sum() / ds.sum())
+    return [float(point), float(np.quantile(boot, 0.05)), float(np.quantile(boot, 0.95))]
+
+
+def interval(x: list[float] | None) -> str:
+    """``1.05 [1.02, 1.08]``, or ``-``."""
+    return "-" if x is None else f"{x[0]:.2f} [{x[1]:.2f}, {x[2]:.2f}]"
+
+
 def report_training(results: dict[str, ArmResult]) -> dict[str, Any]:
     base = results["eager_free"].tps
     headers = [
@@ -527,42 +593,47 @@ def report_training(results: dict[str, ArmResult]) -> dict[str, Any]:
         "steps",
         "shapes",
         "graphs",
-        "frames ok",
         "compile steps",
         "compile s",
         "s/compile",
         "slots/real",
         "steady real tok/s",
         "x eager",
-        "x eager paired",
+        "x eager free, paired [90 %]",
+        "compiled / eager, same batches [90 %]",
         "all steps s",
     ]
     rows = []
     out: dict[str, Any] = {}
     for arm, r in results.items():
         steady = r.timed_steps > 0
+        vs_free = paired_ratio(r, arm, "eager_free") if r.paired_steps else None
+        same = SAME_BATCHES.get(arm)
+        vs_same = paired_ratio(r, arm, same) if r.paired_steps and same else None
         rows.append(
             [
                 ARM_NAMES[arm],
                 str(r.steps),
                 str(r.shapes),
                 str(r.graphs),
-                str(r.frames_ok),
                 str(r.compile_steps),
                 f"{r.compile_s:.1f}" if r.compile_steps else "-",
                 f"{r.compile_s / r.compile_steps:.1f}" if r.compile_steps else "-",
                 f"{r.slots / r.real:.3f}",
                 f"{r.tps:,.0f}" if steady else "- (all compile)",
                 f"{r.tps / base:.2f}" if steady else "-",
-                f"{r.paired_eager_s / r.paired_compiled_s:.2f}" if r.paired_steps else "-",
+                interval(vs_free),
+                interval(vs_same),
                 f"{r.total_s:.1f}",
             ]
         )
         d = asdict(r)
         d["tps"] = r.tps if steady else None
         d["speedup_vs_eager"] = r.tps / base if steady else None
-        d["speedup_paired"] = r.paired_eager_s / r.paired_compiled_s if r.paired_steps else None
+        d["paired_vs_eager_free"] = vs_free
+        d["paired_vs_same_batches"] = vs_same
         d["step_median_s"] = statistics.median(r.step_s)
+        d["compile_per_shape_s"] = r.compile_s / r.compile_steps if r.compile_steps else None
         out[arm] = d
     print_table(headers, rows)
     return out
@@ -603,13 +674,14 @@ def describe_training(s: CompileSettings) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    d = DEFAULTS
+    d = CPU_RUN
     p = argparse.ArgumentParser(description="Shape-budget benchmark (see the module docstring).")
     p.add_argument("--quick", action="store_true", help="smoke test (< 1 min), all in-process")
     p.add_argument("--pairs", type=int, default=PAIRS, help="pairs of Part 1")
     p.add_argument("--docs", type=int, default=d.docs, help="documents of Part 2")
     p.add_argument("--max-shapes", type=int, default=d.max_shapes, help="K of Part 2")
     p.add_argument("--storm-steps", type=int, default=d.storm_steps)
+    p.add_argument("--paired-steps", type=int, default=d.paired_steps, help="paired rounds")
     p.add_argument("--arms", nargs="+", choices=ARMS, default=None, help="Part 2 arms to run")
     p.add_argument(
         "--backend",
@@ -618,6 +690,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    add_result_option(p, "compile_shapes")
     add_child_options(p, ARMS)
     return p.parse_args(argv)
 
@@ -628,10 +701,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_result(asdict(run_arm(args.child, CompileSettings.from_json(args.settings))))
         return 0
     s = replace(
-        DEFAULTS,
+        CPU_RUN,
         docs=args.docs,
         max_shapes=args.max_shapes,
         storm_steps=args.storm_steps,
+        paired_steps=args.paired_steps,
         seed=args.seed,
     )
     arms = tuple(args.arms or ARMS)
@@ -644,8 +718,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         s.backend = "aot_eager"
     if args.backend is not None:
         s.backend = args.backend
+    settings = {**asdict(s), "pairs": args.pairs, "plan_budget": PLAN_BUDGET, "world": WORLD}
+    run = Run("compile_shapes", settings=settings, package=MEASURED, bench=[MODULE])
     t_start = time.perf_counter()
-    print("command:", command_line("benchmarks.training.compile_shapes", argv))
+    print("command:", command_line(MODULE, argv))
     print("machine:", torch_machine_line())
     print(
         f"\nPart 1: padding of K static shapes, wmt_like_lengths({args.pairs:,}) pairs "
@@ -683,22 +759,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "\ngraphs = dynamo counters['stats']['unique_graphs']; compile steps = steps in which "
         "it rose (their time: compile s); steady real tok/s = real tokens / time of the other "
         f"steps after the first {s.warmup}; x eager = against eager, free shapes; x eager "
-        f"paired = the arm's own model eager / compiled, alternating step by step over its first "
-        f"{s.paired_steps} micro-batches after training (same batches, same load)"
+        f"free paired = the arm's real tok/s over eager free shapes, and compiled / eager = over "
+        f"its own model run eagerly on the same micro-batches, both in the arm's process after "
+        f"training, one step each per round in turn, {s.paired_steps} rounds (90 % bootstrap "
+        "interval over the rounds)"
     )
     training = report_training(results)
     check_k_arm(results)
     print("machine after:", torch_machine_line())
-    print(f"wall time: {time.perf_counter() - t_start:.0f} s")
-    write_json(
-        args.json,
-        {
-            "padding": padding,
-            "masked_rows": masked,
-            "training": training,
-            "settings": asdict(s),
-        },
-    )
+    wall = time.perf_counter() - t_start
+    print(f"wall time: {wall:.0f} s")
+    numbers = {
+        "padding": padding,
+        "masked_rows": masked,
+        "training": training,
+        "settings": asdict(s),
+        "wall_s": wall,
+    }
+    write_json(args.json, numbers)
+    run.write(numbers, result_path(args))
     return 0
 
 

@@ -2,8 +2,13 @@
 
 Run from the repository root (``-m`` puts the root on ``sys.path``)::
 
-    python -m benchmarks.training.rank_shares            # about 1-1.5 min on 2 CPU cores
+    python -m benchmarks.training.rank_shares            # about 1.5-2 min on 2 CPU cores
     python -m benchmarks.training.rank_shares --quick    # smoke test, < 15 s
+
+A full run writes ``benchmarks/results/rank_shares.json`` (:class:`benchmarks.results.Run`;
+``--result PATH`` elsewhere, ``--no-result`` none); ``--quick`` writes none unless given
+``--result``. Besides each arm's figures by factor (``configs``), the file repeats the
+headline per factor in the order of the settings' factors (``per_factor``) for the documents.
 
 Two real processes (``torch.distributed``, gloo, 1 thread each) train a small token model
 (embedding 256 x 16 -> linear 16 x 256, a token-mean cross-entropy) on WMT-like target lengths
@@ -64,12 +69,25 @@ from benchmarks.harness import (
     run_children,
     write_json,
 )
+from benchmarks.results import Run, add_result_option, result_path
 from benchmarks.training.rank_shares_model import model_section
 from lightning_varbatch.planner import wmt_like_lengths
 
 WORLD = 2
 ARMS = {"a": "equal shares", "b": "fixed [1, 1/f]", "c": "balancing"}
+MODULE = "benchmarks.training.rank_shares"
+MEASURED = [
+    "lightning_varbatch.data.sampler",
+    "lightning_varbatch.planner.rank_shares",
+    "lightning_varbatch.planner.share_balance",
+    "lightning_varbatch.planner.epoch_planner",
+    "lightning_varbatch.planner.synthetic",
+]
+"""The package modules the result measured (their import closure is fingerprinted)."""
+BENCH = [MODULE, "benchmarks.training.rank_shares_model"]
 GRAD_RTOL = 1e-5
+HEADLINE = ("x_equal", "x_equal_epochs", "vs_fixed", "worst_vs_fixed", "later_s", "tokens_per_s")
+"""The figures of each arm that ``per_factor`` repeats for the documents."""
 """Largest |all-reduced - float64 reference| / max |reference| a checked step may show."""
 
 
@@ -82,7 +100,7 @@ class ShareSettings:
     delay_us: float = 50.0
     """Sleep per padded token on rank 0; rank 1 sleeps ``factor`` times as long."""
     factors: list[float] = field(default_factory=lambda: [1.5, 2.0])
-    epochs: int = 4
+    epochs: int = 5
     accumulate: int = 1
     vocab: int = 256
     d_model: int = 16
@@ -363,12 +381,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds for the 2 processes")
-    p.add_argument(
-        "--json",
-        default=None,
-        help="where to write the numbers (default for a full run: "
-        "benchmarks/runs/rank_shares.json; none for --quick)",
-    )
+    p.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    add_result_option(p, "rank_shares")
     p.add_argument("--rank-child", nargs=2, default=None, help=argparse.SUPPRESS)
     p.add_argument("--settings", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -394,8 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         s = replace(s, examples=200, max_tokens=512, delay_us=10.0, epochs=3, factors=[2.0])
         model_examples = 10_000
-    json_path = args.json or (None if args.quick else "benchmarks/runs/rank_shares.json")
-    print("command:", command_line("benchmarks.training.rank_shares", argv))
+    run = Run("rank_shares", settings=asdict(s), package=MEASURED, bench=BENCH)
+    print("command:", command_line(MODULE, argv))
     # the version without importing torch here (2 s the children need more)
     print("machine:", machine_line(f"torch {metadata.version('torch')}", with_load=True))
     data = Data(s)
@@ -409,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     free = str(_free_port())
     commands = [
         child_command(
-            "benchmarks.training.rank_shares",
+            MODULE,
             "--rank-child",
             str(r),
             free,
@@ -436,6 +450,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             x["x_equal"] = base / x["later_s"]
             x["vs_fixed"] = x["later_s"] / fixed
             x["worst_vs_fixed"] = x["later_max_s"] / fixed
+            # per epoch from the second: the arms of an epoch ran one after the other
+            a_e, b_e = results["a"][str(factor)]["epoch_s"], results["b"][str(factor)]["epoch_s"]
+            x["x_equal_epochs"] = [u / v for u, v in zip(a_e[1:], x["epoch_s"][1:], strict=True)]
+            x["vs_fixed_epochs"] = [u / v for u, v in zip(x["epoch_s"][1:], b_e[1:], strict=True)]
             rows.append(
                 [
                     f"{factor:g}x  {arm}: {name}",
@@ -447,6 +465,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fmt(x["later_s"]),
                     fmt(x["later_max_s"]),
                     fmt(x["x_equal"]),
+                    f"{min(x['x_equal_epochs']):.3f}..{max(x['x_equal_epochs']):.3f}",
                     fmt(x["vs_fixed"]),
                     f"{x['tokens_per_s']:,.0f}",
                     "/".join(f"{c:.2f}" for c in x["compute_s"]),
@@ -472,6 +491,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "epoch 2+ s",
             "worst 2+ s",
             "x equal",
+            "per epoch",
             "/ fixed",
             "tok/s",
             "compute s r0/r1",
@@ -516,8 +536,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "predicted": (top + 1) / 2,  # the ideal equal / fixed epoch-time ratio at the top factor
         "targets": targets,
         "model": model,
+        # the headline per factor, in the order of ``settings.factors`` (markers cannot name
+        # a key with a dot, such as "1.5")
+        "per_factor": [
+            {
+                "factor": f,
+                **{
+                    arm: {k: results[arm][str(f)][k] for k in HEADLINE}
+                    | {"last_share_r1": (results[arm][str(f)]["shares"][-1] or [1.0, 1.0])[1]}
+                    for arm in ARMS
+                },
+            }
+            for f in s.factors
+        ],
     }
-    write_json(json_path, out)
+    write_json(args.json, out)
+    run.write(out, result_path(args))
     correct = [k for k in targets if k.startswith(("every example", "gradient"))]
     return 0 if all(targets[k] for k in correct) else 1  # a wrong result fails, a slow one not
 

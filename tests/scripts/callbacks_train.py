@@ -135,11 +135,12 @@ class ListModel(Model):
         )
 
 
-def main() -> None:
-    argv = sys.argv[1:]
+def train(out: Path, args: list[str]) -> dict[str, Any]:
+    """One run on this rank; ``args``: the command line after OUT. Returns the rank's record."""
+    del out  # the record is returned (the signature of the phases of strategy_phases.py)
+    argv = list(args)
     source = pop_source(argv)
-    out, strategy, mode = Path(argv[0]), argv[1], argv[2]
-    rank = int(os.environ["RANK"])
+    strategy, mode = argv[0], argv[1]
     seed_everything(0, verbose=False)
     model = Model() if is_hf(source) else ListModel()
     datamodule = hf_datamodule(source) if is_hf(source) else None
@@ -180,7 +181,13 @@ def main() -> None:
     }
     if datamodule is not None:
         record["loader"] = loader_evidence(trainer.train_dataloader)
-    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    return record
+
+
+def main() -> None:
+    out = Path(sys.argv[1])  # tests.launch.launch puts OUT first
+    record = train(out, sys.argv[2:])
+    (out / f"rank{record['rank']}.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -94,12 +94,13 @@ def pop_option(argv: list[str], option: str) -> str | None:
     return value
 
 
-def main() -> None:
-    argv = sys.argv[1:]
+def train(out: Path, args: list[str]) -> dict[str, Any]:
+    """One run on this rank; ``args``: the command line after OUT. Returns the rank's record."""
+    argv = list(args)
     every, resume = pop_option(argv, "--checkpoint-every"), pop_option(argv, "--resume")
     schedule = pop_option(argv, "--schedule") or SCHEDULE
     gamma = float(pop_option(argv, "--gamma") or GAMMA)
-    out, name = Path(argv[0]), argv[1]
+    name = argv[0]
     world = int(os.environ["WORLD_SIZE"])
     seed_everything(0, verbose=False)
     model = ScheduledModel(gamma)
@@ -128,7 +129,7 @@ def main() -> None:
         enable_model_summary=False,
     )
     trainer.fit(model, datamodule=datamodule(schedule), ckpt_path=resume)
-    record = {
+    return {
         "rank": trainer.global_rank,
         "world_size": trainer.world_size,
         "strategy": type(trainer.strategy).__name__,
@@ -140,7 +141,12 @@ def main() -> None:
         "reference": scaler.reference,
         "logged": logger.calls,
     }
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
+
+
+def main() -> None:
+    out = Path(sys.argv[1])  # tests.launch.launch puts OUT first
+    record = train(out, sys.argv[2:])
+    (out / f"rank{record['rank']}.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -280,16 +280,22 @@ def make_strategy(name: str, config: dict[str, Any] | None) -> Any:
     return name
 
 
-def main() -> None:
-    argv = sys.argv[1:]
+def train(out: Path, args: list[str]) -> dict[str, Any]:
+    """One run on this rank; ``args``: the command line after OUT. Returns the rank's record.
+
+    ``out`` is unused (the record is returned); it keeps the signature of the other phases
+    (``strategy_phases.py``).
+    """
+    del out
+    argv = list(args)
     source = pop_source(argv)
     layout = pop_layout(argv)
     warmup = pop_length_warmup(argv)
     ranks = rank_settings(
         pop_per_rank(argv, "--rank-shares", float), pop_per_rank(argv, "--rank-max-tokens", int)
     )
-    out, name = Path(argv[0]), argv[1]
-    config = json.loads(argv[2]) if len(argv) > 2 else None
+    name = argv[0]
+    config = json.loads(argv[1]) if len(argv) > 1 else None
     rank = int(os.environ["RANK"])
     seed_everything(0, verbose=False)
     model: Model
@@ -323,8 +329,7 @@ def main() -> None:
         if config is None:
             raise
         # A bad DeepSpeed config is the scenario under test: record what the user would see.
-        (out / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "error": str(error)}))
-        return
+        return {"rank": rank, "error": str(error)}
     strategy = trainer.strategy
     ds_config = getattr(strategy, "config", None) or {}
     record = {
@@ -349,7 +354,13 @@ def main() -> None:
         record["rank_budgets"] = getattr(sampler, "rank_budgets", None)
     if is_hf(source):
         record["loader"] = loader_evidence(trainer.train_dataloader)
-    (out / f"rank{rank}.json").write_text(json.dumps(record))
+    return record
+
+
+def main() -> None:
+    out = Path(sys.argv[1])  # tests.launch.launch puts OUT first
+    record = train(out, sys.argv[2:])
+    (out / f"rank{record['rank']}.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""A batch-size schedule in real processes (gloo on CPU) under DDP, FSDP and DeepSpeed ZeRO 2.
+"""Checks of the ``schedule`` phase: a batch-size schedule under DDP, FSDP and DeepSpeed ZeRO 2.
 
-Each strategy runs ``tests/scripts/schedule_train.py`` once on 2 ranks: the sequences of the
-strategy tests, 2 epochs, ``accumulate_grad_batches=2``, ``batch_schedule=SCHEDULE`` (epoch 0
-changes stage three times, epoch 1 is all full steps), SGD with ``ExponentialLR``,
-``BatchSizeLRScaler(rule="sqrt")`` and ``TokenThroughputMonitor``. The test checks, from every
-rank's record:
+The phase (``tests/scripts/schedule_train.py`` on 2 ranks) trains the sequences of the strategy
+tests for 2 epochs, ``accumulate_grad_batches=2``, ``batch_schedule=SCHEDULE`` (epoch 0 changes
+stage three times, epoch 1 is all full steps), SGD with ``ExponentialLR``,
+``BatchSizeLRScaler(rule="sqrt")`` and ``TokenThroughputMonitor``. The checks, from every rank's
+record:
 
 - every rank ran every step; every example once per epoch; each step's counts
   (``step_ntokens``, ``step_cost`` recounted from the ids, ``step_budget`` one of the
@@ -15,64 +15,37 @@ rank's record:
 - that LR is the scheduler's value times ``sqrt(step_ntokens / reference)``, our arithmetic;
 - the monitor's ``train/schedule/...`` keys are the steps' budgets and costs.
 
-The DDP run also checkpoints at step ``CHECKPOINT_STEP``, inside a stage; one rank resumes from
-it and must train every example once per epoch, with the schedule's fractions going on from
-the stage it was in (on the new world size) and the LR rule following the new reference.
+The DDP launch's phase also checkpoints at step ``CHECKPOINT_STEP``, inside a stage; one rank
+resumes from it (a launch of its own) and must train every example once per epoch, with the
+schedule's fractions going on from the stage it was in (on the new world size) and the LR rule
+following the new reference.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
-import torch
 
-from tests.launch import launch
 from tests.scripts.strategy_common import ACCUMULATE, LR, MAX_TOKENS, NUM_EXAMPLES, make_sequences
 from tests.strategies._reference import params_of, reference_update
+from tests.strategies.runs import (
+    CHECKPOINT_STEP,
+    GAMMA,
+    SCHEDULE,
+    THRESHOLDS,
+    WORLD_SIZE,
+    Launch,
+    Launches,
+    Run,
+)
 
-WORLD_SIZE = 2
-STRATEGIES = ["ddp", "fsdp_varbatch", "deepspeed_varbatch_stage_2"]
-#: The schedule as the test reads it, independently of the planner's parser.
-THRESHOLDS = ((0, 0.375), (150, 0.5), (300, 0.75), (450, 1.0))
-SCHEDULE = " ".join(f"{t}:{f:g}" for t, f in THRESHOLDS)
-GAMMA = 0.9
-ARGS = ("--schedule", SCHEDULE, "--gamma", str(GAMMA))
 EPOCHS = 2
-CHECKPOINT_STEP = 3
 #: float32 training against a float64 reference (measured: ~1e-7).
 TOLERANCE = 1e-5
-TIMEOUT = 240.0
 LENGTHS = [len(s) for s in make_sequences()]
-
-_runs: dict[str, tuple[Path, list[dict[str, Any]]]] = {}
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The float64 references are tiny: a second intra-op thread only contends."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(
-    strategy: str, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, list[dict[str, Any]]]:
-    """Every rank's record of the 2-rank run of ``strategy`` (once per session); DDP checkpoints."""
-    if strategy not in _runs:
-        out = tmp_path_factory.mktemp(f"schedule-{strategy}")
-        extra = ("--checkpoint-every", str(CHECKPOINT_STEP)) if strategy == "ddp" else ()
-        records = launch(
-            "schedule_train.py", WORLD_SIZE, out, strategy, *ARGS, *extra, timeout=TIMEOUT
-        )
-        _runs[strategy] = (out, records)
-    return _runs[strategy]
 
 
 def fraction_at(tokens: float) -> float:
@@ -173,87 +146,93 @@ def check_logged(records: list[dict[str, Any]], steps: dict[int, list[dict[str, 
     assert all(r["logged"] == [] for r in records[1:])
 
 
-@pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_updates_and_lrs_follow_the_schedule(
-    strategy: str, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    _, records = run(strategy, tmp_path_factory)
-    assert [r["rank"] for r in records] == list(range(WORLD_SIZE))
-    assert {r["world_size"] for r in records} == {WORLD_SIZE}
-    steps = by_step(records)
-    assert list(steps) == list(range(len(steps)))
-    assert [r["global_step"] for r in records] == [len(steps)] * WORLD_SIZE
-    fractions = check_steps(steps, WORLD_SIZE)
-    check_epochs(steps, fractions)
-    # Lightning followed the epochs' lengths: epoch 0 (smaller steps) has more micro-batches.
-    per_epoch = Counter(m["epoch"] for m in records[0]["micro_batches"])
-    assert per_epoch[0] > per_epoch[1]
-
-    # The LR of every real update: the scheduler's value times the rule, on every rank.
-    reference = MAX_TOKENS * WORLD_SIZE * ACCUMULATE
-    assert [r["reference"] for r in records] == [reference] * WORLD_SIZE
-    lrs = [expected_lr(k, mbs[0]["step_ntokens"], reference) for k, mbs in steps.items()]
-    for r in records:
-        assert r["lrs"] == pytest.approx(lrs, rel=1e-12, abs=0)
-    lr_error = max(abs(a - b) for a, b in zip(records[0]["lrs"], lrs, strict=True))
-
-    # Every step's update is the float64 token mean of its micro-batches at that LR.
-    for step in records[0]["params"]:
-        assert all(r["params"][step] == records[0]["params"][step] for r in records), step
-    worst, unscaled = update_errors(records, steps)
-    print(
-        f"{strategy}: {len(steps)} steps, max update difference {worst:.2e} (float64 "
-        f"reference; unscaled LR: {unscaled:.2e}), max LR difference {lr_error:.2e}"
-    )
-    assert worst <= TOLERANCE
-    assert unscaled > 100 * TOLERANCE  # the check sees the LR scaling
-    check_logged(records, steps)
-
-
-@pytest.mark.multiprocess
-def test_resume_inside_a_stage_on_another_world_size(
-    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
-) -> None:
-    out, records = run("ddp", tmp_path_factory)
-    steps = by_step(records)
-    fractions = check_steps(steps, WORLD_SIZE)
-    # The checkpoint is inside a stage: the steps on both sides of it share a fraction < 1.
-    stage = fractions[CHECKPOINT_STEP]
-    assert fractions[CHECKPOINT_STEP - 1] == stage < 1.0
-    ckpt = out / "ckpt" / f"epoch=0-step={CHECKPOINT_STEP}.ckpt"
-    assert ckpt.exists(), sorted(p.name for p in (out / "ckpt").iterdir())
-
-    (resumed,) = launch(
-        "schedule_train.py", 1, tmp_path, "ddp", *ARGS, "--resume", str(ckpt), timeout=TIMEOUT
-    )
-    assert resumed["world_size"] == 1
-    after = by_step([resumed])
-    assert list(after) == list(range(CHECKPOINT_STEP, CHECKPOINT_STEP + len(after)))
-    assert resumed["global_step"] == CHECKPOINT_STEP + len(after)
-
-    # The fractions go on from the checkpoint's stage, on the schedule's clock (the tokens the
-    # two ranks trained before it), as budgets of one rank.
-    before = {k: mbs for k, mbs in steps.items() if k < CHECKPOINT_STEP}
-    resumed_fractions = check_steps(after, 1, clock(before))
-    assert resumed_fractions[CHECKPOINT_STEP] == stage
-    assert after[CHECKPOINT_STEP][0]["step_budget"] == ACCUMULATE * int(stage * MAX_TOKENS)
-    # Every example once per epoch, over the two runs.
-    check_epochs({**before, **after}, {**fractions, **resumed_fractions})
-
-    # The LR rule on the resumed scheduler's value, with the one-rank reference.
-    reference = MAX_TOKENS * 1 * ACCUMULATE
-    assert resumed["reference"] == reference
-    lrs = [expected_lr(k, mbs[0]["step_ntokens"], reference) for k, mbs in after.items()]
-    assert resumed["lrs"] == pytest.approx(lrs, rel=1e-12, abs=0)
-    lr_error = max(abs(a - b) for a, b in zip(resumed["lrs"], lrs, strict=True))
-    print(
-        f"resumed on 1 rank: {len(after)} steps, fractions {list(resumed_fractions.values())},"
-        f" max LR difference {lr_error:.2e}"
-    )
-    check_logged([resumed], after)
-
-
 def clock(steps: dict[int, list[dict[str, Any]]]) -> int:
     """Planning tokens trained in ``steps``."""
     return sum(LENGTHS[i] for mbs in steps.values() for m in mbs for i in m["ids"])
+
+
+class Schedule:
+    """The checks of a launch's ``schedule`` phase."""
+
+    LAUNCH: ClassVar[Launch]
+
+    def test_updates_and_lrs_follow_the_schedule(self, run: Run) -> None:
+        records = run.phase("schedule")
+        strategy = self.LAUNCH.strategy
+        assert [r["rank"] for r in records] == list(range(WORLD_SIZE))
+        assert {r["world_size"] for r in records} == {WORLD_SIZE}
+        steps = by_step(records)
+        assert list(steps) == list(range(len(steps)))
+        assert [r["global_step"] for r in records] == [len(steps)] * WORLD_SIZE
+        fractions = check_steps(steps, WORLD_SIZE)
+        check_epochs(steps, fractions)
+        # Lightning followed the epochs' lengths: epoch 0 (smaller steps) has more micro-batches.
+        per_epoch = Counter(m["epoch"] for m in records[0]["micro_batches"])
+        assert per_epoch[0] > per_epoch[1]
+
+        # The LR of every real update: the scheduler's value times the rule, on every rank.
+        reference = MAX_TOKENS * WORLD_SIZE * ACCUMULATE
+        assert [r["reference"] for r in records] == [reference] * WORLD_SIZE
+        lrs = [expected_lr(k, mbs[0]["step_ntokens"], reference) for k, mbs in steps.items()]
+        for r in records:
+            assert r["lrs"] == pytest.approx(lrs, rel=1e-12, abs=0)
+        lr_error = max(abs(a - b) for a, b in zip(records[0]["lrs"], lrs, strict=True))
+
+        # Every step's update is the float64 token mean of its micro-batches at that LR.
+        for step in records[0]["params"]:
+            assert all(r["params"][step] == records[0]["params"][step] for r in records), step
+        worst, unscaled = update_errors(records, steps)
+        print(
+            f"{strategy}: {len(steps)} steps, max update difference {worst:.2e} (float64 "
+            f"reference; unscaled LR: {unscaled:.2e}), max LR difference {lr_error:.2e}"
+        )
+        assert worst <= TOLERANCE
+        assert unscaled > 100 * TOLERANCE  # the check sees the LR scaling
+        check_logged(records, steps)
+
+
+class Resume:
+    """A resume of the DDP launch's ``schedule`` phase from its checkpoint, on one rank."""
+
+    LAUNCH: ClassVar[Launch]
+
+    def test_resume_inside_a_stage_on_another_world_size(
+        self, run: Run, launches: Launches
+    ) -> None:
+        records = run.phase("schedule")
+        steps = by_step(records)
+        fractions = check_steps(steps, WORLD_SIZE)
+        # The checkpoint is inside a stage: the steps on both sides of it share a fraction < 1.
+        stage = fractions[CHECKPOINT_STEP]
+        assert fractions[CHECKPOINT_STEP - 1] == stage < 1.0
+        folder = run.out / "schedule" / "ckpt"
+        ckpt = folder / f"epoch=0-step={CHECKPOINT_STEP}.ckpt"
+        assert ckpt.exists(), sorted(p.name for p in folder.iterdir())
+
+        resume = Launch("ddp-resume", "ddp", ("schedule",), world_size=1, resume=ckpt)
+        (resumed,) = launches.get(resume).phase("schedule")
+        assert resumed["world_size"] == 1
+        after = by_step([resumed])
+        assert list(after) == list(range(CHECKPOINT_STEP, CHECKPOINT_STEP + len(after)))
+        assert resumed["global_step"] == CHECKPOINT_STEP + len(after)
+
+        # The fractions go on from the checkpoint's stage, on the schedule's clock (the tokens the
+        # two ranks trained before it), as budgets of one rank.
+        before = {k: mbs for k, mbs in steps.items() if k < CHECKPOINT_STEP}
+        resumed_fractions = check_steps(after, 1, clock(before))
+        assert resumed_fractions[CHECKPOINT_STEP] == stage
+        assert after[CHECKPOINT_STEP][0]["step_budget"] == ACCUMULATE * int(stage * MAX_TOKENS)
+        # Every example once per epoch, over the two runs.
+        check_epochs({**before, **after}, {**fractions, **resumed_fractions})
+
+        # The LR rule on the resumed scheduler's value, with the one-rank reference.
+        reference = MAX_TOKENS * 1 * ACCUMULATE
+        assert resumed["reference"] == reference
+        lrs = [expected_lr(k, mbs[0]["step_ntokens"], reference) for k, mbs in after.items()]
+        assert resumed["lrs"] == pytest.approx(lrs, rel=1e-12, abs=0)
+        lr_error = max(abs(a - b) for a, b in zip(resumed["lrs"], lrs, strict=True))
+        print(
+            f"resumed on 1 rank: {len(after)} steps, fractions {list(resumed_fractions.values())},"
+            f" max LR difference {lr_error:.2e}"
+        )
+        check_logged([resumed], after)
