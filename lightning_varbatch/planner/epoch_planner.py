@@ -1,9 +1,13 @@
 """One epoch's plan: optimizer steps × ranks × micro-batches of example ids.
 
 Every rank computes the same plan and reads its own slice: equal micro-batch counts by
-construction. The sorted order is cut once to the budget (:mod:`~.sorted_cut`); each epoch
-shuffles within buckets, applies the tail policy (:mod:`~.tail`), forms and deals the steps
-(:mod:`~.dealing`) and shuffles them (``docs/planning.md``).
+construction. ``EpochPlanner._plan`` is the epoch's pipeline, each policy in its order: (1)
+order: sorted once (:mod:`~.sorted_cut`; pairs two-sided, :mod:`~.pair_order`), shuffled
+within buckets; (2) budgets: one, or each rank's (:mod:`~.lane_budgets`); (3) cut to them
+(cached; packed rows :mod:`~.packed_rows`, lanes :mod:`~.rank_lanes`); (4) tail
+(:mod:`~.tail`) and (5) steps; (6) warm-up caps (:mod:`~.warmup_plan`); (7) deal, steps
+shuffled (:mod:`~.dealing`); then ``plan`` (8) re-plans the steps before the batch schedule
+reaches 1 (:mod:`~.scheduled_plan`). ``docs/planning.md`` explains each.
 
 Example:
     >>> import numpy as np
@@ -288,25 +292,24 @@ class EpochPlanner(EpochResume):
         cfg = self.config
         tail = effective_tail(cfg, groups.size, world, acc, replanned=replanned, policy=policy)
         rng = np.random.default_rng([cfg.seed, epoch, salt])
-        order = groups.ids.copy()
+        order = groups.ids.copy()  # (1) order: sorted once, shuffled within buckets
         if cfg.shuffle:
             starts = groups.shuffle_starts
             for g in np.flatnonzero(np.diff(starts) > 1):
                 rng.shuffle(order[starts[g] : starts[g + 1]])
-        budgets = lane_budgets(cfg, world, rank_budgets, lambda: self.longest_cost)
-        caps = warmup_caps(cfg, self.prepared, epoch, first_step)
+        budgets = lane_budgets(cfg, world, rank_budgets, lambda: self.longest_cost)  # (2)
+        caps = warmup_caps(cfg, self.prepared, epoch, first_step)  # (6) warm-up caps
         floor = check_count("cap_floor", cap_floor, minimum=0)
         key, shapes = self.prepared.key, None
-        # ranks dealt by a work that is not the cost: packed rows' FLOPs, two-sided pairs'
-        # slots of both sides (their steps stay of neighbouring lengths: with_pair_work)
+        # dealt by a work: packed rows' FLOPs, two-sided pairs' slots (with_pair_work)
         pair_work = self.prepared.diff is not None and cfg.pair_order == "two_sided"
         if budgets is not None and len(set(budgets)) > 1:
-            lanes = self._lanes(groups, order, budgets, replanned, acc)
-            planned = lane_plan(lanes, order, cfg, acc, tail, rng, replanned)
+            lanes = self._lanes(groups, order, budgets, replanned, acc)  # (3) cut per lane
+            planned = lane_plan(lanes, order, cfg, acc, tail, rng, replanned)  # (4), (5)
             order, cut = planned.order, planned.cut
             warm = None if caps is None else (caps, floor, order, first_step)
             cut = with_pair_work(cut, order, self.prepared, cfg)
-            assign, trace = order_steps(cut, planned.steps(acc), rng, cfg, key, warm)
+            assign, trace = order_steps(cut, planned.steps(acc), rng, cfg, key, warm)  # (7)
             dropped, duplicated = planned.num_dropped, planned.num_duplicated
         else:
             budget = 0 if budgets is None else budgets[0]  # one budget below max_tokens: no lanes
@@ -317,12 +320,12 @@ class EpochPlanner(EpochResume):
             elif replanned:
                 cut = tail_cut(SortedCut.build(groups, cut_config), groups, tail, wa, cut_config)
             else:
-                cut = self._cut(tail, wa, budget)
+                cut = self._cut(tail, wa, budget)  # (3), (4): cut and tail, cached
             cut = with_pair_work(cut, order, self.prepared, cfg)
-            selected = select_micro_batches(cut, tail, world, acc, rng, cfg, replanned)
+            selected = select_micro_batches(cut, tail, world, acc, rng, cfg, replanned)  # (5)
             warm = None if caps is None else (caps, floor, order, first_step)
             run = selected.micro_batches
-            assign, trace = deal_run(
+            assign, trace = deal_run(  # (7) deal, steps shuffled
                 cut, run, (world, acc), rng, cfg, key, warm, rotate=self.rotate_ranks
             )
             dropped, duplicated = selected.num_dropped, selected.num_duplicated
