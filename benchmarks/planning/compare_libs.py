@@ -125,6 +125,10 @@ def run_fairseq(lengths: np.ndarray, key: np.ndarray, args: Any, results: Any) -
 def run_speechbrain(lengths: np.ndarray, args: Any, results: Any) -> None:
     """SpeechBrain's ``DynamicBatchSampler`` under ``DistributedSamplerWrapper``, on the first
     ``--lhotse-size`` examples."""
+    why = unavailable(BY_NAME["speechbrain"])
+    if why is not None:
+        results.lines.append(f"SpeechBrain DynamicBatchSampler: not run ({why})")
+        return
     m = min(args.lhotse_size, lengths.shape[0])
     world, budget, seed = args.world_size, args.max_tokens, args.seed
     sub = lengths[:m]  # iid lengths: a prefix is a random subsample
