@@ -5,8 +5,7 @@ numpy only; :mod:`lightning_varbatch.data`, :mod:`lightning_varbatch.strategies`
 :mod:`lightning_varbatch.callbacks` and :mod:`lightning_varbatch.loss` need torch and Lightning.
 The names below are imported on first use, so ``import lightning_varbatch`` and the numpy-only
 plan report (``python -m lightning_varbatch.plan``) do not load torch. The strategy names
-(``"deepspeed_varbatch"``, ``"fsdp_varbatch"``, ...) are registered with Lightning as soon as
-Lightning is imported.
+(``"deepspeed_varbatch"``, ``"fsdp_varbatch"``, ...) are registered once Lightning is imported.
 
 Example:
     >>> import numpy as np
@@ -33,8 +32,10 @@ from lightning_varbatch.errors import (
 if TYPE_CHECKING:
     from lightning_varbatch.attention import document_attention
     from lightning_varbatch.callbacks import (
+        BatchSizeLRRule,
         BatchSizeLRScaler,
         RankShareBalancer,
+        TokenThroughputMeter,
         TokenThroughputMonitor,
         WorstBatchCheck,
     )
@@ -48,7 +49,12 @@ if TYPE_CHECKING:
     from lightning_varbatch.data.streaming import StreamingBatches
     from lightning_varbatch.data.streaming_datamodule import StreamingDataModule
     from lightning_varbatch.data.streaming_loader import StreamingDataLoader
-    from lightning_varbatch.loss import example_mean_loss, step_token_mean, token_mean_loss
+    from lightning_varbatch.loss import (
+        example_mean_loss,
+        loop_token_mean,
+        step_token_mean,
+        token_mean_loss,
+    )
     from lightning_varbatch.memory import BudgetResult, find_max_tokens
     from lightning_varbatch.peak_memory import measure_peak
     from lightning_varbatch.planner import (
@@ -65,10 +71,17 @@ if TYPE_CHECKING:
     from lightning_varbatch.sources.hf_iterable import shards_from_hf_iterable
     from lightning_varbatch.sources.litdata_shards import shards_from_litdata
     from lightning_varbatch.sources.shards import ShardedSource, shards_from_files
-    from lightning_varbatch.strategies import VarBatchDeepSpeedStrategy, VarBatchFSDPStrategy
+    from lightning_varbatch.strategies import (
+        VarBatchDeepSpeedStrategy,
+        VarBatchFabricDeepSpeedStrategy,
+        VarBatchFSDPStrategy,
+    )
+    from lightning_varbatch.training_loop import TokenBudgetLoop
 
 _WHERE = {
+    "BatchSizeLRRule": "lightning_varbatch.callbacks",
     "BatchSizeLRScaler": "lightning_varbatch.callbacks",
+    "TokenThroughputMeter": "lightning_varbatch.callbacks",
     "RankShareBalancer": "lightning_varbatch.callbacks",
     "TokenThroughputMonitor": "lightning_varbatch.callbacks",
     "WorstBatchCheck": "lightning_varbatch.callbacks",
@@ -94,6 +107,7 @@ _WHERE = {
     "TokenBudgetDataModule": "lightning_varbatch.data.datamodule",
     "token_budget_dataloader": "lightning_varbatch.data.loader",
     "example_mean_loss": "lightning_varbatch.loss",
+    "loop_token_mean": "lightning_varbatch.loss",
     "step_token_mean": "lightning_varbatch.loss",
     "token_mean_loss": "lightning_varbatch.loss",
     "DataSource": "lightning_varbatch.planner",
@@ -105,11 +119,14 @@ _WHERE = {
     "column_lengths": "lightning_varbatch.sources",
     "tokenized_lengths": "lightning_varbatch.sources",
     "VarBatchDeepSpeedStrategy": "lightning_varbatch.strategies",
+    "VarBatchFabricDeepSpeedStrategy": "lightning_varbatch.strategies",
     "VarBatchFSDPStrategy": "lightning_varbatch.strategies",
+    "TokenBudgetLoop": "lightning_varbatch.training_loop",
 }
 
 __all__ = [
     "ON_MISMATCH",
+    "BatchSizeLRRule",
     "BatchSizeLRScaler",
     "BudgetResult",
     "DataSource",
@@ -132,15 +149,19 @@ __all__ = [
     "TokenBudgetBatchSampler",
     "TokenBudgetDataLoader",
     "TokenBudgetDataModule",
+    "TokenBudgetLoop",
+    "TokenThroughputMeter",
     "TokenThroughputMonitor",
     "VarBatchDeepSpeedStrategy",
     "VarBatchFSDPStrategy",
+    "VarBatchFabricDeepSpeedStrategy",
     "WindowedPlanner",
     "WorstBatchCheck",
     "column_lengths",
     "document_attention",
     "example_mean_loss",
     "find_max_tokens",
+    "loop_token_mean",
     "measure_peak",
     "plan_epoch",
     "shards_from_files",

@@ -1,10 +1,9 @@
 """Register the strategy names with Lightning as soon as Lightning is imported, not before.
 
-``import lightning_varbatch`` must not import torch or Lightning (the planner and the plan
-CLI run without them), yet ``Trainer(strategy="deepspeed_varbatch")`` must work after a plain
-``import lightning_varbatch``. So: if ``lightning.pytorch`` is already imported, register now;
-otherwise a one-shot import hook registers right after ``lightning.pytorch`` finishes loading
-(the Trainer can only be built after that).
+``import lightning_varbatch`` must not import torch or Lightning (the planner and the plan CLI run
+without them), yet ``Trainer(strategy="deepspeed_varbatch")`` must work right after it. So: if
+``lightning.pytorch`` is already imported, register now; otherwise a one-shot import hook
+registers right after ``lightning.pytorch`` finishes loading (before any Trainer can be built).
 
 Example:
     >>> import lightning_varbatch

@@ -1,12 +1,10 @@
 """The checks of every public setting: one helper per kind of value, used wherever it enters.
 
-A setting is checked by the same helper in the planner, the sampler, the collates, the
-DataModules, the callbacks, :mod:`~lightning_varbatch.attention` and
-:mod:`~lightning_varbatch.memory`, so one bad value gives one exception type and one message
-everywhere. Each helper raises :class:`~lightning_varbatch.errors.SettingTypeError` for a value
-of the wrong type and :class:`~lightning_varbatch.errors.SettingValueError` for a value out of
-range; both carry the setting's name and the value received. numpy and the standard library
-only (the numpy-only planner uses these too).
+The same helper checks a setting everywhere (planner, sampler, collates, DataModules, callbacks,
+attention, memory): one bad value, one exception type and message. Helpers raise
+:class:`~lightning_varbatch.errors.SettingTypeError` for a wrong type and
+:class:`~lightning_varbatch.errors.SettingValueError` for a value out of range, both carrying the
+setting's name and the value received. numpy and the standard library only (for the planner).
 """
 
 from __future__ import annotations
@@ -55,10 +53,7 @@ def check_count(
     allow_none: bool = False,
     what: str = "",
 ) -> int | None:
-    """Validate an integer setting and return it as a Python ``int``.
-
-    Python and numpy integers are accepted; ``bool``, floats (even whole ones), strings and anything
-    else are refused, as are values below ``minimum`` and values that do not fit a 64-bit integer.
+    """Validate an integer setting (Python or numpy; not bool, float, str) as a Python ``int``.
 
     Args:
         name: the setting's name, as the user wrote it (used in the message).
@@ -75,7 +70,6 @@ def check_count(
         SettingValueError: for an integer below ``minimum`` or beyond 64 bits.
 
     Example:
-        >>> import numpy as np
         >>> check_count("max_tokens", np.int64(1024))
         1024
     """
@@ -109,8 +103,7 @@ def check_flag(name: str, value: object) -> bool:
     """Validate a boolean setting: ``True``/``False`` (or numpy booleans) only.
 
     Raises:
-        SettingTypeError: for anything else (``"false"`` is a non-empty string, hence true, so
-            it is refused rather than guessed).
+        SettingTypeError: for anything else (``"false"``, a non-empty string, is not guessed).
 
     Example:
         >>> check_flag("shuffle", False)
@@ -170,9 +163,7 @@ def check_real(
     allow_none: bool = False,
     what: str = "",
 ) -> float:
-    """Validate a real-valued setting and return it as a finite Python ``float``.
-
-    Python and numpy numbers are accepted; ``bool``, strings, NaN and infinity are refused.
+    """Validate a real setting (Python or numpy; not bool, str, NaN, inf) as a finite ``float``.
 
     Args:
         name: the setting's name.
@@ -180,8 +171,7 @@ def check_real(
         minimum: the lower bound (``None``: none).
         maximum: the upper bound, inclusive (``None``: none).
         strict: the lower bound is excluded (``> minimum``) rather than included.
-        allow_none: whether ``None`` is allowed (then returned as ``nan``; callers that allow
-            it test ``value is None`` first).
+        allow_none: whether ``None`` is allowed (returned as ``nan``: test ``value is None`` first).
         what: what the setting means, appended to the message.
 
     Raises:

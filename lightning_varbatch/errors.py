@@ -4,18 +4,15 @@ Every public class checks its settings with :mod:`lightning_varbatch.checks`, so
 raises one exception type with one message wherever it enters. The types subclass the built-in
 ones users catch and carry what went wrong as attributes (no code need read an error's text):
 
-=========================  ==================================  ===============================
-exception                  also an instance of                 raised for
-=========================  ==================================  ===============================
-:class:`SettingValueError`  ``ValueError``                      a setting out of range or not
-                                                               one of its choices
-:class:`SettingTypeError`   ``TypeError`` and ``ValueError``    a setting of the wrong type
-                                                               (``"4"`` for an integer)
-:class:`ResumeMismatchError` ``ValueError``                     a checkpoint whose data or
-                                                               settings differ from the run's
-:class:`RemainderError`     ``RuntimeError``                    the rest of an epoch that would
-                                                               lose, repeat or overspend
-=========================  ==================================  ===============================
+============================  ================================  ==================================
+exception                     also an instance of               raised for
+============================  ================================  ==================================
+:class:`SettingValueError`    ``ValueError``                    a value out of range or not a choice
+:class:`SettingTypeError`     ``TypeError`` and ``ValueError``  the wrong type (``"4"`` for an int)
+:class:`ResumeMismatchError`  ``ValueError``                    a checkpoint of other data/settings
+:class:`RemainderError`       ``RuntimeError``                  an epoch's rest that would lose,
+                                                                repeat or overspend
+============================  ================================  ==================================
 
 Example:
     >>> from lightning_varbatch.checks import check_count
@@ -45,11 +42,9 @@ class SettingError(Exception):
     Not raised itself: catch it to handle every bad setting, whatever its kind.
 
     Attributes:
-        setting: the setting's name as the user wrote it (``"val_max_tokens"``,
-            ``"data.max_tokens"``, ``"train_lengths"``).
+        setting: the name as the user wrote it (``"val_max_tokens"``, ``"data.max_tokens"``, ...).
         value: the value received (its ``repr`` is in the message).
-        stage: the split the setting was used for (``"train"``, ``"val"``, ``"test"``), when
-            one DataModule setting serves several; ``None`` otherwise.
+        stage: the split, when one DataModule setting serves several (``"val"``...); else ``None``.
 
     Example:
         >>> error = SettingValueError("max_tokens must be >= 1, got 0.", setting="max_tokens",
@@ -74,8 +69,7 @@ class SettingError(Exception):
         """The same kind of error for the name the user wrote (raise it ``from`` this one).
 
         Args:
-            setting: the setting's name where the user gave it (``"val_max_tokens"`` for the
-                planner's ``max_tokens``).
+            setting: the name the user gave (``"val_max_tokens"`` for the planner's ``max_tokens``).
             message: the whole message, naming ``setting``.
             value: the value under that name (default: this error's value).
             stage: the split the setting was used for.
@@ -110,9 +104,8 @@ class SettingValueError(SettingError, ValueError):
 class SettingTypeError(SettingError, TypeError, ValueError):
     """A setting of the wrong type (a string, float or bool where an integer is needed).
 
-    It is both a ``TypeError`` and a ``ValueError`` (as numpy's ``AxisError`` is both a
-    ``ValueError`` and an ``IndexError``): a wrong type raised either before the vocabulary was
-    shared, and both ``except`` clauses keep working.
+    Both a ``TypeError`` and a ``ValueError`` (as numpy's ``AxisError`` is two): a wrong type
+    raised either before the vocabulary was shared, so both ``except`` clauses keep working.
 
     Example:
         >>> issubclass(SettingTypeError, TypeError), issubclass(SettingTypeError, ValueError)
@@ -124,8 +117,7 @@ class ResumeMismatchError(ValueError):
     """A checkpoint's data or settings differ from the run's, and ``on_resume_mismatch="error"``.
 
     Attributes:
-        changed: what differs, one entry per setting or property (``"seed"``,
-            ``"lengths"``, ``"shards"``, ...).
+        changed: what differs, one entry each (``"seed"``, ``"lengths"``, ``"shards"``, ...).
 
     Example:
         >>> error = ResumeMismatchError("the checkpoint ...", changed=["seed"])
@@ -144,9 +136,8 @@ class ResumeMismatchError(ValueError):
 class RemainderError(RuntimeError):
     """The rest of an epoch would lose, repeat or overspend: refused, never run.
 
-    Raised by :func:`~lightning_varbatch.planner.remainder_guard.guard_remainder`, the check
-    every resumed or re-planned epoch passes before anything is yielded. It means a bug, not
-    bad input: report it with the settings.
+    Raised by :func:`~.remainder_guard.guard_remainder` (every resumed or re-planned epoch
+    passes it first). It means a bug, not bad input: report it with the settings.
 
     Attributes:
         cause: ``"repeated"``, ``"lost"``, ``"over budget"`` or ``"unplanned"``.

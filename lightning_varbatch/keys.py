@@ -1,9 +1,8 @@
 """Names of the bookkeeping entries our collate puts on every batch.
 
-Every batch produced by :class:`~lightning_varbatch.data.collate.PaddingCollate` (and so by
-:class:`~lightning_varbatch.data.datamodule.TokenBudgetDataModule`) is a ``dict`` holding the
-model inputs plus these 0-dim ``torch.long`` tensors. Callbacks and the loss helpers read them;
-user code can too.
+Every batch of :class:`~lightning_varbatch.PaddingCollate` (and so of
+:class:`~lightning_varbatch.TokenBudgetDataModule`) is a ``dict`` of the model inputs plus these
+0-dim ``torch.long`` tensors, which callbacks, the loss helpers and user code read.
 
 Example:
     >>> from lightning_varbatch import keys
@@ -54,11 +53,10 @@ PLAN_ACCUMULATE = "plan_accumulate_grad_batches"
 class PlanCount(NamedTuple):
     """One count of the plan that travels with a micro-batch, from the sampler to the batch.
 
-    :class:`~lightning_varbatch.data.micro_batch.MicroBatch` holds it as ``attribute``; the
-    loader's dataset wrapper copies it into the micro-batch's ``info`` dict (under the same
-    name) and :class:`~lightning_varbatch.data.collate.PaddingCollate` puts it on the batch
-    under ``key`` as a 0-dim long tensor (``key`` ``None``: kept in ``info`` only, for the
-    collate's checks and messages).
+    :class:`~lightning_varbatch.data.micro_batch.MicroBatch` holds it as ``attribute``; the loader's
+    dataset wrapper copies it into the micro-batch's ``info`` dict and
+    :class:`~lightning_varbatch.data.collate.PaddingCollate` puts it on the batch under ``key`` as a
+    0-dim long tensor (``key`` ``None``: in ``info`` only, for the collate's checks and messages).
 
     Attributes:
         attribute: the :class:`~lightning_varbatch.data.micro_batch.MicroBatch` attribute.

@@ -1,11 +1,10 @@
 """Peak memory of one piece of work, on a CUDA device or as the process's resident set.
 
-:func:`measure_peak` is what :class:`~lightning_varbatch.callbacks.WorstBatchCheck` reports and what
+:func:`measure_peak` is what :class:`~lightning_varbatch.callbacks.WorstBatchCheck` reports and
 :func:`~lightning_varbatch.find_max_tokens` probes compare with a limit: the peak of everything in
-use while ``fn`` ran. :func:`measure_peak_rise` is the same measurement less what was in use just
-before ``fn`` started (what a benchmark reports as the memory a step adds on top of the model and
-the data it already holds). torch is imported only for a device other than the CPU, so numpy-only
-code (the planner benchmarks) can measure with it without loading torch.
+use while ``fn`` ran. :func:`measure_peak_rise` is that less what was in use just before ``fn``
+(what a benchmark reports as the memory a step adds on top of the model and data). torch is
+imported only for a non-CPU device, so numpy-only code (the planner benchmarks) need not load it.
 """
 
 from __future__ import annotations
@@ -22,9 +21,7 @@ T = TypeVar("T")
 
 
 def process_status_bytes(field: str) -> int | None:
-    """A ``kB`` field of ``/proc/self/status`` (``"VmRSS"``, ``"VmHWM"``) in bytes.
-
-    Returns ``None`` where there is no ``/proc`` (or no such field).
+    """A ``kB`` field of ``/proc/self/status`` (``"VmRSS"``, ``"VmHWM"``) in bytes, else ``None``.
 
     Example:
         >>> value = process_status_bytes("VmRSS")
@@ -42,9 +39,7 @@ def process_status_bytes(field: str) -> int | None:
 
 
 def reset_rss_peak() -> bool:
-    """Reset the process's ``VmHWM`` to its current RSS (Linux ``/proc/self/clear_refs``).
-
-    Returns whether it could (``False`` without ``/proc`` or without the permission).
+    """Reset the process's ``VmHWM`` to its RSS (Linux ``/proc/self/clear_refs``): whether it could.
 
     Example:
         >>> isinstance(reset_rss_peak(), bool)
@@ -84,12 +79,11 @@ def measure_peak(
 
     On a CUDA device: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``
     (everything allocated on the device, weights and optimizer state included), source
-    ``"cuda_max_allocated"``. Elsewhere: the process's peak resident set (Linux ``VmHWM`` of
-    ``/proc/self/status``, reset to the current RSS through ``/proc/self/clear_refs`` first),
-    source ``"cpu_vmhwm"``; where it cannot be reset, the peak since the process started
-    (``"cpu_vmhwm_unreset"``, or ``"cpu_ru_maxrss"`` without ``/proc``). CPU figures include
-    everything the process holds (the Python runtime, the dataset), and memory that
-    ``malloc`` keeps after one probe is counted by the next one too.
+    ``"cuda_max_allocated"``. Elsewhere: the process's peak resident set (Linux ``VmHWM``, reset to
+    the current RSS first: :func:`reset_rss_peak`), source ``"cpu_vmhwm"``; where it cannot be
+    reset, the peak since the process started (``"cpu_vmhwm_unreset"``, or ``"cpu_ru_maxrss"``
+    without ``/proc``). CPU figures include everything the process holds (the Python runtime, the
+    dataset), and memory ``malloc`` keeps after one probe is counted by the next too.
 
     Args:
         fn: what to measure.

@@ -8,13 +8,12 @@ Usage::
     python -m lightning_varbatch.plan --dataset data/wmt --column src_ids --column tgt_ids \
         --max-tokens 4096 --json --no-png
 
-Prints a :class:`~lightning_varbatch.planner.diagnostics.PlanDiagnostics` report (``--json``:
-as JSON) and writes a PNG of the examples-per-micro-batch histogram and every rank's token load
-per step; ``--batch-schedule`` adds a table of steps by schedule stage (``schedule_report``).
-Several ``--lengths`` (or ``--dataset``) plan a mixture, with a per-dataset table.
-``--dataset`` memory-maps the lengths of a Hugging Face dataset on disk (no ``datasets`` or
-torch import): ``--column`` names a column of lengths or token ids, twice a (source, target)
-pair. Bad settings print one ``error: ...`` line and exit with code 2.
+Prints a :class:`~.diagnostics.PlanDiagnostics` report (``--json``: as JSON) and writes a PNG of the
+examples-per-micro-batch histogram and every rank's token load per step; ``--batch-schedule`` adds a
+table of steps by schedule stage (``schedule_report``). Several ``--lengths`` (or ``--dataset``)
+plan a mixture, with a per-dataset table. ``--dataset`` memory-maps the lengths of a Hugging Face
+dataset on disk (no ``datasets`` or torch import): ``--column`` names a column of lengths or token
+ids, twice a (source, target) pair. Bad settings print one ``error: ...`` line and exit with code 2.
 
 Example:
     >>> import contextlib, io, json
@@ -364,10 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments (``sys.argv[1:]`` when ``None``).
 
     Returns:
-        The exit code: 0 on success, 2 for bad settings, unreadable lengths or dataset
-        columns, or an unwritable ``--png`` (one ``error: ...`` line on stderr, no traceback).
-        Flags argparse refuses (and ``--column`` without ``--dataset``, ``--dataset`` without
-        ``--column``, more than two ``--column``) exit with code 2 through ``SystemExit``.
+        The exit code: 0 on success, 2 for bad settings, unreadable lengths or columns, or an
+        unwritable ``--png`` (one ``error: ...`` line on stderr, no traceback); flags argparse
+        refuses (``--column``/``--dataset`` alone, over two ``--column``) raise ``SystemExit(2)``.
     """
     parser = _parser()
     args = parser.parse_args(argv)

@@ -1,9 +1,9 @@
 """The shape budget on one CUDA GPU: K static shapes under CUDA graphs, compiled and eager.
 
 The GPU counterpart of Part 2 of :mod:`benchmarks.training.compile_shapes` (read its docstring): its
-causal Transformer LM (``compile_shapes.make_model``: pre-norm blocks, SDPA with a boolean
+causal Transformer LM (``compile_shapes_workload.make_model``: pre-norm blocks, SDPA with a boolean
 ``causal & key`` mask, tied embeddings, the summed next-token loss) is trained on the
-micro-batches of a ``max_shapes=K`` plan (``compile_shapes.train_batches``:
+micro-batches of a ``max_shapes=K`` plan (``compile_shapes_workload.train_batches``:
 ``TokenBudgetBatchSampler(..., max_shapes=K, loss_lengths=lengths - 1)`` and
 ``PaddingCollate(loss_offset=1)``), bf16 autocast, AdamW, three times in one process:
 
@@ -42,10 +42,10 @@ from dataclasses import replace
 from typing import Any
 
 from benchmarks.harness import command_line, fmt, print_table, write_json
-from benchmarks.training.compile_shapes import (
+from benchmarks.training.compile_shapes_arms import graph_counts
+from benchmarks.training.compile_shapes_workload import (
     DEFAULTS,
     CompileSettings,
-    graph_counts,
     make_model,
     train_batches,
 )

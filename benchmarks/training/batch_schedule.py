@@ -60,6 +60,7 @@ MEASURED = [
     "examples.lm.datamodule",
     "examples.translation.tokenizer",
     "lightning_varbatch.callbacks.lr_scaling",
+    "lightning_varbatch.callbacks.trainer_adapters",
     "lightning_varbatch.data.packed_collate",
     "lightning_varbatch.data.datamodule",
 ]

@@ -79,6 +79,7 @@ MODULE = "benchmarks.training.callback_overhead"
 MEASURED = [
     "examples.translation.model",
     "lightning_varbatch.callbacks.lr_scaling",
+    "lightning_varbatch.callbacks.trainer_adapters",
     "lightning_varbatch.callbacks.throughput",
     "lightning_varbatch.data.datamodule",
     "lightning_varbatch.loss",

@@ -82,7 +82,6 @@ def flash_problem(q: torch.Tensor) -> str:
     """Why ``"flash"`` cannot run on ``q`` (empty string when it can): every missing piece.
 
     Example:
-        >>> import torch
         >>> flash_problem(torch.zeros(2, 1, 4)).split("; ")[-1]
         'the tensors are torch.float32, not float16/bfloat16'
     """
@@ -99,7 +98,6 @@ def flex_problem(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
     """Why ``"flex"`` cannot run on these tensors (empty string when it can).
 
     Example:
-        >>> import torch
         >>> x = torch.zeros(2, 1, 4, requires_grad=True)
         >>> "no backward on cpu" in flex_problem(x, x, x) or "no torch.nn" in flex_problem(x, x, x)
         True
@@ -125,8 +123,7 @@ def select_backend(
 
     ``"auto"`` is ``"flash"`` when flash-attn is importable and ``q`` is a CUDA tensor in
     float16/bfloat16, else ``"flex"`` when ``q`` is on CUDA and torch has FlexAttention, else
-    ``"sdpa"`` (always ``"sdpa"`` on CPU: CPU FlexAttention has no backward and is slower, see
-    "Which backend runs" in ``docs/packing.md``).
+    ``"sdpa"`` (always on CPU, where FlexAttention has no backward and is slower: docs/packing.md).
 
     Args:
         q: the queries (only their device, dtype and ``requires_grad`` matter).
@@ -142,7 +139,6 @@ def select_backend(
         RuntimeError: when the requested backend cannot run here, saying why.
 
     Example:
-        >>> import torch
         >>> select_backend(torch.zeros(4, 2, 8))
         'sdpa'
     """

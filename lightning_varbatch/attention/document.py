@@ -35,12 +35,11 @@ def document_attention(
 ) -> torch.Tensor:
     """Attention on a packed row, kept inside each example (block-diagonal, optionally causal).
 
-    Equals running ``scaled_dot_product_attention`` on every example
-    ``q[cu_seqlens[i]:cu_seqlens[i + 1]]`` alone (per head) and concatenating the results.
-    Tokens after ``cu_seqlens[-1]`` (alignment padding) are outside every example: they do
-    not influence real tokens, their outputs are zeros and they receive zero gradients.
-    Grouped-query attention is supported (``q`` heads a multiple of ``k``/``v`` heads; each
-    key/value head serves consecutive query heads). No dropout.
+    Equals ``scaled_dot_product_attention`` on every example ``q[cu_seqlens[i]:cu_seqlens[i + 1]]``
+    alone (per head), concatenated. Tokens after ``cu_seqlens[-1]`` (alignment padding) are outside
+    every example: they do not influence real tokens, their outputs are zeros and they receive zero
+    gradients. Grouped-query attention is supported (``q`` heads a multiple of ``k``/``v`` heads;
+    each key/value head serves consecutive query heads). No dropout.
 
     Args:
         q: queries, ``(T, H, D)`` (the varlen layout), or ``(1, T, H, D)``.
@@ -48,31 +47,24 @@ def document_attention(
         v: values, the shape of ``k``.
         cu_seqlens: ``(E + 1,)`` int32 (or int64) cumulative example lengths, starting at 0,
             non-decreasing, last entry at most ``T``. Any device (moved as needed).
-        max_seqlen: the longest example's length (only ``"flash"`` uses it; computed from
-            ``cu_seqlens`` when ``None``). Must not be smaller than the longest example.
+        max_seqlen: at least the longest example's length (``"flash"`` only; ``None``: computed).
         causal: each token attends only to itself and earlier tokens of its example.
         scale: the softmax scale; default ``1 / sqrt(D)``.
-        backend: ``"auto"``, ``"flash"``, ``"flex"`` or ``"sdpa"`` (see
-            :mod:`lightning_varbatch.attention` and :func:`select_backend`).
-        validate: check ``cu_seqlens``'s values (start, order, end) and ``max_seqlen``.
-            That reads ``cu_seqlens`` on the host; ``"sdpa"`` and ``"flash"`` read it
-            anyway, ``"flex"`` otherwise runs without a host sync, so pass ``False`` there
-            once the input pipeline is trusted (shapes and dtypes are always checked).
+        backend: ``"auto"``, ``"flash"``, ``"flex"`` or ``"sdpa"`` (see :func:`select_backend`).
+        validate: check ``cu_seqlens``'s values (start, order, end) and ``max_seqlen`` on the host
+            (``"flex"`` need not: ``False`` once the input is trusted); shapes, dtypes: always.
 
     Returns:
         The attention output, ``(T, H, D)`` (``(1, T, H, D)`` for 4-D inputs), ``q``'s dtype
         and device, zeros on the trailing padding.
 
     Raises:
-        TypeError: for non-tensor inputs, mixed or non-floating dtypes, or a non-integer
-            ``cu_seqlens``.
-        ValueError: for mismatched shapes, bad ``cu_seqlens`` values, a too small
-            ``max_seqlen``, a bad ``scale`` or an unknown backend (the settings' errors are
-            :class:`~lightning_varbatch.errors.SettingValueError` / ``SettingTypeError``).
+        TypeError: for non-tensors, mixed or non-float dtypes, or a non-integer ``cu_seqlens``.
+        ValueError: for mismatched shapes, bad ``cu_seqlens`` values, a too small ``max_seqlen``,
+            a bad ``scale`` or an unknown backend (a bad setting: a ``SettingError`` subclass).
         RuntimeError: when the requested backend cannot run here (the message says why).
 
     Example:
-        >>> import torch
         >>> import torch.nn.functional as F
         >>> _ = torch.manual_seed(0)
         >>> q, k, v = (torch.randn(5, 2, 4, dtype=torch.float64) for _ in range(3))

@@ -6,7 +6,6 @@ bfloat16 only; it never materialises a ``T x T`` matrix. It leaves rows outside 
 rows appended: this costs one host sync to read ``cu_seqlens[-1]``.
 
 Example:
-    >>> import torch
     >>> from lightning_varbatch.attention.choice import flash_problem
     >>> flash_problem(torch.zeros(2, 1, 8)) != ""  # no CUDA here: "flash" cannot run
     True
@@ -34,11 +33,7 @@ def flash_attention(
     causal: bool,
     scale: float | None,
 ) -> torch.Tensor:
-    """``flash_attn_varlen_func`` on the real tokens, zero rows for the padding.
-
-    The arguments are :func:`~lightning_varbatch.attention.document_attention`'s, checked
-    (``(T, H, D)`` CUDA tensors in float16/bfloat16), with ``cu``, ``cu_seqlens`` on the host.
-    """
+    """``flash_attn_varlen_func`` on the real tokens, zero rows for the padding (checked args)."""
     function, _ = flash_varlen()
     assert function is not None
     total, real = q.shape[0], cu[-1]
@@ -47,8 +42,7 @@ def flash_attention(
     if max_seqlen is None:
         max_seqlen = max(b - a for a, b in itertools.pairwise(cu))
     cu32 = cu_seqlens.to(device=q.device, dtype=torch.int32)
-    # Only the real tokens go in: flash leaves rows outside cu_seqlens (and their gradients)
-    # uninitialised.
+    # Only the real tokens go in (flash leaves the other rows and their gradients uninitialised).
     out = function(
         q[:real],
         k[:real],

@@ -11,8 +11,6 @@ computes the partially masked blocks, so a non-finite ``k``/``v`` in *another ex
 leak (``0 * nan``): padding rows are zeroed before the call.
 
 Example:
-    >>> import torch
-    >>> from lightning_varbatch.attention.choice import flex_module
     >>> q = k = v = torch.randn(6, 2, 4)
     >>> cu = torch.tensor([0, 3, 5])
     >>> out = q if flex_module()[0] is None else flex_attention(q, k, v, cu, True, None)
@@ -53,10 +51,7 @@ def flex_attention(
     causal: bool,
     scale: float | None,
 ) -> torch.Tensor:
-    """FlexAttention of ``(T, H, D)`` tensors kept inside each example; zeros on the padding.
-
-    Arguments: ``document_attention``'s, checked; ``cu_seqlens`` is read on device (no sync).
-    """
+    """FlexAttention inside each example, zero padding (``document_attention``'s args; no sync)."""
     module, _ = flex_module()
     total = q.shape[0]
     if total == 0 or cu_seqlens.numel() == 1:  # no token, or no example: nothing to attend
@@ -70,8 +65,7 @@ def flex_attention(
     block_mask = module.create_block_mask(mask_mod, None, None, total, total, device=q.device)
     real = (docs >= 0)[:, None, None]
     zero = q.new_zeros(())
-    # The kernel multiplies masked-out probabilities (exact zeros) with the values of whole
-    # blocks, so a non-finite padding value would leak (0 * nan); the padding rows are zeroed.
+    # Padding rows zeroed: the kernel multiplies whole blocks; a non-finite one leaks (0 * nan).
     args = tuple(torch.where(real, x, zero).transpose(0, 1)[None] for x in (q, k, v))
     kwargs: dict[str, Any] = {"block_mask": block_mask, "scale": scale}
     if k.shape[1] != q.shape[1]:

@@ -1,10 +1,9 @@
 """A packed row's description: checks of ``q``/``k``/``v`` and ``cu_seqlens``, document ids.
 
-A packed row lays ``E`` examples end to end in ``T`` tokens; ``cu_seqlens`` (``(E + 1,)``
-cumulative example lengths starting at 0, FlashAttention's varlen convention) says where each
-one starts. Tokens after ``cu_seqlens[-1]`` (the collate's alignment padding) belong to no
-example. Every backend of :func:`~lightning_varbatch.attention.document_attention` reads the
-row through these helpers.
+A packed row lays ``E`` examples end to end in ``T`` tokens; ``cu_seqlens`` (``(E + 1,)`` cumulative
+example lengths from 0, FlashAttention's varlen convention) says where each starts. Tokens after
+``cu_seqlens[-1]`` (the collate's alignment padding) belong to no example. Every backend of
+:func:`~lightning_varbatch.attention.document_attention` reads the row through these helpers.
 """
 
 from __future__ import annotations
@@ -70,7 +69,6 @@ def check_qkv(q: Any, k: Any, v: Any) -> tuple[torch.Tensor, torch.Tensor, torch
     """The ``(T, H, D)`` views of q, k, v and whether they had a leading batch dim of 1.
 
     Example:
-        >>> import torch
         >>> x = torch.zeros(1, 5, 2, 4)
         >>> *_, batched = check_qkv(x, x, x)
         >>> batched
@@ -126,7 +124,6 @@ def token_documents(cu_seqlens: torch.Tensor, total_tokens: int) -> torch.Tensor
     """:func:`document_ids` without checks and without a host sync.
 
     Example:
-        >>> import torch
         >>> token_documents(torch.tensor([0, 2, 3]), 4).tolist()
         [0, 0, 1, -1]
     """
@@ -138,9 +135,8 @@ def token_documents(cu_seqlens: torch.Tensor, total_tokens: int) -> torch.Tensor
 def document_ids(cu_seqlens: torch.Tensor, total_tokens: int) -> torch.Tensor:
     """The example index of every token of a packed row; ``-1`` on trailing padding.
 
-    Token ``t`` belongs to example ``i`` when ``cu_seqlens[i] <= t < cu_seqlens[i + 1]``;
-    tokens at or after ``cu_seqlens[-1]`` get ``-1``. Empty examples (repeated entries) own no
-    token. This is the packed collate's ``seq_idx`` row.
+    Token ``t`` belongs to example ``i`` when ``cu_seqlens[i] <= t < cu_seqlens[i + 1]``; empty
+    examples (repeated entries) own no token. This is the packed collate's ``seq_idx`` row.
 
     Args:
         cu_seqlens: ``(E + 1,)`` int32/int64 cumulative example lengths starting at 0.
@@ -151,11 +147,9 @@ def document_ids(cu_seqlens: torch.Tensor, total_tokens: int) -> torch.Tensor:
 
     Raises:
         TypeError: for a non-tensor or non-integer ``cu_seqlens``.
-        ValueError: for a bad shape, a ``cu_seqlens`` that does not start at 0, decreases or
-            ends after ``total_tokens``, or a negative ``total_tokens``.
+        ValueError: a bad shape, ``cu_seqlens`` not from 0, decreasing or past ``total_tokens``.
 
     Example:
-        >>> import torch
         >>> document_ids(torch.tensor([0, 3, 4, 6], dtype=torch.int32), 8).tolist()
         [0, 0, 0, 1, 2, 2, -1, -1]
     """
@@ -169,7 +163,6 @@ def pad_rows(out: torch.Tensor, total: int) -> torch.Tensor:
     """``out`` (real tokens) followed by zero rows up to ``total`` tokens.
 
     Example:
-        >>> import torch
         >>> pad_rows(torch.ones(2, 1, 1), 2).shape
         torch.Size([2, 1, 1])
     """

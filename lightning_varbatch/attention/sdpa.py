@@ -10,9 +10,8 @@ Two exact ways, chosen per call by :func:`~lightning_varbatch.attention.sdpa_cos
   padding comes after every real query's keys; a ``(E, 1, 1, Lmax)`` key-padding mask for
   non-causal), the real rows gathered back (one ``index_select``).
 
-Both equal every example alone (float64 outputs and gradients), work with backward on every
-supported device, dtype and torch, read ``cu_seqlens`` on the host once, and give trailing
-padding zero outputs and gradients.
+Both equal each example alone (float64 outputs and gradients), have a backward on every supported
+device, dtype and torch, read ``cu_seqlens`` on the host once, and zero the trailing padding.
 """
 
 from __future__ import annotations
@@ -36,13 +35,9 @@ def sdpa_attention(
     causal: bool,
     scale: float | None,
 ) -> torch.Tensor:
-    """SDPA per example of ``(T, H, D)`` tensors, looped or batched (see ``sdpa_batches``).
-
-    The arguments are :func:`~lightning_varbatch.attention.document_attention`'s, checked,
-    with ``cu``, ``cu_seqlens`` as host integers.
+    """SDPA per example, looped or batched (``sdpa_batches``), on document_attention's checked args.
 
     Example:
-        >>> import torch
         >>> x = torch.randn(4, 1, 2)
         >>> torch.equal(sdpa_attention(x, x, x, [0], causal=True, scale=None), x * 0)
         True
@@ -70,7 +65,6 @@ def sdpa_loop(
     ``real`` is the tokens of all examples (contiguous from token 0); the rest are padding.
 
     Example:
-        >>> import torch
         >>> x = torch.randn(5, 1, 2)
         >>> sdpa_loop(x, x, x, [2, 2], 4, causal=False, scale=None)[4].abs().sum().item()
         0.0
@@ -79,8 +73,7 @@ def sdpa_loop(
     if k.shape[1] != heads:  # grouped-query attention (SDPA's enable_gqa needs torch >= 2.5)
         k = k.repeat_interleave(heads // k.shape[1], dim=1)
         v = v.repeat_interleave(heads // v.shape[1], dim=1)
-    # split, not slice: the backward of a split is one concatenation, while every slice's
-    # backward writes a full-size zero gradient.
+    # split, not slice: a split's backward is one concatenation, a slice's a full-size zero grad
     chunks = zip(*(x.split([*sizes, total - real]) for x in (q, k, v)), strict=True)
     outs = [
         F.scaled_dot_product_attention(
@@ -107,21 +100,18 @@ def sdpa_padded(
 ) -> torch.Tensor:
     """One ``scaled_dot_product_attention`` on the examples as a zero-padded batch.
 
-    The real tokens (the non-empty examples, ``sizes``, are contiguous from token 0) are copied
-    into an ``(E, Lmax)`` batch of zeros (right padding), one call runs, the real rows are
-    gathered back. Causal: ``is_causal`` alone suffices, as a real query (position ``i <
-    L_e``) only sees keys ``<= i``, all real. Non-causal: a key-padding mask, unless every
-    example is ``Lmax`` long. No query row is fully masked (every example has a real first
-    key) and the padded slots hold zeros (never the row's own padding tokens), so the
-    discarded padded rows are finite and, receiving a zero gradient, send none back. The
-    ``E x Lmax x Lmax`` scores are not materialised by the kernel.
+    The real tokens (non-empty examples ``sizes``, contiguous from token 0) are copied into a zero
+    ``(E, Lmax)`` batch (right padding), one call runs, the real rows are gathered back. Causal:
+    ``is_causal`` alone suffices, as a real query (position ``i < L_e``) only sees keys ``<= i``,
+    all real. Non-causal: a key-padding mask, unless every example is ``Lmax`` long. No query row is
+    fully masked (every example has a real first key) and the padded slots hold zeros (never the
+    row's own padding tokens), so the discarded padded rows are finite and, receiving a zero
+    gradient, send none back. The kernel does not materialise the ``E x Lmax x Lmax`` scores.
 
     Example:
-        >>> import torch
         >>> x = torch.randn(5, 1, 2, dtype=torch.float64)
         >>> a = sdpa_padded(x, x, x, [3, 1], 4, causal=True, scale=None)
-        >>> b = sdpa_loop(x, x, x, [3, 1], 4, causal=True, scale=None)
-        >>> torch.allclose(a, b)
+        >>> torch.allclose(a, sdpa_loop(x, x, x, [3, 1], 4, causal=True, scale=None))
         True
     """
     total, heads, kv_heads = q.shape[0], q.shape[1], k.shape[1]

@@ -29,9 +29,7 @@ CALL_COST = 1536
 MAX_PADDED = 4
 """The padded batch holds at most this many times the row's real tokens."""
 
-# How ``"sdpa"`` runs the examples: ``"auto"`` (the rule of :func:`sdpa_batches`), ``"loop"``
-# (one call per example) or ``"batched"`` (one call on a zero-padded batch). Private: the tests
-# set it to exercise both strategies on the same inputs.
+# How ``"sdpa"`` runs: ``"auto"`` (:func:`sdpa_batches`), ``"loop"``, ``"batched"`` (for tests).
 _SDPA_STRATEGY = "auto"
 
 

@@ -1,9 +1,8 @@
 """What both callbacks read from a micro-batch and from the Trainer, in one place.
 
-The callbacks count tokens and examples per micro-batch (from the entries of
-:mod:`lightning_varbatch.keys`, or from a user function), find the micro-batch that ends a real
-optimizer step under any strategy, read the training sampler's plan (the length warm-up's cap,
-the ranks' shares in force) and log from global rank 0 only.
+The callbacks count tokens and examples per micro-batch (:mod:`lightning_varbatch.keys` entries,
+or a user function), find the micro-batch that ends a real optimizer step under any strategy, read
+the sampler's plan (the length warm-up's cap, the shares in force) and log from global rank 0 only.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from lightning_varbatch.errors import SettingTypeError
 
 __all__ = [
     "CountFn",
+    "PaddingFn",
     "as_number",
     "check_count_fns",
     "check_positive",
@@ -31,11 +31,14 @@ __all__ = [
     "log_rank_zero",
     "rank_shares_in_force",
     "read_count",
+    "read_padding",
     "read_schedule",
 ]
 
 CountFn = Callable[[Any], "int | float | Tensor"]
 """``fn(batch)`` -> a count of the micro-batch on this rank (a number or a 1-element tensor)."""
+PaddingFn = Callable[[Any], "tuple[int | float | Tensor, int | float | Tensor]"]
+"""``fn(batch)`` -> ``(real tokens, padded slots)`` of the micro-batch on this rank."""
 
 
 def as_number(value: Any, what: str) -> float:
@@ -121,8 +124,7 @@ def read_count(batch: Any, key: str, fn: CountFn | None, arg: str, owner: str) -
     """One count of a micro-batch: ``fn(batch)`` if given, else ``batch[key]``.
 
     Raises:
-        TypeError: when ``fn`` is None and the batch is not a mapping holding ``key``; the
-            message names the argument (``arg``) to pass.
+        TypeError: when ``fn`` is None and the batch has no ``key`` (the message names ``arg``).
 
     Example:
         >>> read_count({"ntokens": 5}, "ntokens", None, "tokens_fn", "BatchSizeLRScaler")
@@ -142,6 +144,22 @@ def read_count(batch: Any, key: str, fn: CountFn | None, arg: str, owner: str) -
         f"TokenBudgetDataModule / PaddingCollate, got {got}. Pass {owner}({arg}=fn) with fn(batch) "
         "returning the count for this micro-batch on this rank."
     )
+
+
+def read_padding(batch: Any, fn: PaddingFn | None) -> tuple[float, float] | None:
+    """``(real tokens, padded slots)``: ``fn(batch)``, else the batch keys, else ``None``.
+
+    Example:
+        >>> read_padding({"input_tokens": 6, "padded_tokens": 8}, None)
+        (6.0, 8.0)
+    """
+    if fn is not None:
+        real, padded = fn(batch)
+        return as_number(real, "padding_fn()[0]"), as_number(padded, "padding_fn()[1]")
+    if isinstance(batch, Mapping) and keys.PADDED_TOKENS in batch and keys.INPUT_TOKENS in batch:
+        pair = (batch[keys.INPUT_TOKENS], batch[keys.PADDED_TOKENS])
+        return as_number(pair[0], "input"), as_number(pair[1], "pad")
+    return None
 
 
 def read_schedule(batch: Any, owner: str) -> tuple[float, float] | None:
@@ -177,12 +195,11 @@ def is_step_boundary(trainer: Trainer) -> bool:
     module = trainer.lightning_module
     if not module.automatic_optimization:
         return True
-    # The rule Lightning itself uses to count optimizer steps and step schedulers; under
-    # DeepSpeed it is also DeepSpeed's boundary (VarBatchDeepSpeedStrategy checks alignment).
+    # Lightning's own rule for counting optimizer steps; also DeepSpeed's boundary (checked).
     return not trainer.fit_loop.epoch_loop._should_accumulate()
 
 
-def length_cap(trainer: Trainer, step: int) -> int | None:
+def length_cap(trainer: Any, step: int) -> int | None:
     """The realised length-warm-up cap of the run's optimizer ``step``, from the sampler's plan.
 
     ``None`` without a token-budget training sampler, without a warm-up or outside it. The plan
@@ -203,7 +220,7 @@ def length_cap(trainer: Trainer, step: int) -> int | None:
     return None if trace is None else trace.cap_at(step)
 
 
-def rank_shares_in_force(trainer: Trainer) -> tuple[float, ...] | None:
+def rank_shares_in_force(trainer: Any) -> tuple[float, ...] | None:
     """The shares the training sampler planned its current epoch with (largest 1), or ``None``.
 
     ``None`` without ``rank_shares`` on the sampler (equal ranks, or another sampler). A share
@@ -223,8 +240,8 @@ def rank_shares_in_force(trainer: Trainer) -> tuple[float, ...] | None:
     return tuple(float(s) / top for s in shares)
 
 
-def log_rank_zero(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
-    """Send ``metrics`` to every logger of the Trainer, from global rank 0 only."""
+def log_rank_zero(trainer: Any, metrics: dict[str, float], step: int) -> None:
+    """Send ``metrics`` to every logger of the Trainer (or loop), from global rank 0 only."""
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=step)

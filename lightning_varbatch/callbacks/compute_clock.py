@@ -1,13 +1,11 @@
 """A rank's own compute time: the host clock on CPU, CUDA events on a GPU.
 
-A GPU runs kernels after the host has queued them, so host time from ``on_train_batch_start``
-to ``on_before_backward`` is not the forward's time; events recorded on the current stream are,
-and cost nothing until read (once per window, after one synchronize).
+A GPU runs kernels after the host queued them: host time from ``on_train_batch_start`` to
+``on_before_backward`` is not the forward's; current-stream events are (read once a window).
 
 Example:
     >>> clock = ComputeClock(torch.device("cpu"))
-    >>> start = clock.mark()
-    >>> clock.interval(start, clock.mark()) >= 0.0, clock.collect()
+    >>> clock.interval(clock.mark(), clock.mark()) >= 0.0, clock.collect()
     (True, 0.0)
 """
 

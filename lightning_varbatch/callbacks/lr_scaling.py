@@ -1,27 +1,24 @@
 """Scale the learning rate of every optimizer step with the real size of that step.
 
-With token-budgeted batches the size of an optimizer step varies; :class:`BatchSizeLRScaler`
-multiplies the learning rate of the parameter update alone by ``f(actual / reference)``
-(torch optimizer step hooks), so schedulers and checkpoints only see the unscaled schedule.
+With token-budgeted batches an optimizer step's size varies; :class:`BatchSizeLRRule` multiplies the
+learning rate of the parameter update alone by ``f(actual / reference)`` (torch optimizer step
+hooks): schedulers and checkpoints see the unscaled LR. :class:`BatchSizeLRScaler`: its callback.
 
 Example:
-    >>> scaler = BatchSizeLRScaler(rule="sqrt", reference=1024)
-    >>> scaler.scale_for(256.0)
+    >>> BatchSizeLRRule(rule="sqrt", reference=1024).scale_for(256.0)
     0.5
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import numpy as np
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
-from typing_extensions import override
 
 from lightning_varbatch import keys
 from lightning_varbatch.callbacks.batch_counts import (
@@ -30,14 +27,14 @@ from lightning_varbatch.callbacks.batch_counts import (
     check_count_fns,
     check_positive,
     check_state_keys,
-    is_step_boundary,
     log_rank_zero,
     read_count,
 )
+from lightning_varbatch.callbacks.loop_context import LoopContext
 from lightning_varbatch.checks import check_choice
 from lightning_varbatch.errors import SettingValueError
 
-__all__ = ["BatchSizeLRScaler", "torch_optimizer"]
+__all__ = ["BatchSizeLRRule", "torch_optimizer", "training_budget"]
 
 _RULES = ("linear", "sqrt", "none")
 _BY = {
@@ -49,9 +46,8 @@ _BY = {
 def torch_optimizer(optimizer: Any) -> Optimizer:
     """The torch optimizer that really updates the parameters, inside any wrappers.
 
-    Lightning hands callbacks the torch optimizer under DDP and FSDP; under DeepSpeed it is
-    DeepSpeed's ZeRO/bf16 wrapper, whose ``.optimizer`` is the user's torch optimizer (the
-    one whose ``step`` DeepSpeed calls at each accumulation boundary).
+    Lightning hands callbacks the torch optimizer under DDP and FSDP; under DeepSpeed, the
+    ZeRO/bf16 wrapper, whose ``.optimizer`` is the user's (stepped at each accumulation boundary).
 
     Raises:
         RuntimeError: when no ``torch.optim.Optimizer`` is found.
@@ -78,12 +74,9 @@ def torch_optimizer(optimizer: Any) -> Optimizer:
 
 
 def training_budget(trainer: Any) -> int | None:
-    """The training micro-batch budget of ``trainer``'s data: its loader's, else its DataModule's.
+    """The ``max_tokens`` of the loop's train loader, else its sampler's, else its DataModule's.
 
-    Reads the public ``max_tokens`` of the train loader
-    (:class:`~lightning_varbatch.TokenBudgetDataLoader`,
-    :class:`~lightning_varbatch.StreamingDataLoader`, or its ``batch_sampler``), then of the
-    DataModule; ``None`` when none has one.
+    ``trainer``: a Trainer or a :class:`~lightning_varbatch.callbacks.loop_context.LoopContext`.
 
     Example:
         >>> class T: train_dataloader = None; datamodule = type("DM", (), {"max_tokens": 64})()
@@ -102,28 +95,28 @@ def training_budget(trainer: Any) -> int | None:
     return None
 
 
-class BatchSizeLRScaler(Callback):
+class BatchSizeLRRule:
     """Multiply the learning rate of every optimizer step by ``f(actual / reference)``.
 
-    ``actual`` is the step's global target tokens (``by="tokens"``) or examples (``by="examples"``),
-    over all ranks and micro-batches: on ``TokenBudgetDataModule`` batches ``keys.STEP_NTOKENS`` /
-    ``keys.STEP_NEXAMPLES`` (exact, no collective); otherwise the per-rank counts (``keys.NTOKENS``
-    / ``keys.NEXAMPLES``, or ``tokens_fn`` / ``examples_fn``) summed over the step and all-reduced
-    once, on every rank, at ``on_train_batch_start`` of the step's last micro-batch.
+    A loop calls :meth:`attach`, :meth:`on_micro_batch` (before each forward),
+    :meth:`on_micro_batch_end` (after the optimizer step) and :meth:`detach`
+    (:class:`~lightning_varbatch.TokenBudgetLoop`, or :class:`BatchSizeLRScaler` under a Trainer).
+
+    ``actual``: the step's global target tokens (``by="tokens"``) or examples: the batches'
+    ``keys.STEP_NTOKENS``/``keys.STEP_NEXAMPLES`` (exact, no collective), else the per-rank counts
+    (``keys.NTOKENS``/``keys.NEXAMPLES``, or ``tokens_fn``/``examples_fn``) all-reduced once.
 
     Order of events in one optimizer step (every strategy, any accumulation):
 
-    1. ``on_train_batch_start`` of the step's last micro-batch: the factor is computed.
+    1. :meth:`on_micro_batch` of the step's last micro-batch: the factor is computed.
     2. The torch optimizer's step *pre*-hook: each param group's ``lr`` (the scheduler's value)
        is saved and replaced by ``lr × factor``.
     3. The parameter update uses the scaled value.
     4. The step *post*-hook: the saved value is put back (unless the step changed ``lr``).
-    5. Lightning steps the schedulers (``interval="step"`` or ``"epoch"``, any ``frequency``,
-       ``ReduceLROnPlateau`` too) and callbacks save checkpoints: all see the unscaled value.
+    5. The loop steps the schedulers (any interval and ``frequency``, ``ReduceLROnPlateau``
+       too) and saves checkpoints: all see the unscaled value.
 
-    A step that never reaches the optimizer (a skipped fp16 step or ``optimizer_step``) is not
-    scaled. The LR in ``LearningRateMonitor``, in ``param_groups`` between steps and in
-    checkpoints is the unscaled schedule; the update used that times ``train/lr_scale``.
+    A step that never reaches the optimizer (a skipped fp16 step) is not scaled.
 
     Args:
         rule: ``"linear"`` (factor = ratio), ``"sqrt"`` (factor = sqrt(ratio), for Adam-like
@@ -137,13 +130,13 @@ class BatchSizeLRScaler(Callback):
         max_scale: upper clamp of the factor.
         tokens_fn: ``fn(batch)`` -> target tokens of the micro-batch on this rank.
         examples_fn: ``fn(batch)`` -> examples of the micro-batch on this rank.
-        log_every_n_steps: log interval in optimizer steps (default: the Trainer's).
+        log_every_n_steps: log interval in optimizer steps (default: the loop's).
 
     Raises:
         ValueError: for a bad setting; at the first step, when no reference can be derived.
         TypeError: for a setting of the wrong type, or when a batch cannot be read.
 
-    Logged metrics (rank 0, through the Trainer's loggers, at the optimizer step's index):
+    Logged metrics (rank 0, through the loop's loggers, at the optimizer step's index):
 
     ===================  ========================================================
     Key                  Meaning
@@ -153,9 +146,14 @@ class BatchSizeLRScaler(Callback):
     ===================  ========================================================
 
     Example:
-        >>> from lightning.pytorch import Trainer
-        >>> scaler = BatchSizeLRScaler(rule="linear", max_tokens=4096, max_scale=1.0)
-        >>> trainer = Trainer(callbacks=[scaler], accumulate_grad_batches=2)  # doctest: +SKIP
+        >>> rule = BatchSizeLRRule(rule="linear", reference=8.0, log_every_n_steps=10)
+        >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.5)
+        >>> rule.attach([opt])
+        >>> rule.on_micro_batch({"step_ntokens": 4}, None, boundary=True, step=0)  # type: ignore
+        >>> opt.param_groups[0]["params"][0].grad = torch.ones(1)
+        >>> opt.step(); rule.on_micro_batch_end(boundary=True); rule.detach()
+        >>> opt.param_groups[0]["params"][0].item(), opt.param_groups[0]["lr"]  # 1 - 0.5 * 0.5
+        (0.75, 0.5)
     """
 
     def __init__(
@@ -215,12 +213,12 @@ class BatchSizeLRScaler(Callback):
             scale = min(scale, self.max_scale)
         return scale
 
-    def _resolve_reference(self, trainer: Trainer) -> float:
+    def _resolve_reference(self, loop: LoopContext) -> float:
         if self.reference is not None:
             return self.reference
         budget = self.max_tokens
         if budget is None:
-            budget = training_budget(trainer)
+            budget = training_budget(loop)
         if self.by != "tokens" or budget is None:
             raise ValueError(
                 f"BatchSizeLRScaler(by={self.by!r}) cannot derive a reference step size: "
@@ -232,15 +230,14 @@ class BatchSizeLRScaler(Callback):
                     "pass max_tokens= or reference=."
                 )
             )
-        self.reference = float(budget) * trainer.world_size * int(trainer.accumulate_grad_batches)
+        self.reference = float(budget) * loop.world_size * int(loop.accumulate_grad_batches)
         return self.reference
 
-    # -- the hooks on the torch optimizer ----------------------------------------------------
-
-    def _attach(self, trainer: Trainer) -> None:
-        self._detach()
+    def attach(self, optimizers: Iterable[Any]) -> None:
+        """Hook the torch optimizers (inside any wrapper) that the scaled steps update."""
+        self.detach()
         seen: set[int] = set()
-        for optimizer in trainer.optimizers:
+        for optimizer in optimizers:
             inner = torch_optimizer(optimizer)
             if id(inner) in seen:
                 continue
@@ -248,7 +245,8 @@ class BatchSizeLRScaler(Callback):
             self._handles.append(inner.register_step_pre_hook(self._before_update))
             self._handles.append(inner.register_step_post_hook(self._after_update))
 
-    def _detach(self) -> None:
+    def detach(self) -> None:
+        """Remove the hooks (and put back an LR a raising step left scaled)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -281,31 +279,15 @@ class BatchSizeLRScaler(Callback):
                     group["lr"] = base
         self._applied = {}
 
-    # -- Lightning hooks ---------------------------------------------------------------------
+    def on_micro_batch(self, batch: Any, loop: LoopContext, boundary: bool, step: int) -> None:
+        """Count a micro-batch before its forward; at the step's last one, set the factor.
 
-    @override
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        # After the strategy wrapped the optimizers and a checkpoint restored them.
-        self._attach(trainer)
-
-    @override
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._detach()
-
-    @override
-    def on_exception(
-        self, trainer: Trainer, pl_module: LightningModule, exception: BaseException
-    ) -> None:
-        self._detach()
-
-    @override
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._detach()
-
-    @override
-    def on_train_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+        Args:
+            batch: the micro-batch.
+            loop: the loop (read at the boundary only: the collective, the reference's budget).
+            boundary: whether this micro-batch ends an optimizer step.
+            step: optimizer steps taken before this one (the log step).
+        """
         step_key, local_key = _BY[self.by]
         if self.count_fn is None and isinstance(batch, Mapping) and step_key in batch:
             self._step_total = as_number(batch[step_key], f"batch[{step_key!r}]")
@@ -313,31 +295,23 @@ class BatchSizeLRScaler(Callback):
             self._local += read_count(
                 batch, local_key, self.count_fn, self.fn_arg, type(self).__name__
             )
-        if not is_step_boundary(trainer):
+        if not boundary:
             return
-        reference = self._resolve_reference(trainer)
+        reference = self._resolve_reference(loop)
         if self._step_total is not None:
             actual = self._step_total
         else:  # every rank starts the step's last micro-batch: the collective is safe here
-            local = torch.tensor(
-                self._local, dtype=torch.float64, device=trainer.strategy.root_device
-            )
-            actual = float(trainer.strategy.reduce(local, reduce_op="sum"))
+            actual = float(loop.sum_over_ranks(torch.tensor(self._local, dtype=torch.float64)))
         scale = self.scale_for(actual)
         self._scale = self.last_scale = scale
-        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        if (trainer.global_step + 1) % every == 0:
-            log_rank_zero(
-                trainer,
-                {"train/lr_scale": scale, "train/lr_ratio": actual / reference},
-                trainer.global_step,
-            )
+        every = self.log_every_n_steps or int(loop.log_every_n_steps)
+        if (step + 1) % every == 0:
+            ratio = actual / reference
+            log_rank_zero(loop, {"train/lr_scale": scale, "train/lr_ratio": ratio}, step)
 
-    @override
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        if not is_step_boundary(trainer):
+    def on_micro_batch_end(self, boundary: bool) -> None:
+        """After the micro-batch (and the optimizer step it ends): close the step."""
+        if not boundary:
             return
         self._restore_all()
         if self._stepped:
@@ -346,8 +320,8 @@ class BatchSizeLRScaler(Callback):
         self._scale = None
         self._step_total, self._local = None, 0.0
 
-    @override
     def state_dict(self) -> dict[str, Any]:
+        """The rule's counts (for a checkpoint)."""
         return {
             "steps": self.steps,
             "last_scale": self.last_scale,
@@ -356,12 +330,11 @@ class BatchSizeLRScaler(Callback):
             "step_total": self._step_total,
         }
 
-    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s counts."""
         check_state_keys(type(self).__name__, state_dict, self.state_dict())
         self.steps = int(state_dict["steps"])
         self.last_scale = float(state_dict["last_scale"])
-        # "reference" is informative: a default reference is re-derived from the resumed run
-        # (its world size may differ), an explicit one comes from the constructor.
+        # "reference" is not restored: a default is re-derived (the world size may change).
         self._local = float(state_dict["local"])
         self._step_total = state_dict["step_total"]

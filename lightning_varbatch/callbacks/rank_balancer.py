@@ -1,8 +1,7 @@
 """Balance per-rank shares by each rank's measured speed, at epoch boundaries.
 
-On a mixed cluster every data-parallel step waits for its slowest rank. The planner can give
-each rank a share of every step (``PlanConfig.rank_shares``); :class:`RankShareBalancer` finds
-the shares by measuring each rank's compute per unit of planned cost.
+On a mixed cluster every step waits for its slowest rank; the planner can give each rank a share of
+every step (``PlanConfig.rank_shares``), found by measuring compute per unit of planned cost.
 """
 
 from __future__ import annotations
@@ -57,15 +56,14 @@ class RankShareBalancer(Callback):
     **Planned cost** of a micro-batch: ``plan.micro_batch_load`` at the rank's position (the
     units the shares divide), else (another sampler) ``keys.NTOKENS``. Speed: cost per second.
 
-    **When shares change.** At the end of every ``every_n_epochs``-th epoch every rank
-    all-gathers every rank's (seconds, cost, micro-batches), computes
+    **When shares change.** At the end of every ``every_n_epochs``-th epoch the ranks all-gather
+    every rank's (seconds, cost, micro-batches) and compute, the same on every rank,
     :func:`~lightning_varbatch.planner.balanced_shares` from the shares in force (equal when
-    unset) and the speeds smoothed over periods (``share_balance.smoothed_speeds``), and passes
-    the same result on every rank to ``trainer.datamodule.set_rank_shares`` (else the train
-    loader's ``batch_sampler.set_rank_shares``). The sampler plans the next epoch with them (a
-    share too small for the longest example is raised): no example is lost or repeated, and the
-    loader tells Lightning the new epoch length. A period in which some rank timed nothing
-    changes nothing; one process gathers and changes nothing (``last_period`` still measures).
+    unset) and the speeds smoothed over periods (``share_balance.smoothed_speeds``), for
+    ``trainer.datamodule.set_rank_shares`` (else the loader's ``batch_sampler.set_rank_shares``).
+    The sampler plans the next epoch with them (a share too small for the longest example is
+    raised; no example is lost or repeated; Lightning learns the new epoch length). A period in
+    which some rank timed nothing, or one process, changes nothing (``last_period`` still measures).
 
     Each period's shares and measurement are kept in ``history`` and the checkpoint; a resumed
     run sets the checkpoint's shares again (a no-op when the sampler's state holds them; skipped
@@ -74,11 +72,9 @@ class RankShareBalancer(Callback):
     Args:
         every_n_epochs: epochs per measurement period (shares change at its end).
         smoothing: weight of the earlier periods' speeds, in ``[0, 1)``: the first period's
-            measurement sets the shares as it is (the second period runs balanced); later a change
-            of speed moves them ``1 - smoothing`` of the way (in ratio) per period, so a rank slowed
-            for one period does not make the shares swing (0: each period's speeds alone).
-        tolerance: dead band in ``[0, 1)``: no change while every rank's measured share is
-            within this relative distance of its share in force.
+            measurement sets the shares; later a speed change moves them ``1 - smoothing`` of the
+            way (in ratio) per period, so one slow period does not swing them (0: no smoothing).
+        tolerance: relative dead band in ``[0, 1)`` around the shares in force (no change inside).
         warmup_steps: optimizer steps at the start of each epoch that are not timed.
         min_share: the least share (of the largest, 1), in ``(0, 1]``; ``None``: none.
 
@@ -87,8 +83,7 @@ class RankShareBalancer(Callback):
         SettingTypeError: for a setting of the wrong type.
         RuntimeError: at the start of a multi-process fit whose training data has no
             ``set_rank_shares`` (neither the DataModule nor the loader's ``batch_sampler``).
-        SettingValueError: at the start of a multi-process fit over a
-            ``StreamingDataModule`` (a stream's shares are fixed when it is built).
+        SettingValueError: at the start of a multi-process fit over a ``StreamingDataModule``.
 
     Logged metrics (rank 0, through the Trainer's loggers, at the period's last step):
 
@@ -100,7 +95,6 @@ class RankShareBalancer(Callback):
     ==============================  ===================================================
 
     Example:
-        >>> from lightning.pytorch import Trainer
         >>> from lightning_varbatch.callbacks import RankShareBalancer
         >>> trainer = Trainer(callbacks=[RankShareBalancer(smoothing=0.5)])  # doctest: +SKIP
     """
@@ -134,8 +128,6 @@ class RankShareBalancer(Callback):
         self._pending_work = 0.0
         self._clock: ComputeClock | None = None
         self._costs: tuple[Any, np.ndarray] | None = None
-
-    # -- measuring ------------------------------------------------------------------------
 
     def _planned_cost(self, trainer: Trainer, batch: Any, batch_idx: int) -> float | None:
         """This rank's planned cost of the micro-batch at ``batch_idx`` of the epoch."""
@@ -178,8 +170,7 @@ class RankShareBalancer(Callback):
                 "the sampler's shares."
             )
             return
-        # Restored from a checkpoint: the sampler's own state normally holds them already
-        # (setting them again changes nothing); a loader built afresh gets them here.
+        # From a checkpoint: a no-op when the sampler's state holds them; a new loader needs it.
         target.set_rank_shares(self.shares)
 
     @override
@@ -206,8 +197,6 @@ class RankShareBalancer(Callback):
         self._work += self._pending_work
         self._count += 1
         self._start = None  # one interval per micro-batch, even with several backward calls
-
-    # -- balancing ------------------------------------------------------------------------
 
     def _reset_period(self) -> None:
         self._seconds, self._work, self._count, self._epochs = 0.0, 0.0, 0, 0
@@ -282,8 +271,6 @@ class RankShareBalancer(Callback):
         if smoothed is None or len(smoothed) != world:  # another world size: start afresh
             return None
         return tuple(float(v) for v in smoothed)
-
-    # -- checkpoint -----------------------------------------------------------------------
 
     @override
     def state_dict(self) -> dict[str, Any]:

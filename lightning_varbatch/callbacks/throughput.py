@@ -1,34 +1,34 @@
 """Global token throughput, padding efficiency, effective batch size and rank imbalance.
 
-Lightning's ``ThroughputMonitor`` multiplies rank 0's counts by the world size, wrong when ranks
-carry different loads; :class:`TokenThroughputMonitor` gathers every rank's counts and times.
+Lightning's ``ThroughputMonitor`` scales rank 0's counts by the world size, wrong for unequal ranks;
+:class:`TokenThroughputMeter` gathers every rank's counts (callback: ``TokenThroughputMonitor``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from time import perf_counter
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
-from typing_extensions import override
 
 from lightning_varbatch import keys
 from lightning_varbatch.callbacks.batch_counts import (
     CountFn,
+    PaddingFn,
     as_number,
     check_count_fns,
     check_positive,
     check_state_keys,
-    is_step_boundary,
     length_cap,
     log_rank_zero,
     rank_shares_in_force,
     read_count,
+    read_padding,
     read_schedule,
 )
 from lightning_varbatch.callbacks.compute_clock import ComputeClock
+from lightning_varbatch.callbacks.loop_context import LoopContext
 from lightning_varbatch.callbacks.throughput_window import (
     RankWindow,
     ScheduleWindow,
@@ -40,42 +40,44 @@ from lightning_varbatch.callbacks.throughput_window import (
 from lightning_varbatch.checks import check_flag
 from lightning_varbatch.errors import SettingTypeError
 
-__all__ = ["TokenThroughputMonitor", "length_cap", "rank_metrics", "rank_shares_in_force"]
+__all__ = [
+    "TokenThroughputMeter",
+    "length_cap",
+    "rank_metrics",
+    "rank_shares_in_force",
+]
 
-PaddingFn = Callable[[Any], "tuple[int | float | torch.Tensor, int | float | torch.Tensor]"]
 
-
-def _gather(trainer: Trainer, window: RankWindow) -> list[RankWindow]:
+def _gather(loop: LoopContext, window: RankWindow) -> list[RankWindow]:
     """Every rank's ``window``, in rank order: one all-gather, which every rank must call."""
     local = torch.tensor(window.to_vector(), dtype=torch.float64)
-    rows = trainer.strategy.all_gather(local.to(trainer.strategy.root_device))
+    rows = loop.gather(local)
     return [RankWindow.from_vector(row) for row in rows.reshape(-1, local.numel()).tolist()]
 
 
-class TokenThroughputMonitor(Callback):
+class TokenThroughputMeter:
     """Log global throughput, padding, effective batch size and imbalance per optimizer steps.
 
-    Each rank's micro-batch counts (from :mod:`lightning_varbatch.keys` or ``tokens_fn`` /
-    ``examples_fn`` / ``padding_fn``) are summed over ``log_every_n_steps`` optimizer steps
-    (real steps, under every strategy); at the window's last step every rank all-gathers it and
-    rank 0 logs at the step index of Lightning's ``self.log``. Rates use the window's (slowest
-    rank's) wall time. A rank's compute time sums its forward and loss (``on_train_batch_start``
-    -> ``on_before_backward``): under DDP a fast rank waits in the backward for the slowest, so
-    one of two ranks twice as slow reads 2 / 1.5, not 1.00. FLOPs per loss token:
-    ``flops_per_token`` or the LightningModule's attribute.
+    A loop calls :meth:`start`, :meth:`on_micro_batch` (before each forward),
+    :meth:`before_backward`, :meth:`on_micro_batch_end` (after the optimizer step) and :meth:`end`
+    (:class:`~lightning_varbatch.TokenBudgetLoop` in Fabric or ``torchrun``, or
+    :class:`TokenThroughputMonitor` under a Trainer). Each rank's counts are summed over
+    ``log_every_n_steps`` optimizer steps, then all-gathered; rank 0 logs at the step index of
+    Lightning's ``self.log``. Rates use the window's (slowest rank's) wall time. A rank's compute
+    time sums its forwards and losses: under DDP a fast rank waits in the backward for the
+    slowest, so one of two ranks twice as slow reads 2 / 1.5, not 1.00.
 
     Args:
-        log_every_n_steps: window / log interval in optimizer steps (default: the Trainer's).
+        log_every_n_steps: window / log interval in optimizer steps (default: the loop's).
         tokens_fn: ``fn(batch)`` -> loss tokens of the micro-batch on this rank.
         examples_fn: ``fn(batch)`` -> examples of the micro-batch on this rank.
         padding_fn: ``fn(batch)`` -> ``(real tokens, padded slots)`` over every padded field;
             without it (and without the batch keys) the padding metrics are not logged.
-        flops_per_token: model FLOPs (forward + backward) per loss token.
+        flops_per_token: model FLOPs (forward + backward) per loss token; default: the loop's.
         peak_flops: peak FLOP/s of one device, for ``train/mfu``.
-        prog_bar: show ``tokens_per_sec`` in the progress bar.
-        dataset_names: names of the mixed datasets, for the per-dataset metrics (batches'
-            ``keys.DATASET`` indexes them). Default: the training sampler's
-            (:class:`~lightning_varbatch.MixturePlanner`), else no per-dataset metrics.
+        prog_bar: show ``tokens_per_sec`` in the Trainer's progress bar.
+        dataset_names: the mixed datasets' names (``keys.DATASET`` indexes them), for per-dataset
+            metrics; default: the sampler's (:class:`~lightning_varbatch.MixturePlanner`), or none.
 
     Raises:
         ValueError: for a non-positive interval, ``flops_per_token`` or ``peak_flops``.
@@ -98,9 +100,8 @@ class TokenThroughputMonitor(Callback):
     ``train/step_time_imbalance``       max / mean over ranks of their own compute time
                                         (1 = even; FSDP / ZeRO-3 pull it towards 1)
     ``train/step_time``                 wall seconds per optimizer step
-    ``train/total_tokens``              loss tokens since the start of training (exact in
-                                        checkpoints with the ``step_*`` batch keys; else
-                                        counted up to the last logged window)
+    ``train/total_tokens``              loss tokens since training started (exact in checkpoints
+                                        with the ``step_*`` batch keys, else to the last window)
     ``train/flops_per_sec``             FLOP/s, all ranks (with FLOPs per token)
     ``train/device/flops_per_sec``      the same per device
     ``train/mfu``                       device FLOP/s / ``peak_flops`` (0-1)
@@ -110,11 +111,9 @@ class TokenThroughputMonitor(Callback):
                                              under per-step mixing, its share of steps)
     ``train/dataset/<name>/total_tokens``    its loss tokens since the start of training
     ``train/length_cap``                the longest example the window's last step could hold
-                                        under the length warm-up (docs/length-warmup.md),
-                                        read from the plan
-    ``train/rank/<r>/tokens_per_sec``   rank ``r``'s loss tokens / s of the window's wall
-                                        time (the ranks' rates add up to
-                                        ``train/tokens_per_sec``)
+                                        under the length warm-up (docs/length-warmup.md)
+    ``train/rank/<r>/tokens_per_sec``   rank ``r``'s loss tokens / s (the ranks' rates add up
+                                        to ``train/tokens_per_sec``)
     ``train/rank/<r>/share``            rank ``r``'s share in force: the training sampler's
                                         ``rank_shares`` of this epoch (largest 1)
     ``train/schedule/budget_tokens``    the steps' token budget under the batch-size
@@ -123,16 +122,14 @@ class TokenThroughputMonitor(Callback):
     ``train/schedule/fill``             cost / budget of the window's steps (0-1)
     ==================================  ================================================
 
-    The ``train/dataset/...`` keys appear only when several datasets are mixed,
-    ``train/length_cap`` only during a length warm-up, the ``train/rank/...`` keys only with
-    more than one rank, the shares only when the training sampler has ``rank_shares``, and
-    the ``train/schedule/...`` keys only when the batches carry ``keys.STEP_BUDGET`` and
-    ``keys.STEP_COST`` (a batch-size schedule, ``batch_schedule``).
+    Only some runs log: ``train/dataset/...`` (several datasets mixed), ``train/length_cap``
+    (during a length warm-up), ``train/rank/...`` (several ranks; the shares: when the sampler
+    has ``rank_shares``), ``train/schedule/...`` (batches with ``keys.STEP_BUDGET`` and
+    ``keys.STEP_COST``: a batch-size schedule, ``batch_schedule``).
 
-    When training ends (``on_train_end``, a collective on every rank) the run's totals go into
-    ``trainer.callback_metrics`` on every rank (not to the loggers), where a script reads them
-    after ``fit`` (the ``train/run/...`` counts are this ``fit`` call's, from its first training
-    micro-batch; the padding keys only when every micro-batch had padding counts):
+    :meth:`end` (a collective) returns the run's totals on every rank, not to the loggers (the
+    callback: into ``trainer.callback_metrics``). The ``train/run/...`` counts are this run's
+    (``fit`` call's), the padding keys only when every micro-batch had padding counts:
 
     ==================================  ================================================
     Key                                 Meaning
@@ -141,8 +138,8 @@ class TokenThroughputMonitor(Callback):
     ``train/total_examples``            examples since the start of training (likewise)
     ``train/run/loss_tokens``           loss tokens of the run, all ranks
     ``train/run/examples``              examples of the run, all ranks
-    ``train/run/seconds``               wall seconds from the first training micro-batch
-                                        to the end of training (this rank's clock)
+    ``train/run/seconds``               wall seconds, first training micro-batch to the end
+                                        of training (this rank's clock)
     ``train/run/input_tokens``          real tokens of every padded field, all ranks
     ``train/run/padded_tokens``         token slots after padding, all ranks
     ``train/run/input_tokens_per_sec``  real tokens / ``train/run/seconds``
@@ -150,9 +147,7 @@ class TokenThroughputMonitor(Callback):
     ==================================  ================================================
 
     Example:
-        >>> from lightning.pytorch import Trainer
-        >>> monitor = TokenThroughputMonitor(log_every_n_steps=50, peak_flops=989e12)
-        >>> trainer = Trainer(callbacks=[monitor])  # doctest: +SKIP
+        >>> meter = TokenThroughputMeter(log_every_n_steps=50, peak_flops=989e12)
     """
 
     def __init__(
@@ -187,8 +182,7 @@ class TokenThroughputMonitor(Callback):
         self.dataset_names = None if dataset_names is None else [str(n) for n in dataset_names]
         self.total_tokens = 0.0
         self.total_examples = 0.0
-        # The step's global counts from the batch keys (exact at every step, no collective);
-        # None: counted per window from the gathered per-rank counts instead.
+        # The step's exact global counts from batch keys (no collective); None: counted per window.
         self._step_counts: tuple[float, float] | None = None
         self._step_schedule: tuple[float, float] | None = None  # the step's budget and cost
         self._schedule = ScheduleWindow()
@@ -205,25 +199,11 @@ class TokenThroughputMonitor(Callback):
         self._run = RankWindow()
         self._run_start: float | None = None
 
-    def _padding(self, batch: Any) -> tuple[float, float] | None:
-        if self.padding_fn is not None:
-            real, padded = self.padding_fn(batch)
-            return as_number(real, "padding_fn()[0]"), as_number(padded, "padding_fn()[1]")
-        if (
-            isinstance(batch, Mapping)
-            and keys.PADDED_TOKENS in batch
-            and keys.INPUT_TOKENS in batch
-        ):
-            return as_number(batch[keys.INPUT_TOKENS], "input"), as_number(
-                batch[keys.PADDED_TOKENS], "pad"
-            )
-        return None
-
-    @override
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def start(self, loop: LoopContext) -> None:
+        """At the start of training: the datasets' names, fresh windows, the device's clock."""
         names = self.dataset_names
         if names is None:
-            sampler = getattr(trainer.train_dataloader, "batch_sampler", None)
+            sampler = getattr(loop.train_dataloader, "batch_sampler", None)
             found = getattr(getattr(sampler, "planner", None), "names", None)
             names = list(found) if found is not None and len(found) > 1 else []
         self._names = names
@@ -233,12 +213,10 @@ class TokenThroughputMonitor(Callback):
         self._schedule = ScheduleWindow()
         self._run = RankWindow()
         self._run_start = None
-        self._clock = ComputeClock(trainer.strategy.root_device)
+        self._clock = ComputeClock(loop.device)
 
-    @override
-    def on_train_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
-    ) -> None:
+    def on_micro_batch(self, batch: Any) -> None:
+        """Count a micro-batch before its forward and start its compute clock."""
         now = perf_counter()
         if self._window_start is None:
             self._window_start = now
@@ -261,7 +239,7 @@ class TokenThroughputMonitor(Callback):
         tokens = read_count(batch, keys.NTOKENS, self.tokens_fn, "tokens_fn", name)
         w.tokens += tokens
         w.examples += read_count(batch, keys.NEXAMPLES, self.examples_fn, "examples_fn", name)
-        padding = self._padding(batch)
+        padding = read_padding(batch, self.padding_fn)
         if padding is None:
             w.no_padding = 1.0
         else:
@@ -278,22 +256,29 @@ class TokenThroughputMonitor(Callback):
             w.dataset_batches[d] += 1.0
         self._compute_start = self._clock.mark()
 
-    @override
-    def on_before_backward(
-        self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
-    ) -> None:
+    def before_backward(self) -> None:
+        """Stop the micro-batch's compute clock (its forward and loss are done)."""
         if self._compute_start is None:  # one interval per micro-batch, however many backwards
             return
         self._window.compute += self._clock.interval(self._compute_start, self._clock.mark())
         self._compute_start = None
 
-    @override
-    def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
+    def on_micro_batch_end(
+        self, loop: LoopContext, boundary: bool, steps_done: int
+    ) -> dict[str, float] | None:
+        """After the micro-batch: at a window's last step, gather and log (a collective).
+
+        Args:
+            loop: the loop.
+            boundary: whether the micro-batch ended an optimizer step.
+            steps_done: optimizer steps taken, this one included.
+
+        Returns:
+            The metrics logged (on every rank), or ``None`` when the window goes on.
+        """
         now = perf_counter()
-        if not is_step_boundary(trainer):
-            return
+        if not boundary:
+            return None
         self.steps += 1
         self._steps_in_window += 1
         if self._step_counts is not None:  # totals exact at every step: a checkpoint anywhere
@@ -304,16 +289,14 @@ class TokenThroughputMonitor(Callback):
         if self._step_schedule is not None:
             self._schedule.add(*self._step_schedule)
             self._step_schedule = None
-        every = self.log_every_n_steps or int(getattr(trainer, "log_every_n_steps", 50))
-        if trainer.global_step % every:
-            return
+        every = self.log_every_n_steps or int(loop.log_every_n_steps)
+        if steps_done % every:
+            return None
         assert self._window_start is not None
         self._window.elapsed = now - self._window_start
         self._window.compute += self._clock.collect()
-        windows = _gather(trainer, self._window)  # every rank is at the same optimizer step
-        flops = self.flops_per_token
-        if flops is None:
-            flops = getattr(pl_module, "flops_per_token", None)
+        windows = _gather(loop, self._window)  # every rank is at the same optimizer step
+        flops = self.flops_per_token if self.flops_per_token is not None else loop.flops_per_token
         metrics = window_metrics(windows, self._steps_in_window, flops, self.peak_flops)
         if self._window_totals:
             self.total_tokens += sum(w.tokens for w in windows)
@@ -325,43 +308,33 @@ class TokenThroughputMonitor(Callback):
                 windows, self._names, metrics["train/tokens_per_sec"], self.dataset_tokens
             )
         )
-        cap = length_cap(trainer, trainer.global_step - 1)
+        cap = length_cap(loop, steps_done - 1)
         if cap is not None:
             metrics["train/length_cap"] = float(cap)
-        metrics.update(rank_metrics(windows, rank_shares_in_force(trainer)))
+        metrics.update(rank_metrics(windows, rank_shares_in_force(loop)))
         metrics.update(self._schedule.metrics())
         self._schedule = ScheduleWindow()
-        log_rank_zero(trainer, metrics, trainer.global_step - 1)
-        if self.prog_bar:
-            pl_module.log(
-                "tokens_per_sec",
-                metrics["train/tokens_per_sec"],
-                prog_bar=True,
-                logger=False,
-                on_step=True,
-                on_epoch=False,
-            )
+        log_rank_zero(loop, metrics, steps_done - 1)
         self._run.add_counts(self._window)
         self._window = RankWindow.empty(len(self._names))
         self._steps_in_window = 0
         self._window_start = now
+        return metrics
 
-    @override
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def end(self, loop: LoopContext) -> dict[str, float]:
+        """The run's totals (the table above), on every rank: a collective at the end."""
         now = perf_counter()
         run = RankWindow()
         run.add_counts(self._run)
         run.add_counts(self._window)  # the micro-batches since the last logged window
         seconds = now - (now if self._run_start is None else self._run_start)
-        totals = run_metrics(_gather(trainer, run), seconds)  # every rank ends training together
+        totals = run_metrics(_gather(loop, run), seconds)  # every rank ends training together
         totals["train/total_tokens"] = self.total_tokens
         totals["train/total_examples"] = self.total_examples
-        trainer.callback_metrics.update(
-            {key: torch.tensor(value, dtype=torch.float64) for key, value in totals.items()}
-        )
+        return totals
 
-    @override
     def state_dict(self) -> dict[str, Any]:
+        """The run's totals so far (for a checkpoint)."""
         return {
             "steps": self.steps,
             "total_tokens": self.total_tokens,
@@ -369,8 +342,8 @@ class TokenThroughputMonitor(Callback):
             "dataset_tokens": list(self.dataset_tokens),
         }
 
-    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s totals."""
         check_state_keys(type(self).__name__, state_dict, self.state_dict())
         self.steps = int(state_dict["steps"])
         self.total_tokens = float(state_dict["total_tokens"])

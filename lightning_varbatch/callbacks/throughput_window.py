@@ -37,8 +37,7 @@ class RankWindow:
         examples: examples.
         real: real tokens of every padded field (for the padding efficiency).
         padded: token slots after padding of every padded field.
-        compute: the rank's own compute seconds: each micro-batch's forward and loss
-            (``on_train_batch_start`` to ``on_before_backward``), before any gradient sync.
+        compute: the rank's own compute seconds: forwards and losses, before any gradient sync.
         elapsed: wall seconds of the window.
         no_padding: 1.0 when a micro-batch had no padding counts (padding metrics skipped).
         dataset_tokens: loss tokens per mixed dataset.
@@ -101,8 +100,7 @@ class RankWindow:
 class ScheduleWindow:
     """The scheduled token budgets and planned costs of a window's steps (a batch schedule).
 
-    Both are a step's global counts, read alike by every rank from its batches (no gather);
-    steps without them (no schedule) are not counted.
+    Global counts, read alike by every rank from its batches (no gather); steps without: skipped.
 
     Attributes:
         budget: the steps' scheduled token budgets (``keys.STEP_BUDGET``), summed.
@@ -201,8 +199,7 @@ def rank_metrics(
 
     Example:
         >>> a, b = RankWindow(tokens=300, elapsed=3.0), RankWindow(tokens=150, elapsed=2.9)
-        >>> rank_metrics([a, b], (1.0, 0.5))
-        ... # doctest: +NORMALIZE_WHITESPACE
+        >>> rank_metrics([a, b], (1.0, 0.5))  # doctest: +NORMALIZE_WHITESPACE
         {'train/rank/0/tokens_per_sec': 100.0, 'train/rank/1/tokens_per_sec': 50.0,
          'train/rank/0/share': 1.0, 'train/rank/1/share': 0.5}
     """

@@ -1,13 +1,11 @@
 """Keep a module's training state through work that must leave no trace.
 
-:class:`KeepTrainingState` snapshots a module's buffers (BatchNorm statistics), its
-parameters' gradients and the torch / CUDA / numpy / Python RNG states, and puts them back on
-exit (after clearing the optimizers' gradients), whatever ran in between.
-:class:`~lightning_varbatch.callbacks.WorstBatchCheck` runs its forward and backward passes
-inside it, so training after the check is the training without it.
+:class:`KeepTrainingState` snapshots a module's buffers (BatchNorm statistics), its parameters'
+gradients and the torch / CUDA / numpy / Python RNG states, and restores them on exit (after
+clearing the optimizers' gradients). :class:`~lightning_varbatch.callbacks.WorstBatchCheck` runs
+its forward and backward passes inside it, so training after the check is the training without it.
 
 Example:
-    >>> import torch
     >>> layer = torch.nn.BatchNorm1d(2)
     >>> with KeepTrainingState(layer, []):
     ...     _ = layer(torch.randn(4, 2)).sum().backward()
@@ -35,7 +33,6 @@ class KeepTrainingState:
         optimizers: their ``zero_grad(set_to_none=True)`` runs first on exit.
 
     Example:
-        >>> import torch
         >>> with KeepTrainingState(torch.nn.Linear(1, 1), []):
         ...     _ = torch.rand(3)  # the RNG advances inside ...
         >>> state = torch.get_rng_state()  # ... and is back as it was after

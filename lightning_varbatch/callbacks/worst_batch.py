@@ -1,11 +1,10 @@
 """Run the plan's most demanding micro-batches first, so that an OOM happens in minute one.
 
-:class:`WorstBatchCheck`'s pieces (all importable from here), in ``callbacks.``:
-``worst_micro_batches`` picks the micro-batches (:func:`worst_micro_batches`,
-:func:`check_names`, :class:`WorstBatch`, :data:`KINDS`), ``worst_batch_run`` runs one
-(:data:`OUT_OF_MEMORY`), ``training_state`` keeps the model's state through the check,
-``worst_ranks`` gathers every rank's results, ``worst_report`` words them (:func:`advice`,
-:func:`format_report`); :mod:`lightning_varbatch.peak_memory` measures (:func:`measure_peak`).
+:class:`WorstBatchCheck`'s pieces, all importable from here: ``worst_micro_batches`` picks
+(:func:`worst_micro_batches`, :func:`check_names`, :class:`WorstBatch`, :data:`KINDS`),
+``worst_batch_run`` runs (:data:`OUT_OF_MEMORY`), ``training_state`` keeps the model's state,
+``worst_ranks`` gathers, ``worst_report`` words (:func:`advice`, :func:`format_report`) and
+:mod:`lightning_varbatch.peak_memory` measures (:func:`measure_peak`).
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ def _no_log(*args: Any, **kwargs: Any) -> None:
 class WorstBatchCheck(Callback):
     """Run the plan's most demanding micro-batches before training and report their memory.
 
-    In ``on_train_start`` every rank picks, among its own micro-batches of the epoch's training
-    plan, the largest of each ``kind``:
+    In ``on_train_start`` every rank picks each ``kind``'s largest of its micro-batches in the plan:
 
     - ``"padded_tokens"``: examples x longest padded length (a packed row's tokens),
     - ``"examples"``: the most examples,
@@ -71,27 +69,22 @@ class WorstBatchCheck(Callback):
     fetches it through the training loader's dataset and collate, moves it to the device
     (batch-transfer hooks run) and runs ``training_step`` and backward through the strategy
     (DDP/FSDP wrappers, the precision plugin's autocast), measuring peak memory with
-    :func:`measure_peak`. Tested under DDP and FSDP (DeepSpeed is refused, see ``Raises``);
-    every rank runs exactly ``len(kinds)`` forward/backward passes (also when one micro-batch
-    is the worst of several kinds), so collectives inside them stay matched.
+    :func:`measure_peak`. Tested under DDP and FSDP. Every rank runs exactly ``len(kinds)``
+    forward/backward passes (even when one micro-batch is the worst of several kinds), so
+    collectives inside them stay matched.
 
-    Why ``on_train_start``: only then are the model wrapped, the optimizers and precision
-    plugin set up, the checkpoint (and sampler position) restored and the training loader
-    built, before any optimizer step (``on_fit_start`` precedes the strategy's setup).
+    Why ``on_train_start``: only then are the model wrapped, the optimizers and precision plugin
+    set up, the checkpoint (and sampler position) restored and the loader built, before any step.
 
-    Nothing changes for training: no optimizer steps; gradients are cleared (the optimizers'
-    ``zero_grad(set_to_none=True)``, then every parameter's gradient set back to what it
-    was), buffers (BatchNorm statistics) and the torch / CUDA / numpy / Python RNG states are
+    Nothing changes for training: no optimizer steps; gradients (cleared, then set back),
+    buffers (BatchNorm statistics) and the torch / CUDA / numpy / Python RNG states are
     restored, and ``self.log`` of the LightningModule is a no-op during the check. The
-    ``on_before_backward`` / ``on_after_backward`` hooks are not called. Manual optimization
-    (``automatic_optimization = False``) is refused: its ``training_step`` steps optimizers.
+    ``on_before_backward`` / ``on_after_backward`` hooks are not called.
 
     Args:
-        kinds: which worst micro-batches to run, each of ``"padded_tokens"``,
-            ``"examples"``, ``"attention"``.
-        memory_limit_bytes: raise when a peak exceeds it (compared with the figure of
-            :func:`measure_peak`: device memory allocated on CUDA, the process's resident set
-            on CPU). ``None``: only an out-of-memory error raises.
+        kinds: the worst micro-batches to run: ``"padded_tokens"``, ``"examples"``, ``"attention"``.
+        memory_limit_bytes: raise when a peak exceeds it (:func:`measure_peak`'s figure: device
+            memory allocated on CUDA, resident set on CPU); ``None``: only out-of-memory raises.
         verbose: print the report on global rank 0.
 
     Raises:
@@ -113,8 +106,7 @@ class WorstBatchCheck(Callback):
     =======================================  ===========================================
     Key                                      Meaning
     =======================================  ===========================================
-    ``memory/worst/<kind>/peak_bytes``       largest peak over ranks of the worst
-                                             ``<kind>`` micro-batch
+    ``memory/worst/<kind>/peak_bytes``       the worst ``<kind>`` micro-batch's peak, max over ranks
     ``memory/worst/<kind>/examples``         that micro-batch's examples
     ``memory/worst/<kind>/longest``          its longest padded length
     =======================================  ===========================================
@@ -123,7 +115,6 @@ class WorstBatchCheck(Callback):
     then wait in a collective until the launcher stops them (or the process group's timeout).
 
     Example:
-        >>> from lightning.pytorch import Trainer
         >>> check = WorstBatchCheck(memory_limit_bytes=70 * 2**30)
         >>> trainer = Trainer(callbacks=[check])  # doctest: +SKIP
     """

@@ -1,15 +1,12 @@
 """Run one checked micro-batch of :class:`~lightning_varbatch.callbacks.WorstBatchCheck`.
 
-:func:`run_micro_batch` fetches a micro-batch through the training loader's dataset and
-collate, moves it to the device, runs ``training_step`` and the strategy's backward on it and
-measures the peak memory (:func:`~lightning_varbatch.peak_memory.measure_peak`). An
-out-of-memory error (one of :data:`OUT_OF_MEMORY`, told apart by type) becomes a
-``RuntimeError`` naming the micro-batch and the settings that shrink it
-(:func:`failure_message`); any other error keeps its type and gets the same words as a note.
+:func:`run_micro_batch` fetches a micro-batch through the training loader's dataset and collate,
+moves it to the device, runs ``training_step`` and the strategy's backward and measures the peak
+memory (:func:`~lightning_varbatch.peak_memory.measure_peak`). An out-of-memory error (one of
+:data:`OUT_OF_MEMORY`, by type) becomes a ``RuntimeError`` naming the micro-batch and the settings
+that shrink it (:func:`failure_message`); any other error keeps its type and gets them as a note.
 
 Example:
-    >>> from lightning_varbatch.callbacks.worst_micro_batches import WorstBatch
-    >>> from lightning_varbatch.data.sampler import TokenBudgetBatchSampler
     >>> s = TokenBudgetBatchSampler([2, 2, 2, 8], 8, rank=0, world_size=1, shuffle=False)
     >>> w = WorstBatch("examples", position=0, micro_batch=0, examples=3, longest=2,
     ...                padded_tokens=6, attention=12)
@@ -33,9 +30,8 @@ from lightning_varbatch.peak_memory import measure_peak
 __all__ = ["OUT_OF_MEMORY", "failure_message", "run_micro_batch", "step_once"]
 
 #: What :class:`~lightning_varbatch.callbacks.WorstBatchCheck` reports as "ran out of memory":
-#: :data:`lightning_varbatch.memory.OUT_OF_MEMORY`, the same types (the layers keep callbacks
-#: and memory apart): a plain ``RuntimeError`` of torch's CPU allocator propagates unchanged,
-#: with a note naming the micro-batch that raised it and the settings that shrink it.
+#: the types of :data:`lightning_varbatch.memory.OUT_OF_MEMORY` (the layers keep apart). A plain
+#: ``RuntimeError`` of torch's CPU allocator propagates, with a note naming the micro-batch.
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 
 
@@ -50,10 +46,8 @@ def run_micro_batch(
     """Run micro-batch ``w`` forward and backward; its peak bytes and how they were measured.
 
     Raises:
-        RuntimeError: when it runs out of memory (one of :data:`OUT_OF_MEMORY`); the message
-            names its shape, the rank and the settings that shrink it.
-        Exception: any other error of its forward or backward, with its own type and a note
-            with the same words.
+        RuntimeError: out of memory (:data:`OUT_OF_MEMORY`), naming its shape, rank and the fixes.
+        Exception: any other error of its forward or backward, keeping its type, with a note.
     """
     mb = sampler.micro_batch(w.position)
     try:

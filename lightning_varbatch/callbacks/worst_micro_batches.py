@@ -1,12 +1,11 @@
 """Which micro-batches :class:`~lightning_varbatch.callbacks.WorstBatchCheck` runs.
 
-Among this rank's micro-batches of the sampler's current epoch plan,
-:func:`worst_micro_batches` picks the one with the most padded tokens (examples x longest; of
-pairs in the two-sided order, among those the one whose two padded tensors are largest),
-the one with the most examples and the one with the largest attention term (examples x
-longest², a packed row's Σ length²), plus, for a plan of static shapes, one per shape.
-:class:`WorstBatch` describes a pick (and, once run, its peak memory); :func:`check_names`
-lists the picks every rank makes, in order, so that gathered reports line up.
+Among this rank's micro-batches of the sampler's current epoch plan, :func:`worst_micro_batches`
+picks the one with the most padded tokens (examples x longest; for pairs in the two-sided order,
+of those the one whose two padded tensors are largest), the one with the most examples and the one
+with the largest attention term (examples x longest², a packed row's Σ length²), plus one per
+shape of a static-shape plan. :class:`WorstBatch` describes a pick (and, once run, its peak
+memory); :func:`check_names` lists every rank's picks, in order, so gathered reports line up.
 """
 
 from __future__ import annotations
@@ -38,15 +37,12 @@ class WorstBatch:
         micro_batch: its micro-batch id in the epoch plan (``tile``, its old name, still reads it).
         examples: examples in it.
         longest: its longest padded planning length.
-        padded_tokens: its token slots after padding (examples x longest; a packed row's
-            tokens for ``layout="packed"``).
+        padded_tokens: its token slots after padding (examples x longest; packed: the row's).
         attention: its attention term, examples x longest² (Σ length² for a packed row).
         peak_bytes: peak memory of its forward and backward (``None`` before it is run).
-        memory: how ``peak_bytes`` was measured (see
-            :func:`~lightning_varbatch.peak_memory.measure_peak`).
+        memory: what ``peak_bytes`` measured (:func:`~lightning_varbatch.peak_memory.measure_peak`).
         rank: the rank that ran it.
-        rows: its padded rows under a shape budget (``max_shapes``: the shape's rows, masked
-            ones included), ``None`` otherwise (one row per example).
+        rows: its padded rows under ``max_shapes`` (the shape's, masked ones too), else ``None``.
     """
 
     kind: str
@@ -64,9 +60,7 @@ class WorstBatch:
     def shape(self) -> str:
         """How many examples of how many tokens, and under a shape budget in how many rows.
 
-        ``"<examples> examples x <longest> tokens"``, or under a shape budget
-        ``"<examples> examples in <rows> rows x <longest> tokens"`` (rows × longest is
-        :attr:`padded_tokens`).
+        ``"E examples x L tokens"``, or under a shape budget ``"E examples in R rows x L tokens"``.
 
         Example:
             >>> WorstBatch("examples", 0, 0, 11, 17, 510, 8670, rows=30).shape()
@@ -97,8 +91,7 @@ def worst_micro_batches(
 ) -> list[WorstBatch]:
     """This rank's most demanding micro-batches of the sampler's current epoch plan.
 
-    Ties go to the one that runs first. Empty micro-batches are never chosen; a rank without
-    any gets an empty list.
+    Ties go to the first to run; empty micro-batches are never picked (none: an empty list).
 
     Args:
         sampler: the training sampler, set to this rank.
@@ -108,8 +101,7 @@ def worst_micro_batches(
         One :class:`WorstBatch` per kind, in the order of ``kinds``.
 
     Example:
-        >>> s = TokenBudgetBatchSampler([2, 2, 2, 8], 8, rank=0, world_size=1,
-        ...                             shuffle=False)
+        >>> s = TokenBudgetBatchSampler([2, 2, 2, 8], 8, rank=0, world_size=1, shuffle=False)
         >>> [(w.kind, w.examples, w.longest) for w in worst_micro_batches(s)]
         [('padded_tokens', 1, 8), ('examples', 3, 2), ('attention', 1, 8)]
     """

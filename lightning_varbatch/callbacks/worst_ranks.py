@@ -1,10 +1,8 @@
 """Every rank's worst micro-batches in one place: one all-gather, and the metrics over ranks.
 
-:func:`gather_reports` collects each rank's ``(kind, examples, longest, peak_bytes, over)``
-rows on every rank (one all-gather, so that when one rank is over the memory limit every rank
-knows it and none waits for it); :func:`worst_metrics` turns them into the metrics
-:class:`~lightning_varbatch.callbacks.WorstBatchCheck` logs: for each kind, the rank with the
-largest peak.
+:func:`gather_reports` collects each rank's ``(kind, examples, longest, peak_bytes, over)`` rows on
+every rank (one all-gather: a rank over the memory limit is known to all, none waits);
+:func:`worst_metrics` turns them into ``WorstBatchCheck``'s metrics: each kind's largest peak.
 
 Example:
     >>> reports = [[{"kind": "examples", "examples": 4, "longest": 2, "peak_bytes": 10}],
@@ -42,9 +40,8 @@ def gather_reports(
 ) -> list[list[dict[str, Any]]]:
     """Every rank's (kind, examples, longest, peak_bytes, over), one list per rank.
 
-    ``names`` are the kinds every rank checks, in order (the same on every rank); a rank
-    without micro-batches contributes an empty list. One all-gather on every rank when
-    ``trainer.world_size > 1``.
+    ``names``: the kinds every rank checks, in order; a rank without micro-batches contributes
+    an empty list. One all-gather on every rank when ``trainer.world_size > 1``.
     """
     rows = [[w.examples, w.longest, w.peak_bytes or 0, float(over_limit(w, limit))] for w in report]
     if int(trainer.world_size) < 2:

@@ -1,8 +1,7 @@
 """The words of :class:`~lightning_varbatch.callbacks.WorstBatchCheck`: advice and report.
 
-:func:`advice` names the settings that shrink a worst micro-batch of a kind, each with its
-value now; :func:`format_report` prints a rank's report as a small table; :func:`gib` is how
-both show bytes.
+:func:`advice` names the settings that shrink a worst micro-batch of a kind, with their values;
+:func:`format_report` prints a rank's report as a small table; :func:`gib` shows bytes.
 """
 
 from __future__ import annotations
@@ -18,11 +17,9 @@ __all__ = ["advice", "format_report", "gib"]
 def advice(kind: str, config: PlanConfig) -> str:
     """The settings that shrink the worst micro-batch of ``kind``, each as ``name=value`` now.
 
-    Built from the settings themselves (the fields of :class:`~lightning_varbatch.PlanConfig`, which
-    the DataModules and the sampler take under the same names, and
-    :data:`~lightning_varbatch.planner.costs.COST_NAMES`): a padded micro-batch's attention term is
-    budgeted by ``cost='quadratic'`` (with ``quadratic_coef``); a packed row's only by
-    ``max_tokens``; a static shape's rows follow from ``max_tokens``.
+    From :class:`~lightning_varbatch.PlanConfig`'s fields and
+    :data:`~lightning_varbatch.planner.costs.COST_NAMES`: a padded micro-batch's attention term is
+    budgeted by ``cost='quadratic'``, a packed row's and a shape's rows by ``max_tokens``.
 
     Example:
         >>> advice("attention", PlanConfig(max_tokens=4096))

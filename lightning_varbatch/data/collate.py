@@ -2,12 +2,10 @@
 
 :class:`PaddingCollate` pads the token fields of a micro-batch's items and puts the counts of
 :mod:`lightning_varbatch.keys` on the batch, checking the real token count against the plan.
-What the plan attaches to the items (their counts, ids and planned lengths) is
-:mod:`lightning_varbatch.data.plan_items`'s; reading the token fields is
-:mod:`lightning_varbatch.data.token_fields`'s (both re-exported here under their old names).
+What the plan attaches to the items (counts, ids, planned lengths) is :mod:`~.plan_items`'s;
+reading token fields, :mod:`~.token_fields`'s (both re-exported here under their old names).
 
 Example:
-    >>> import torch
     >>> from lightning_varbatch import keys
     >>> batch = PaddingCollate()([{"tokens": [5, 6, 7]}, {"tokens": [8]}])
     >>> batch["tokens"].tolist(), batch["tokens_mask"].sum().item(), int(batch[keys.NTOKENS])
@@ -122,39 +120,33 @@ class PlanCollate:
 class PaddingCollate(PlanCollate):
     """Pad token fields into ``(batch, length)`` tensors and add the bookkeeping counts.
 
-    Items are mappings holding 1-D LongTensors or lists of ints: ``source``/``target`` pairs (keys
+    Items are mappings of 1-D LongTensors or lists of ints: ``source``/``target`` pairs (keys
     configurable) or a single ``"tokens"`` field. The batch holds, per field ``f``, the padded ``f``
-    and a bool ``f_mask`` (True on real tokens), plus 0-dim long tensors under the names of
-    :mod:`lightning_varbatch.keys`: ``NTOKENS`` (real loss tokens: target tokens, or real tokens for
-    a single field, minus ``loss_offset`` per example), ``NEXAMPLES``, ``PADDED_TOKENS`` (slots of
-    all padded fields), ``INPUT_TOKENS`` (real tokens of all fields) and, on micro-batches of a
-    :class:`~lightning_varbatch.TokenBudgetBatchSampler` (through its loader or DataModule), the
-    plan's counts of :data:`lightning_varbatch.keys.PLAN_COUNTS` (``STEP_NTOKENS``,
-    ``STEP_NEXAMPLES``, ``DATASET``, ...). Other item entries are gathered: ints into a ``(batch,)``
-    long tensor, anything else into a list.
+    and a bool ``f_mask`` (True on real tokens), plus 0-dim long tensors named by
+    :mod:`lightning_varbatch.keys`: ``NTOKENS`` (real loss tokens: target tokens, or a single
+    field's, minus ``loss_offset`` per example), ``NEXAMPLES``, ``PADDED_TOKENS`` (slots of all
+    padded fields), ``INPUT_TOKENS`` (real tokens of all fields) and, on micro-batches of a
+    :class:`~lightning_varbatch.TokenBudgetBatchSampler`, the plan's counts of
+    :data:`lightning_varbatch.keys.PLAN_COUNTS` (``STEP_NTOKENS``, ``STEP_NEXAMPLES``, ``DATASET``,
+    ...). Other item entries are gathered: ints into a ``(batch,)`` long tensor, else a list.
 
     Args:
         pad_id: the padding token id (an integer).
         pad_to_multiple_of: pad lengths up to a multiple of this (use the sampler's).
         source_key: key of the source field of pairs.
         target_key: key of the target field of pairs.
-        truncate_to: cut every field to this length (the sampler's ``truncate_to``), or to
-            the plan's length where the micro-batch's plan cuts shorter.
-        check_ntokens: on a sampler's micro-batches, compare the real loss-token count with the
-            plan's (the exact loss normaliser; off only when loss tokens differ from the field's
-            length other than by ``loss_offset``).
+        truncate_to: cut every field to this length (the sampler's), or to the plan's, if shorter.
+        check_ntokens: on a sampler's micro-batches, compare the real loss tokens with the plan's
+            (the exact normaliser; off only if loss tokens are not field length - ``loss_offset``).
         check_widths: on a sampler's micro-batches, check that no padded field of any item is
             longer (after truncation) than the plan budgeted, so none exceeds ``max_tokens``.
-        loss_offset: loss tokens per example are its real loss-field tokens (after
-            truncation) minus this, at least 0 (teacher forcing, predicting ``target[1:]``: 1);
-            counted in ``NTOKENS`` and checked against the plan's ``loss_lengths``.
-        tokens_key: key of the single token field. With the default ``"tokens"``, items
-            that have no ``"tokens"`` but an ``"input_ids"`` field use that one.
+        loss_offset: loss tokens per example are its real loss-field tokens (after truncation)
+            minus this, ≥ 0 (1 to predict ``target[1:]``); checked against the plan's loss lengths.
+        tokens_key: the single token field's key (``"tokens"``, else an ``"input_ids"`` field).
 
     Raises:
         SettingTypeError, SettingValueError: for a bad setting.
-        ValueError: for non 1-D fields, an item without the expected fields, or (when
-            checking) a micro-batch that breaks the plan.
+        ValueError: non 1-D fields, items missing fields, or (checking) a micro-batch off the plan.
         TypeError: for a non-mapping item, or token ids that are not integers.
 
     Example:

@@ -1,9 +1,8 @@
 """Micro-batches read from a Hugging Face dataset in one batched call, as Arrow columns.
 
-For a Hugging Face ``datasets.Dataset`` (and one of the library's collates), each micro-batch
-is one ``take`` of its rows from the memory-mapped table, handed to the collate as
-:class:`ColumnarItems`, read with no Python object per row or token. A ``ConcatDataset`` of such
-datasets is routed part by part, since every planned micro-batch comes from one dataset.
+For a Hugging Face ``datasets.Dataset`` (and a library collate) each micro-batch is one ``take`` of
+its rows from the memory-mapped table, handed over as :class:`ColumnarItems` (no Python object per
+row or token); a ``ConcatDataset`` of them is routed part by part (a micro-batch is one dataset's).
 
 Example:
     >>> import datasets
@@ -86,8 +85,7 @@ def fetch_rows(dataset: Any, indices: Sequence[int], columnar: bool) -> Any:
     if columnar:
         view = arrow_view(dataset)
         if view is not None:
-            # A gather leaves one chunk per row; one contiguous chunk per column makes every
-            # later step (checks, lengths, flattening) a single vectorised call.
+            # A gather leaves a chunk per row; one per column makes later steps single vector calls
             return view[[int(i) for i in indices]].combine_chunks()
     inner = getattr(dataset, "__getitems__", None)
     if callable(inner):

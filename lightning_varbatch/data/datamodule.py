@@ -7,13 +7,10 @@ How it fits Lightning 2.6 (checked in its source):
   ``set_epoch`` to the token-budget sampler; no trainer state is touched.
 - Lightning sizes the epoch with ``len(dataloader)`` and restores its batch counter on a resume:
   our loader's length is the whole epoch's (``TokenBudgetBatchSampler.epoch_length``).
-- On ``fit(ckpt_path=...)`` the datamodule's ``load_state_dict`` runs (``Trainer._run`` ->
-  ``_restore_modules_and_callbacks`` -> ``restore_datamodule``) before the fit loop calls
-  ``train_dataloader()`` (``_run_stage`` -> ``FitLoop.setup_data``), so the restored position is
-  kept pending and applied when the sampler is built.
+- On ``fit(ckpt_path=...)`` the datamodule's ``load_state_dict`` runs (``restore_datamodule``)
+  before ``train_dataloader()`` (``FitLoop.setup_data``): the position waits for the sampler.
 
 Example:
-    >>> import numpy as np
     >>> data = [{"tokens": list(range(1, n + 1))} for n in (3, 5, 2, 7, 4)]
     >>> dm = TokenBudgetDataModule(data, [3, 5, 2, 7, 4], max_tokens=10)
     >>> loader = dm.train_dataloader()  # outside a Trainer: rank 0 of 1
@@ -83,8 +80,7 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
     then carry ``keys.DATASET``, their dataset's index.
 
     Args:
-        train_dataset: map-style training dataset (items for ``collate``), or a list of
-            :class:`~lightning_varbatch.DataSource`.
+        train_dataset: a map-style dataset (items for ``collate``) or a list of ``DataSource``.
         train_lengths: one length per item (``(n,)`` or ``(n, 2)`` source/target), a
             callable ``dataset -> lengths`` evaluated once, or, for a Hugging Face dataset,
             the name of a length or token-id column or a (source, target) pair of them
@@ -92,20 +88,17 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         max_tokens: token budget of one training micro-batch on one rank.
         mixing: with several training datasets, ``"per_step"`` (every optimizer step on all
             ranks from one dataset) or ``"per_batch"`` (every micro-batch from one dataset).
-        weights: with several training datasets, ``"size"`` or one weight per dataset
-            (needs ``steps_per_epoch``).
+        weights: several training datasets: ``"size"`` or one weight each (``steps_per_epoch``).
         temperature: shares ``∝ weight ** (1 / temperature)`` (needs ``steps_per_epoch``).
-        steps_per_epoch: ``None`` for one pass over every training dataset, else the optimizer
-            steps of an epoch, sampled by weight.
+        steps_per_epoch: ``None``: one pass over every dataset; else the epoch's steps, by weight.
         val_dataset: optional validation dataset (or list of data sources).
         val_lengths: its lengths (or callable); required with ``val_dataset``.
         test_dataset: optional test dataset.
         test_lengths: its lengths (or callable); required with ``test_dataset``.
         val_max_tokens: budget for validation and test (default ``max_tokens``).
-        train_loss_lengths: loss tokens per training item when they are not its length (the
-            target's for pairs) minus ``loss_offset``: an array, a column name or a callable
-            ``dataset -> loss lengths``; a :class:`~lightning_varbatch.DataSource` carries
-            its own ``loss_lengths`` (the planner setting ``loss_lengths`` is refused).
+        train_loss_lengths: loss tokens per training item when not its length (the target's for
+            pairs) minus ``loss_offset``: an array, a column name or a callable; a
+            :class:`~lightning_varbatch.DataSource` carries its own (planner setting refused).
         val_loss_lengths: the same for ``val_dataset``.
         test_loss_lengths: the same for ``test_dataset``.
         collate: the collate function (default: the plan's, :class:`PaddingCollate` or
@@ -116,10 +109,9 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         loss_offset: every split's loss tokens per example are its length (the target's for
             pairs) minus this, after ``oversize="truncate"`` (1 for teacher forcing); the
             default collate gets it too. Not with ``*_loss_lengths``.
-        on_resume_mismatch: resuming from a checkpoint whose training data or settings differ:
-            ``"error"`` (default) refuses it, listing what changed; ``"restart_epoch"`` trains
-            the checkpoint's epoch afresh on the current data, every example once (see
-            :meth:`TokenBudgetBatchSampler.load_state_dict`).
+        on_resume_mismatch: for a checkpoint whose training data or settings differ: ``"error"``
+            (default) refuses it, listing what changed; ``"restart_epoch"`` trains its epoch
+            afresh, every example once (:meth:`TokenBudgetBatchSampler.load_state_dict`).
         **sampler_kwargs: planner settings: :class:`~lightning_varbatch.PlanConfig`'s fields
             but ``max_tokens`` (``cost``, ``seed``, ``tail``, ``oversize``, ...).
 
@@ -207,8 +199,6 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
                 self._planner(name)
                 self.collate_for(name)  # a collate that disagrees with the plan fails now
 
-    # -- building ------------------------------------------------------------------------
-
     def _lengths(self, stage: str) -> np.ndarray:
         lengths = read_lengths(stage, self.datasets[stage], self._lengths_in[stage])
         self._lengths_in[stage] = lengths  # read (or computed) once
@@ -271,8 +261,6 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
             epoch=epoch,
         ).plan
 
-    # -- planning without a Trainer -------------------------------------------------------
-
     def planner(self, stage: str) -> Planner:
         """The planner every rank uses for ``stage`` (``"train"``, ``"val"`` or ``"test"``).
 
@@ -285,15 +273,12 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
             raise ValueError(f"TokenBudgetDataModule has no {stage}_dataset.")
         return self._planner(stage)
 
-    # -- loaders -------------------------------------------------------------------------
-
     def train_dataloader(self) -> TokenBudgetDataLoader:
         """The training loader of this rank (the sampler is built once, then reused)."""
         sampler = self._sampler("train")
         trainer = self._trainer
         if trainer is not None:
-            # Lightning sets the epoch only after its first iter() of the loader (FitLoop.setup_data
-            # then on_advance_start): set it now so that a prefetch starts in the right epoch.
+            # Lightning sets the epoch after its first iter(): set it now for the prefetch.
             sampler.set_epoch(fit_epoch(trainer))
             check_same_plan_everywhere(trainer, sampler)
         if self._run_shares is not None:
@@ -304,8 +289,6 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         self._check_restored()
         sampler.plan  # noqa: B018  (plan now: a topology the data cannot serve fails here)
         return self._loader("train")
-
-    # -- ranks of different speed ---------------------------------------------------------
 
     @property
     def rank_shares(self) -> tuple[float, ...] | None:
@@ -330,8 +313,6 @@ class TokenBudgetDataModule(SplitLoaders, ResumableState, LightningDataModule):
         if sampler is not None:
             sampler.set_rank_shares(shares)
         self._run_shares = check_rank_shares(shares)
-
-    # -- checkpointing -------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
         """The training position: micro-batches *trained* this epoch, the saving one included."""

@@ -39,12 +39,10 @@ __all__ = [
 ]
 
 #: The planner settings TokenBudgetDataModule takes as ``**sampler_kwargs``: every PlanConfig
-#: field but those that are named arguments (``max_tokens``, and ``loss_offset``, a named
-#: argument of both DataModules).
+#: field but the named arguments (``max_tokens``, and ``loss_offset``: both DataModules').
 SAMPLER_KWARGS = PLAN_SETTINGS - {"max_tokens", "loss_offset"}
 
-#: What :class:`~lightning_varbatch.TokenBudgetDataModule` takes and a stream cannot do: the
-#: argument, why, and what to do instead (each refused with a ``SettingValueError``).
+#: What TokenBudgetDataModule takes and a stream cannot: argument, why, what instead (refused).
 REFUSED: dict[str, str] = {
     "train_lengths": "a stream's lengths come from its shards: pass the columns when you "
     "open them instead (shards_from_files(paths, columns=...))",

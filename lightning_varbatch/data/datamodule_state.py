@@ -1,11 +1,10 @@
 """What both DataModules save and restore: a versioned state and the position it gives back.
 
-Both states are ``{"version": 1, ...}`` (:data:`STATE_VERSION`; a state without one is
-version 1) and count the micro-batches *trained* this
-epoch (``trained_this_epoch``, from :mod:`~lightning_varbatch.data.lightning_loop`), never the
-loader's prefetch. :class:`ResumableState` holds what both do with a state: read it (a mapping,
-of a version this release reads), keep it until the training loader is built, and refuse a
-mid-epoch resume that gave the DataModule no position.
+Both states are ``{"version": 1, ...}`` (:data:`STATE_VERSION`; a state without one is version 1)
+and count the micro-batches *trained* this epoch (``trained_this_epoch``, from
+:mod:`~.lightning_loop`), never the loader's prefetch. :class:`ResumableState` holds what both do
+with a state: read it (a mapping, of a version this release reads), keep it until the training
+loader is built, and refuse a mid-epoch resume that gave the DataModule no position.
 
 Example:
     >>> versioned(), versioned(trained=3)
@@ -60,10 +59,9 @@ def read_state_mapping(owner: str, state_dict: Any) -> Mapping[str, Any]:
 class ResumableState:
     """The resume protocol of both DataModules (a mixin).
 
-    ``load_state_dict`` reads the state (:meth:`_read_state`: its keys and version, each
-    DataModule's own), marks the DataModule restored and keeps the position
-    (:meth:`_keep_state`) until the training loader applies it; :meth:`_check_restored`
-    refuses a mid-epoch resume whose checkpoint held no state of this class.
+    ``load_state_dict`` reads the state (:meth:`_read_state`: each DataModule's keys, version),
+    marks the DataModule restored and keeps the position (:meth:`_keep_state`) for the training
+    loader; :meth:`_check_restored` refuses a mid-epoch resume without a state of this class.
 
     Example:
         >>> from lightning_varbatch import TokenBudgetDataModule
@@ -84,8 +82,6 @@ class ResumableState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Keep a saved position; it is applied when the training loader is (re)built.
-
-        States saved before states had a version load as version 1.
 
         Raises:
             TypeError: when ``state_dict`` (or its position) is not a mapping.

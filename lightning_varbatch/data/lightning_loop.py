@@ -109,8 +109,7 @@ def fit_epoch(trainer: Any) -> int:
 def trained_this_epoch(trainer: Any) -> int:
     """Micro-batches the fit loop has trained this epoch (0 outside a Trainer).
 
-    Counted before ``on_train_batch_end`` (a checkpoint saved there counts its batch), never
-    ahead like the loader's prefetching.
+    Counted before ``on_train_batch_end`` (a checkpoint there counts its batch), never prefetched.
 
     Example:
         >>> trained_this_epoch(None)

@@ -1,13 +1,12 @@
 """A DataLoader over a token-budget batch sampler that Lightning leaves alone.
 
-Lightning replaces a loader's sampler with a ``DistributedSampler`` only when the loader's
-``sampler`` is not one already (``_requires_distributed_sampler`` in Lightning 2.6's
-``trainer/connectors/data_connector.py``), and calls ``set_epoch`` only on ``dataloader.sampler``
-/ ``dataloader.batch_sampler.sampler``. Our loader's ``sampler`` is such a ``DistributedSampler``
-(:class:`_EpochRelay`) relaying ``set_epoch`` to the batch sampler, so the default
-``use_distributed_sampler=True`` needs no change; a training loader makes Lightning run each
-epoch's length (:mod:`~lightning_varbatch.data.lightning_loop`). :func:`token_budget_dataloader`
-is the constructor the docs teach; it returns a :class:`TokenBudgetDataLoader`.
+Lightning replaces a loader's sampler with a ``DistributedSampler`` only when its ``sampler`` is
+not one already (``_requires_distributed_sampler``, Lightning 2.6), and calls ``set_epoch`` only
+on ``dataloader.sampler`` / ``dataloader.batch_sampler.sampler``. Our loader's ``sampler`` is such
+a ``DistributedSampler`` (:class:`_EpochRelay`) relaying ``set_epoch`` to the batch sampler, so
+the default ``use_distributed_sampler=True`` needs no change; a training loader makes Lightning
+run each epoch's length (:mod:`~lightning_varbatch.data.lightning_loop`).
+:func:`token_budget_dataloader` is the constructor the docs teach.
 """
 
 from __future__ import annotations
@@ -95,8 +94,7 @@ def check_dataset_size(
 ) -> None:
     """The dataset must have exactly one item per length the sampler plans with.
 
-    Fewer lengths would silently train only the first items; more would index past the end. A
-    dataset without ``__len__`` is accepted unchecked.
+    Fewer lengths train only the first items, more index past the end; no ``__len__``: not checked.
 
     Raises:
         ValueError: when the counts differ; the message names both.
@@ -159,19 +157,16 @@ class TokenBudgetDataLoader(DataLoader[Any]):
         dataset: a map-style dataset.
         batch_sampler: the token-budget sampler, already set to this rank.
         collate_fn: default: the plan's (``pairing.collate_for_plan``), with the sampler's
-            padding and truncation; a library collate that does not fit the plan is refused, a
-            plain callable used as it is.
+            padding and truncation; a library collate must fit the plan, a plain callable is used.
         num_workers: DataLoader worker processes.
         pin_memory: pin batches in memory.
         evaluation: start every iteration from the first micro-batch and keep the plan of
             epoch 0 (validation and test); otherwise iteration resumes where it stopped.
-        check_first_items: with a library collate, check the first item of each dataset now
-            (:func:`check_first_items_of`), not when its batch is reached.
+        check_first_items: with a library collate, check each dataset's first item now, not later.
         **kwargs: other DataLoader arguments (``prefetch_factor``, ``persistent_workers``...).
 
     Raises:
-        TypeError: for a batch sampler that is not a token-budget sampler, an iterable-style
-            dataset, or a bad first item.
+        TypeError: for a non-token-budget batch sampler, an iterable-style dataset, a bad item.
         SettingValueError: for a collate that does not fit the plan or a bad ``num_workers``.
         ValueError: for a dataset whose size is not the sampler's, or a bad first item.
     """
@@ -270,9 +265,8 @@ def token_budget_dataloader(
     """A DataLoader for your own DataModule or LightningModule; Lightning leaves it alone.
 
     First set the sampler's topology: ``sampler.set_distributed(trainer.global_rank,
-    trainer.world_size, trainer.accumulate_grad_batches)``; the default
-    ``use_distributed_sampler=True`` is fine. Validation: a ``shuffle=False`` sampler, and pass
-    ``evaluation=True``.
+    trainer.world_size, trainer.accumulate_grad_batches)``; ``use_distributed_sampler=True`` is
+    fine. Validation: a ``shuffle=False`` sampler and ``evaluation=True``.
 
     Args:
         dataset: a map-style dataset of items for ``collate_fn``.
@@ -283,7 +277,7 @@ def token_budget_dataloader(
         **kwargs: other :class:`TokenBudgetDataLoader` / DataLoader arguments.
 
     Returns:
-        The loader; its batches carry the step's token count for
+        The loader; its batches carry ``step_ntokens`` for
         :func:`~lightning_varbatch.loss.step_token_mean`.
 
     Example:

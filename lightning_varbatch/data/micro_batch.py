@@ -26,23 +26,19 @@ class MicroBatch(list[int]):
 
     Attributes:
         epoch: the epoch.
-        step: the optimizer step of the epoch (counted from its start, also after a resume on
-            another topology, where a step begun before it counts as one).
+        step: the epoch's optimizer step (also after a topology change: a begun step counts).
         micro: micro-batch within the step (``0 .. accumulate_grad_batches - 1``).
         rank: the rank that runs it.
         ntokens: its loss tokens (target tokens for pairs).
-        step_ntokens: loss tokens of the whole optimizer step, over all ranks and micros:
-            the exact normaliser of a token-mean loss.
+        step_ntokens: loss tokens of the whole step (all ranks, micros): a token mean's normaliser.
         step_nexamples: examples of the whole optimizer step, over all ranks and micros.
         dataset: index of the dataset the micro-batch comes from (0 unless several are mixed).
         truncate_to: length its examples are cut to (``oversize="truncate"``), else ``None``.
         world_size: the number of ranks the plan was made for (``None``: unknown).
         accumulate_grad_batches: the accumulation the plan was made for (``None``: unknown).
-        planned_lengths: the length the plan budgeted for each example, in the order of the
-            ids (its planning length after truncation: ``max(source, target)`` for pairs);
-            no padded field of an example may be longer. ``None``: unknown (no check).
-        pad_rows: under a shape budget (``max_shapes``), the rows every field is padded to
-            (masked rows after the real ones); ``None``: free shapes.
+        planned_lengths: each example's budgeted length, in id order (planning length after
+            truncation; pairs: ``max(source, target)``), no padded field longer; ``None``: no check.
+        pad_rows: under a shape budget, the rows each field is padded to (masked); ``None``: free.
         pad_length: under a shape budget, the length every field is padded to.
         step_budget: under a batch-size schedule, the step's token budget (every rank's
             budget at the step's fraction × the accumulation, summed); ``None``: no schedule.
@@ -136,11 +132,8 @@ def micro_batch_of(
         rank: the rank.
         position: the micro-batch's index among the rank's micro-batches of ``plan``.
         epoch: the epoch it belongs to.
-        ids: global ids of the plan's local ids (a window of a stream); ``None``: the plan's
-            ids are the dataset's.
-        first_step: the optimizer step of the epoch that ``plan``'s first step is (the
-            re-planned rest of an epoch, a later window of a stream): ``MicroBatch.step``
-            counts the epoch's steps.
+        ids: global ids of the plan's local ids (a stream's window); ``None``: the dataset's ids.
+        first_step: the epoch's step where ``plan`` starts (a re-planned rest, a later window).
 
     Raises:
         IndexError: when ``position`` is not in ``[0, micro-batches per rank)``.
@@ -186,9 +179,7 @@ def micro_batch_of(
 
 
 def check_loss_tokens(plan: EpochPlan, config: PlanConfig) -> None:
-    """Refuse a plan with an optimizer step of no loss tokens (its token mean divides by 0).
-
-    Found when the epoch is planned, before any of it trains.
+    """Refuse, when planned, a step with no loss tokens (its token mean would divide by 0).
 
     Raises:
         SettingValueError: naming ``loss_offset`` (or the loss lengths) and the step.
@@ -230,8 +221,7 @@ def resolve_rank_world(rank: int | None, world_size: int | None) -> tuple[int, i
     integers (``RANK``/``LOCAL_RANK`` >= 0, ``WORLD_SIZE`` >= 1) and ``RANK < WORLD_SIZE``.
 
     Raises:
-        ValueError: when the rank is not in ``[0, world_size)``, or an environment variable
-            it reads is not a valid integer; the message names the variable and its value.
+        ValueError: a rank outside ``[0, world_size)`` or a bad integer in the environment (named).
 
     Example:
         >>> resolve_rank_world(1, 4)

@@ -54,11 +54,9 @@ class PackingCollate(PlanCollate):
     Items are mappings whose ``field`` (default ``"tokens"``) holds 1-D integer token ids (or a
     Hugging Face dataset's Arrow rows), concatenated in micro-batch order. The batch holds:
 
-    * ``input_ids``: ``(1, T)`` long, the tokens, then ``pad_id`` up to ``T``, the real
-      token count rounded up to ``pad_to_multiple_of`` (alignment only);
+    * ``input_ids``: ``(1, T)`` long, the tokens, then ``pad_id`` up to ``T`` (count aligned);
     * ``position_ids``: ``(1, T)`` long, ``0 .. len - 1`` per example (``0`` on padding);
-    * ``cu_seqlens``: ``(E + 1,)`` int32 cumulative example lengths starting at 0, and
-      ``max_seqlen``, a Python int (the padding is not a sequence);
+    * ``cu_seqlens``: ``(E + 1,)`` int32 cumulative lengths from 0; ``max_seqlen``, a Python int;
     * ``seq_idx``: ``(1, T)`` long, every token's example (``0 .. E - 1``; ``-1`` on padding);
     * ``labels``: ``(1, T)`` long, *shifted*: the next token of the same example, and
       ``ignore_index`` at every example's last token and on padding. Use
@@ -69,30 +67,25 @@ class PackingCollate(PlanCollate):
       (``STEP_NTOKENS`` ...) for an exact :func:`~lightning_varbatch.loss.step_token_mean`;
     * the items' other entries: ints as an ``(E,)`` long tensor, anything else as a list.
 
-    Plan with ``layout="packed"`` and ``loss_lengths = lengths - 1`` (one label fewer than
-    tokens per example), and give the collate the sampler's ``pad_to_multiple_of``: no row then
-    exceeds ``max_tokens`` slots. Truncation cuts each example's *input*; the last kept token's
-    label is still its next token, so a cut example has ``min(len - 1, truncate_to)`` labels, as
-    planned. One row, by design: equal-length rows would add padding a packed plan does not
-    budget (for ``(batch, length)`` input use :class:`~lightning_varbatch.PaddingCollate`).
+    Plan with ``layout="packed"`` and ``loss_lengths = lengths - 1`` (one label fewer than tokens),
+    and give the collate the sampler's ``pad_to_multiple_of``: no row then exceeds ``max_tokens``.
+    Truncation cuts each example's *input*; the last kept token's label is still its next token:
+    ``min(len - 1, truncate_to)`` labels, as planned. One row, by design: equal-length rows would
+    add padding a packed plan does not budget (``(batch, length)`` input: ``PaddingCollate``).
 
     Args:
         field: the item key of the token ids.
         pad_id: the token id of the alignment padding.
         pad_to_multiple_of: round the row's length up to a multiple of this (alignment only).
-        truncate_to: cut every example to this many input tokens (the sampler's
-            ``truncate_to`` under ``oversize="truncate"``).
+        truncate_to: cut every example to this many input tokens (the sampler's ``truncate_to``).
         check_ntokens: on a sampler's micro-batches, compare ``NTOKENS`` with the plan's count.
-        check_widths: on a sampler's micro-batches, check that ``T`` is at most the planned
-            lengths' sum rounded up to ``pad_to_multiple_of``.
+        check_widths: on a sampler's micro-batches, check ``T`` ≤ the planned lengths' sum, aligned.
         ignore_index: the label of positions without a prediction (last tokens, padding).
-        tokens_key: ``field``'s newer name, as in PaddingCollate; ``"input_ids"`` is allowed.
-            By default, items without ``"tokens"`` are packed from ``"input_ids"``.
+        tokens_key: ``field``'s newer name; by default, items without it use ``"input_ids"``.
 
     Raises:
-        ValueError: for bad settings, an empty micro-batch, non 1-D token fields, an item
-            without ``field`` or with an entry named like a packed field, or (when checking)
-            a micro-batch that breaks the plan.
+        ValueError: for bad settings, an empty micro-batch, non 1-D token fields, an item without
+            ``field`` or with a packed field's name, or (checking) a micro-batch off the plan.
         TypeError: for a non-mapping item, non-integer token ids or bad setting types.
 
     Example:
@@ -219,8 +212,6 @@ class PackingCollate(PlanCollate):
         counts = {k: batch.pop(k) for k in _COUNTS}
         batch.update(count_entries(counts, info))
         return batch
-
-    # -- internals -----------------------------------------------------------------------
 
     def _pack(self, ragged: Ragged, limit: int) -> dict[str, Any]:
         """The packed entries and counts of one field, vectorised over all tokens."""

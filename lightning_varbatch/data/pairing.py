@@ -1,7 +1,6 @@
 """One rule pairing a plan with its collate: the default, and the check of a user's collate.
 
-A plan's ``layout`` decides how its micro-batches are laid out, and so which collate keeps
-them within ``max_tokens``:
+A plan's ``layout`` decides which collate keeps its micro-batches within ``max_tokens``:
 
 =========================  =====================================  ============================
 plan                       default collate                        refused
@@ -79,12 +78,10 @@ def collate_for_plan(
         config: the plan's settings (``layout``, ``max_shapes``, ``pad_to_multiple_of``).
         collate: the user's collate, or ``None`` for the plan's default.
         loss_offset: the plan's ``loss_offset``: the default :class:`PaddingCollate` gets it,
-            and a given one with ``check_ntokens`` must have it (when it is not 0); a packed
-            row counts each example's length minus one, so a packed plan with an offset needs
-            ``loss_offset=1`` (``None``: the plan's loss counts are not known here).
-        keys: the default collate's field names (``source_key``/``target_key`` or
-            ``tokens_key``; :func:`column_keys`), or a callable returning them (called only
-            when the default is built).
+            a given checking one must have it (when not 0); a packed row counts length - 1, so
+            a packed plan with an offset needs ``loss_offset=1`` (``None``: counts unknown).
+        keys: the default's field names (``source_key``/``target_key`` or ``tokens_key``;
+            :func:`column_keys`), or a callable returning them (called only for the default).
         setting: the argument the collate was given as (``"collate"``, ``"collate_fn"``).
 
     Returns:
@@ -92,8 +89,7 @@ def collate_for_plan(
 
     Raises:
         SettingTypeError: for a ``collate`` that is not callable.
-        SettingValueError: for a library collate that does not lay out the plan's
-            micro-batches (naming the plan's setting and the collate's class).
+        SettingValueError: for a library collate unfit for the plan (naming setting and class).
 
     Example:
         >>> c = collate_for_plan(PlanConfig(max_tokens=64, pad_to_multiple_of=8), None,
@@ -172,10 +168,7 @@ def collate_for_plan(
 
 
 def _check_loss_offset(collate: Any, loss_offset: int | None, setting: str) -> None:
-    """Refuse a given PaddingCollate that counts loss tokens with another offset than the plan.
-
-    Only with a plan ``loss_offset`` (else loss lengths may be explicit) and a checking collate.
-    """
+    """Refuse a checking PaddingCollate whose ``loss_offset`` is not the plan's (if it has one)."""
     if not loss_offset or not isinstance(collate, PaddingCollate) or not collate.check_ntokens:
         return
     if collate.loss_offset != loss_offset:
@@ -200,13 +193,11 @@ def _is_token_type(kind: Any) -> bool:
 def column_keys(columns: Any, token_columns: Callable[[str], bool | None]) -> dict[str, str]:
     """The default collate's field names for lengths read from ``columns``.
 
-    A (source, target) pair of token-id columns names ``source_key``/``target_key``; one
-    token-id column names ``tokens_key``. A column of lengths (integers) says nothing about
-    where the tokens are, so it names nothing (the collate keeps its defaults).
+    A (source, target) pair of token-id columns names ``source_key``/``target_key``, one token-id
+    column ``tokens_key``; a column of lengths names nothing (the collate keeps its defaults).
 
     Args:
-        columns: the column spec the lengths were given as (``"input_ids"``,
-            ``("src_ids", "tgt_ids")``), or anything else (then nothing is named).
+        columns: the lengths' columns (``"ids"``, ``("src", "tgt")``), or anything else (no names).
         token_columns: whether a column holds token ids (``None``: unknown).
 
     Example:

@@ -2,9 +2,8 @@
 
 torch's fetcher hands the sampler's :class:`~lightning_varbatch.MicroBatch` as it is to
 ``dataset.__getitems__``; the loader's dataset wrapper passes it with the fetched items to
-:func:`attach_plan`, which returns the items carrying the plan's counts (also across DataLoader
-worker processes). The collates put those counts on the batch with :func:`count_entries` and
-name items in their messages with :func:`item_label`.
+:func:`attach_plan`: the items then carry the plan's counts (also across worker processes). The
+collates put them on the batch (:func:`count_entries`) and name items with :func:`item_label`.
 """
 
 from __future__ import annotations
@@ -35,12 +34,9 @@ class PlanItems(list[Any]):
     """The items of one micro-batch plus the plan's metadata for it (``info``).
 
     Attributes:
-        info: the micro-batch's plan counts (:func:`batch_info`: one entry per row of
-            :data:`lightning_varbatch.keys.PLAN_COUNTS`, ``None`` where unknown), or ``None``
-            when the indices were a plain list.
+        info: plan counts (:func:`batch_info`; ``None`` if unknown), ``None`` for a plain list.
         ids: the dataset index of every item (``None``: unknown), for error messages.
-        planned_lengths: the length the plan budgeted for every item
-            (:attr:`~lightning_varbatch.MicroBatch.planned_lengths`), ``None``: unknown.
+        planned_lengths: each item's budgeted length (``MicroBatch.planned_lengths``), or ``None``.
 
     Example:
         >>> items = PlanItems([{"tokens": [1]}], info={"ntokens": 1})
@@ -62,9 +58,7 @@ class PlanItems(list[Any]):
 
 
 def batch_info(indices: Sequence[int]) -> dict[str, int | None] | None:
-    """The plan's counts of a :class:`~lightning_varbatch.MicroBatch`, else ``None``.
-
-    One entry per row of :data:`lightning_varbatch.keys.PLAN_COUNTS`, by ``attribute`` name.
+    """A ``MicroBatch``'s plan counts (one per ``PLAN_COUNTS`` row, by attribute), else ``None``.
 
     Example:
         >>> from lightning_varbatch.data.micro_batch import MicroBatch
@@ -120,8 +114,7 @@ def count_entries(
 def attach_plan(items: Any, indices: Sequence[int]) -> Sequence[Any]:
     """The fetched ``items`` of ``indices`` as the collates read them: with the plan.
 
-    ``items`` is a list of items, or an Arrow table of the rows (then returned as
-    :class:`~lightning_varbatch.data.columnar.ColumnarItems`).
+    ``items``: a list of items, or an Arrow table of the rows (then :class:`~.ColumnarItems`).
 
     Raises:
         RuntimeError: when there is not one item per index.
@@ -179,7 +172,6 @@ def check_map_style(dataset: Any, name: str = "dataset") -> None:
 
     Example:
         >>> check_map_style([{"tokens": [1]}])
-        >>> from torch.utils.data import IterableDataset
         >>> class Stream(IterableDataset):
         ...     def __iter__(self):
         ...         yield {"tokens": [1]}

@@ -1,9 +1,8 @@
 """Planner settings as the data layer takes them: keywords or one ``PlanConfig``, checked once.
 
-The sampler and both DataModules take the fields of
-:class:`~lightning_varbatch.planner.settings.PlanConfig` as keywords of the same names (or, the
-sampler, a ``PlanConfig`` as ``config=``). Nothing here lists those fields: they are read from
-the dataclass, so a setting added to ``PlanConfig`` reaches every entry point unedited.
+The sampler and both DataModules take the fields of :class:`~lightning_varbatch.PlanConfig` as
+keywords of the same names (the sampler also a ``PlanConfig`` as ``config=``). They are read from
+the dataclass, not listed here: a new ``PlanConfig`` setting reaches every entry point.
 """
 
 from __future__ import annotations
@@ -81,8 +80,7 @@ def plan_config(settings: Mapping[str, Any], config: PlanConfig | None = None) -
     """The planner settings as one :class:`PlanConfig`: ``config``, or one built from keywords.
 
     Args:
-        settings: planner settings given as keywords (``max_tokens`` among them; a
-            ``max_tokens`` of ``None`` counts as not given when ``config`` is).
+        settings: planner settings as keywords (``max_tokens=None`` is ignored given a ``config``).
         config: a ready :class:`PlanConfig`, or ``None``.
 
     Raises:

@@ -1,9 +1,8 @@
 """One token field of a micro-batch as flat values plus row lengths, padded in one scatter.
 
-Both ways a micro-batch arrives end here: a list of items (one tensor per row, concatenated)
-and Arrow columns read in one batched call from a Hugging Face dataset (the list column's
-flattened values and its list lengths, no Python object per token). Truncation and padding
-are vectorised over the whole field.
+Both ways a micro-batch arrives end here: a list of items (one tensor per row, concatenated) and
+Arrow columns read in one batched call from a Hugging Face dataset (flattened values and list
+lengths, no Python object per token). Truncation and padding are vectorised over the whole field.
 """
 
 from __future__ import annotations
@@ -93,9 +92,8 @@ class Ragged:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rows, width)`` padded tokens and the bool mask of real ones.
 
-        The width is the longest row rounded up to ``multiple``; with ``shape`` (a static
-        ``(rows, width)`` at least this large), the tensors have exactly that shape, the rows
-        after the real ones all padding (their mask all ``False``).
+        The width: the longest row rounded up to ``multiple``, or ``shape``'s (a static ``(rows,
+        width)`` at least as large; the extra rows all padding, mask ``False``).
 
         Example:
             >>> ragged = Ragged.from_rows([torch.tensor([4]), torch.tensor([5, 6])])

@@ -36,17 +36,14 @@ def plan_digest(sampler: TokenBudgetBatchSampler) -> int:
     h = hashlib.blake2b(digest_size=8)
     h.update(sampler.lengths_digest.encode())  # cached on the sampler: computed once
     h.update(sampler.planner.fingerprint().encode())
-    # the ranks' budgets are left out of the fingerprint (a resume may change them), not out
-    # of what every rank must agree on; read from the settings, so that nothing is planned
-    # here (a resume re-plans after the state is loaded)
+    # the ranks' budgets, out of the fingerprint (a resume may change them), must agree too;
+    # read from the settings, so nothing is planned here (a resume re-plans after loading)
     h.update(repr((sampler.config.rank_shares, sampler.config.rank_max_tokens)).encode())
     return int.from_bytes(h.digest(), "little") >> 1
 
 
 def check_ranks_agree(trainer: Any, digest: int, problem: str) -> None:
-    """Raise on every rank when the ranks' ``digest`` differ (they planned different data).
-
-    One all-gather of an 8-byte digest, on every rank, so every rank raises together.
+    """Raise on every rank when the ranks' ``digest`` differ (one all-gather of 8 bytes).
 
     Args:
         trainer: the Trainer (its strategy gathers).

@@ -2,12 +2,10 @@
 
 Fixed shares come from ``PlanConfig.rank_shares``; a run may replace them
 (:meth:`~lightning_varbatch.TokenBudgetBatchSampler.set_rank_shares`, e.g. from
-:class:`~lightning_varbatch.callbacks.RankShareBalancer`). The budgets they give
-(:func:`~lightning_varbatch.planner.rank_shares.rank_budgets`) are what the planner cuts each
-rank's micro-batches to. Shares set by a run are raised where needed so that every rank's budget
-still holds the longest example, also at the batch schedule's first fraction (a measured
-share cannot make the plan impossible); fixed shares that cannot are refused with the rank
-named when the sampler is built.
+:class:`~lightning_varbatch.callbacks.RankShareBalancer`). The planner cuts each rank's
+micro-batches to the budgets they give (:func:`~.rank_shares.rank_budgets`). Shares a run sets
+are raised where needed so that every rank's budget still holds the longest example, also at the
+batch schedule's first fraction; fixed shares that cannot are refused when built, naming the rank.
 
 Example:
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
@@ -39,8 +37,7 @@ class RankShareSetting:
     """The shares in force for the epochs a sampler plans next.
 
     Args:
-        planner: the sampler's planner (one dataset, or a mixture that keeps whole steps of
-            each dataset: ``mixing="per_step"``).
+        planner: the sampler's planner (one dataset, or a ``mixing="per_step"`` mixture).
 
     Attributes:
         shares: the shares (``None``: equal, or the memory budgets alone).
@@ -56,8 +53,7 @@ class RankShareSetting:
         """Replace the shares (``None``: back to the config's).
 
         Raises:
-            SettingValueError: for bad shares (naming the rank), shares of another length than
-                ``world_size``, or a mixture that re-deals micro-batches (``mixing="per_batch"``).
+            SettingValueError: a bad share (rank named), a wrong count, a ``"per_batch"`` mixture.
         """
         planner = self.planner
         if isinstance(planner, MixturePlanner):
@@ -74,10 +70,7 @@ class RankShareSetting:
         self.set_by_run = checked is not None
 
     def restore(self, shares: Sequence[float] | None, world_size: int) -> None:
-        """The shares a run had set, from a saved sampler state (``None``: none were set).
-
-        Shares of another number of ranks are dropped with a warning (the settings' then apply).
-        """
+        """A run's saved shares (``None``: none set; of another world size: warned, dropped)."""
         if shares is None:
             return
         if len(shares) != world_size:
@@ -94,8 +87,7 @@ class RankShareSetting:
     def budgets(self, world_size: int) -> tuple[int, ...] | None:
         """Every rank's budget for ``world_size`` ranks (``None``: a planner without them).
 
-        Equal budgets are ``max_tokens`` on each rank, given as such: a plan's budgets are
-        always explicit, so a saved plan resumes whatever the settings say now.
+        Equal ones are explicit too (``max_tokens`` each): a saved plan resumes as it was made.
         """
         planner = self.planner
         config = planner.config
@@ -124,10 +116,7 @@ LANE_PLANNERS = (EpochPlanner, MixturePlanner)
 
 
 class RankShares:
-    """The per-rank half of :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
-
-    The current plan's budgets and shares, and the next epochs'; the sampler supplies the rest.
-    """
+    """The per-rank half of ``TokenBudgetBatchSampler``: the current and next budgets, shares."""
 
     planner: Planner
     world_size: int
@@ -156,8 +145,7 @@ class RankShares:
 
         Example:
             >>> from lightning_varbatch import TokenBudgetBatchSampler
-            >>> s = TokenBudgetBatchSampler([5] * 40, 20, rank=0, world_size=2,
-            ...                             rank_shares=[2, 1])
+            >>> s = TokenBudgetBatchSampler([5] * 40, 20, rank=0, world_size=2, rank_shares=[2, 1])
             >>> s.rank_budgets, s.rank_shares
             ((20, 10), (1.0, 0.5))
         """
@@ -178,8 +166,7 @@ class RankShares:
             shares: one positive share per rank, or ``None`` for the config's (``rank_shares``).
 
         Raises:
-            SettingValueError: for a bad share (the rank is named), the wrong number of
-                shares, or a mixture of ``mixing="per_batch"``.
+            SettingValueError: a bad share (naming the rank), a wrong count, ``mixing="per_batch"``.
 
         Example:
             >>> from lightning_varbatch import TokenBudgetBatchSampler

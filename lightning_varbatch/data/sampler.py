@@ -53,15 +53,14 @@ def _own_arguments() -> frozenset[str]:
 class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
     """Token-budgeted micro-batches of one rank; every rank gets the same number.
 
-    All ranks build the same plan from the same lengths and settings (no collective needed)
-    and each iterates its own slice: micro-batches of optimizer step ``s`` come in order
-    ``(s, micro 0), (s, micro 1), ...``. Batches are :class:`MicroBatch` lists that also carry
-    their token counts and the whole step's token count, for exact loss normalisation.
+    All ranks build the same plan from the same lengths and settings (no collective) and each
+    iterates its slice: step ``s``'s micro-batches in order ``(s, micro 0), (s, micro 1), ...``, as
+    :class:`MicroBatch` lists carrying their and the step's token counts (exact loss normalisation).
 
     Args:
         lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths, one per dataset item.
-        max_tokens: token budget of one micro-batch on one rank (see :class:`PlanConfig`);
-            leave it unset with ``config``.
+        max_tokens: token budget of one micro-batch on one rank (:class:`PlanConfig`); not with
+            ``config``.
         config: every planner setting at once (then no planner setting as a keyword).
         rank: this rank; default: torch.distributed, else the ``RANK`` environment variable.
         world_size: number of ranks; default: torch.distributed, else ``WORLD_SIZE``.
@@ -69,8 +68,7 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
         loss_lengths: loss tokens per example when they are not the lengths / target column
             (not with ``loss_offset``, which derives them: see :class:`PlanConfig`).
         epoch: the starting epoch.
-        **settings: the other planner settings: the fields of :class:`PlanConfig`, of the
-            same names and defaults (a field added there is a keyword here without an edit).
+        **settings: the other planner settings: :class:`PlanConfig`'s fields, names and defaults.
 
     Raises:
         SettingTypeError: for an unknown setting (the closest valid name is suggested).
@@ -143,12 +141,10 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
     ) -> TokenBudgetBatchSampler:
         """A sampler over several datasets (see :mod:`lightning_varbatch.planner.mixture`).
 
-        Batch indices are global, as in a :class:`torch.utils.data.ConcatDataset` of the
-        datasets; each :class:`MicroBatch` names its dataset (``.dataset``).
+        Indices are global, as in a ``ConcatDataset``; a :class:`MicroBatch` names its ``.dataset``.
 
         Args:
-            sources: the datasets' lengths (:class:`~lightning_varbatch.DataSource`, which may
-                set its own ``max_tokens`` / ``max_examples``, or plain arrays).
+            sources: the datasets' lengths (arrays, or ``DataSource`` with its own budgets, say).
             max_tokens: the common budget of one micro-batch.
             mixing: ``"per_step"`` or ``"per_batch"`` (see :class:`MixturePlanner`).
             weights: ``"size"`` or one weight per dataset.
@@ -226,8 +222,6 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
             _planner=planner,
         )
 
-    # -- settings ------------------------------------------------------------------------
-
     @property
     def config(self) -> PlanConfig:
         """The planner settings."""
@@ -292,8 +286,7 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
     ) -> None:
         """Change rank, world size or accumulation (e.g. once the trainer is known).
 
-        Mid-epoch, a different world size or accumulation re-plans what the epoch has not
-        consumed yet, so that no example is repeated or lost.
+        Mid-epoch, another world size or accumulation re-plans the unconsumed rest (none lost).
 
         Raises:
             ValueError: for a rank outside ``[0, world_size)`` or a non-positive accumulation.
@@ -308,8 +301,6 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
         if changed:
             self._position.leave_topology(self.world_size, self.accumulate_grad_batches)
         self.rank, self.world_size, self.accumulate_grad_batches = rank, world_size, acc
-
-    # -- the plan ------------------------------------------------------------------------
 
     @property
     def plan(self) -> EpochPlan:
@@ -371,8 +362,7 @@ class TokenBudgetBatchSampler(ResumableSampler, RankShares, Sampler[list[int]]):
             IndexError: when ``position`` is not in ``[0, micro-batches per rank)``.
 
         Example:
-            >>> sampler = TokenBudgetBatchSampler([3, 3, 5], 6, rank=0, world_size=1,
-            ...                                   shuffle=False)
+            >>> sampler = TokenBudgetBatchSampler([3, 3, 5], 6, rank=0, world_size=1, shuffle=False)
             >>> list(sampler.micro_batch(1)), sampler.micro_batch(1).step
             ([0, 1], 1)
         """

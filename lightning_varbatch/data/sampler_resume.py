@@ -1,13 +1,12 @@
 """Resume a sampler's position from a saved state: refuse, restart, continue or re-plan.
 
 A state saved for other data or settings is refused (``ResumeMismatchError`` naming what
-changed) or starts its epoch afresh (``on_mismatch="restart_epoch"``). Otherwise the saved plan
-is made again from the saved topology and budgets and its rest passes the remainder guard
-(:func:`~lightning_varbatch.planner.remainder_guard.guard_remainder`); the examples it says the
-epoch consumed must be those the state's ledger recorded, or a change no setting names (a custom
-cost or schedule of the same name) is refused too. The position then continues that plan, or
-re-plans the rest for another topology or for a rank whose memory budget is now lower.
-:class:`ResumableSampler` is the sampler's ``state_dict`` / ``load_state_dict``.
+changed) or restarts its epoch (``on_mismatch="restart_epoch"``). Else the saved plan is remade
+from its topology and budgets, its rest must pass the remainder guard, and the examples it
+consumed must be those of the state's ledger (else a change no setting names, e.g. a custom cost
+of the same name, is refused). The position then continues that plan, or re-plans the rest for
+another topology or a rank whose memory budget is now lower. :class:`ResumableSampler` is the
+sampler's ``state_dict`` / ``load_state_dict``.
 """
 
 from __future__ import annotations
@@ -128,8 +127,7 @@ def resume_position(
             a saved plan that gives a rank more is re-planned (``None``: no per-rank budgets).
 
     Raises:
-        ResumeMismatchError: without ``restart``, for a state saved for other data or
-            settings, or whose consumed part the current settings plan otherwise.
+        ResumeMismatchError: without ``restart``, a state of other data, settings or consumed part.
         RemainderError: when the rest of the saved epoch fails the guard (a bug).
     """
     wrong = [_difference(k, s, n) for k, (s, n) in differences.items()]
@@ -173,12 +171,7 @@ def resume_position(
 
 
 class ResumableSampler:
-    """The checkpoint half of :class:`~lightning_varbatch.TokenBudgetBatchSampler`.
-
-    :meth:`state_dict` saves where the epoch stands (its ledger included) and
-    :meth:`load_state_dict` resumes there through :func:`resume_position`. The sampler supplies
-    the attributes below.
-    """
+    """The checkpoint half of ``TokenBudgetBatchSampler`` (``state_dict``, ``load_state_dict``)."""
 
     planner: Planner
     world_size: int
@@ -203,19 +196,16 @@ class ResumableSampler:
         """Where the epoch stands, to resume exactly there.
 
         Args:
-            consumed: micro-batches of this epoch this rank has *trained* on, counted from the
-                epoch's start as the training loop counts them (:attr:`consumed`,
-                :attr:`epoch_length`); defaults to the number taken, which runs ahead of
-                training when a DataLoader prefetches.
+            consumed: micro-batches of this epoch this rank has *trained* on, counted from its
+                start as the loop counts them (:attr:`consumed`, :attr:`epoch_length`); default:
+                the number taken, ahead of training when a DataLoader prefetches.
 
         Returns:
-            A small dict of plain Python values (the same on every rank), including a digest of the
-            lengths the plan was made from (``lengths_digest``), the budgets of every plan of the
-            epoch and its ledger (how many examples it consumed, and a digest of which).
+            Plain values, the same on every rank: the lengths' digest (``lengths_digest``), the
+            budgets of the epoch's plans and its ledger (count and digest of examples consumed).
 
         Raises:
-            ValueError: when ``consumed`` is outside this epoch, or counts fewer micro-batches
-                than the epoch ran before its current plan.
+            ValueError: for ``consumed`` outside the epoch, or less than ran before its plan.
         """
         position = self._position
         plan = self.plan
@@ -252,17 +242,15 @@ class ResumableSampler:
     ) -> None:
         """Resume from :meth:`state_dict`, also with another world size or accumulation.
 
-        The state must come from the same data (a digest of the lengths and loss lengths) and
-        settings, and its ledger must match the examples the saved plan consumed (see the
-        module docstring); the rest of the epoch is guarded before anything is yielded.
+        The state must match the data (lengths and loss lengths, by digest), the settings and
+        the examples the saved plan consumed (module docstring); the rest is guarded first.
 
         Args:
             state: a :meth:`state_dict`.
-            on_mismatch: ``"error"`` (default) refuses a state saved for other data or
-                settings; ``"restart_epoch"`` starts the saved epoch afresh on the current ones
-                (with a warning: every example of the epoch once from its start, those trained
-                before the checkpoint again), :attr:`epoch_length` still counting the
-                micro-batches the loop counted before, since Lightning restores its counter.
+            on_mismatch: ``"error"`` (default) refuses a state of other data or settings;
+                ``"restart_epoch"`` restarts the saved epoch on the current ones, warning
+                (examples trained before the checkpoint run again; :attr:`epoch_length` keeps
+                counting the loop's earlier micro-batches, as Lightning restores its counter).
                 A version-1 state (no lengths digest) resumes with a warning under ``"error"``.
 
         Raises:
@@ -283,7 +271,6 @@ class ResumableSampler:
             Traceback (most recent call last):
             ...
             lightning_varbatch.errors.ResumeMismatchError: The sampler state was saved for other...
-            >>> import warnings
             >>> with warnings.catch_warnings():
             ...     warnings.simplefilter("ignore")
             ...     t.load_state_dict(state, on_mismatch="restart_epoch")

@@ -2,11 +2,10 @@
 
 :class:`EpochPosition` is one rank's position: the epoch, the micro-batches of the current plan
 consumed, those consumed under earlier topologies of the epoch (the *history* an elastic resume
-re-plans the rest from) and every plan's budgets, saved as they were (never as "the settings'
-budgets", so a state resumes the same plan whatever ``rank_shares`` / ``rank_max_tokens`` are
-now; version-2 states left equal budgets out: ``max_tokens`` on every rank). :func:`save_state`
-writes it with the epoch's ledger, :func:`read_state` checks a saved one and
-:func:`state_differences` says what differs now.
+re-plans the rest from) and every plan's budgets as they were, so a state resumes the same plan
+whatever ``rank_shares`` / ``rank_max_tokens`` are now (version 2 left equal budgets out:
+``max_tokens`` on every rank). :func:`save_state` writes it with the epoch's ledger,
+:func:`read_state` checks a saved one and :func:`state_differences` says what differs now.
 
 Example:
     >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -58,12 +57,10 @@ _KEYS_V1 = frozenset(
 )
 _KEYS_V2 = _KEYS_V1 | {"lengths_digest", "restart_offset", "settings"}
 _KEYS = {1: _KEYS_V1, 2: _KEYS_V2, 3: _KEYS_V2 | {"rank_budgets", "ledger"}}
-#: Keys a state has only sometimes: the budgets of a version-2 state (when ranks had their
-#: own), the shares a run set for the epochs after it.
+#: Keys a state has only sometimes: a version-2 state's budgets (ranks of their own), run shares.
 _OPTIONAL = {1: frozenset(), 2: frozenset({"rank_budgets", "rank_shares"}), 3: {"rank_shares"}}
 
-#: (world_size, accumulate_grad_batches, micro-batches consumed, the ranks' budgets of its plan
-#: or ``None``) of an earlier topology of the epoch.
+#: (world_size, accumulate_grad_batches, consumed, its budgets or None) of an earlier topology.
 Topology = tuple[Any, ...]
 Budgets = tuple[int, ...] | None
 
@@ -71,9 +68,8 @@ Budgets = tuple[int, ...] | None
 def lengths_digest(planner: Planner) -> str:
     """A 16-hex-digit digest of the lengths a plan is made from.
 
-    Every example's planning length (after truncation), loss length and whether it is skipped,
-    whatever their dtype: any change of the data's lengths changes it (about 10 ms per million
-    examples, once per sampler).
+    Of every example's planning length (after truncation), loss length and skip, whatever the
+    dtype: any change of the lengths changes it (about 10 ms a million examples, once per sampler).
 
     Example:
         >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
@@ -152,9 +148,8 @@ def save_state(
 ) -> dict[str, Any]:
     """The sampler state of ``position``: plain Python values, the same on every rank.
 
-    ``position.consumed`` is the count saved (the caller sets what was *trained*); ``ledger``
-    is ``(examples, digest)`` of what the epoch consumed up to it
-    (:func:`~lightning_varbatch.planner.remainder_guard.consumed_ledger`).
+    ``position.consumed`` is the count saved (the caller sets what was *trained*); ``ledger``:
+    ``(examples, digest)`` the epoch consumed up to it (:func:`~.remainder_guard.consumed_ledger`).
     """
     return {
         "version": STATE_VERSION,
@@ -179,8 +174,7 @@ class SavedState:
     """A checked sampler state (see :func:`read_state`).
 
     Attributes:
-        ledger: ``(examples, digest)`` of what the epoch consumed (``None``: a state older
-            than version 3, which did not record it).
+        ledger: ``(examples, digest)`` of what the epoch consumed (``None``: before version 3).
     """
 
     version: int
@@ -259,13 +253,11 @@ def read_state(state: Any, uniform: Callable[[int], Budgets]) -> SavedState:
 
     Args:
         state: a :func:`save_state` dict.
-        uniform: the budgets of ``world_size`` ranks without budgets of their own (a state of
-            version 1 or 2 left them out): ``max_tokens`` on each.
+        uniform: ``world_size`` equal budgets (``max_tokens`` each), for states of version 1 or 2.
 
     Raises:
         TypeError: when ``state`` is not a mapping.
-        ValueError: for missing or unknown keys, another version, or a damaged entry (the
-            message says which and that the state is damaged).
+        ValueError: for missing or unknown keys, another version, or a damaged entry (named).
     """
     version = _keys(state)
     try:
@@ -323,10 +315,7 @@ def _ledger(value: Any) -> tuple[int, int]:
 
 
 def _changed_settings(saved: Mapping[str, Any], now: Mapping[str, Any]) -> dict[str, Any]:
-    """Settings (but the seed) saved with one value and planned with another now.
-
-    A :data:`LATER_SETTINGS` entry missing from either side had its default there.
-    """
+    """Settings (but the seed) saved at another value than now (a missing one: its default)."""
     names = [*now, *(k for k in LATER_SETTINGS if k in saved and k not in now)]
     return {
         k: (saved.get(k, LATER_SETTINGS.get(k)), now.get(k, LATER_SETTINGS.get(k)))

@@ -1,9 +1,8 @@
 """What a map-style DataModule is given for its splits: datasets, data sources and lengths.
 
 Each split (``train``, ``val``, ``test``) is a dataset with one length per item (an array, a
-callable ``dataset -> lengths`` or Arrow column names) and optional loss lengths, or a list of
-:class:`~lightning_varbatch.DataSource`; these read and check them, with messages naming the
-DataModule's argument of the split (``val_lengths``, ``train_dataset[1] (news)``, ...).
+callable or Arrow column names) and optional loss lengths, or a list of ``DataSource``; these read
+and check them, naming the DataModule argument (``val_lengths``, ``train_dataset[1] (news)``).
 
 Example:
     >>> read_lengths("val", [{"tokens": [1, 2]}, {"tokens": [3]}], lambda d: [2, 1]).tolist()
@@ -220,11 +219,8 @@ def read_stream_split(
 ) -> tuple[np.ndarray, np.ndarray | None] | None:
     """A StreamingDataModule evaluation split's lengths and loss lengths (``None``: no split).
 
-    Errors are :class:`~lightning_varbatch.errors.SettingError` naming the argument.
-
     Raises:
-        SettingValueError: for a dataset without lengths (or the reverse), loss lengths
-            without a dataset, or ragged lengths or a count other than the dataset's size.
+        SettingValueError: a dataset without lengths or the reverse, lone loss lengths, bad lengths.
         SettingTypeError: for a list of DataSource (a stream evaluates one dataset a split).
 
     Example:

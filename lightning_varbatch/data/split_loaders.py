@@ -1,12 +1,9 @@
 """What both DataModules do with a planned split: its sampler, loader, collate and ``check()``.
 
-:class:`SplitLoaders` is the mixin for their map-style splits; :func:`plan_split` builds a
-split's planner and names its errors after the DataModule's arguments.
+:class:`SplitLoaders` is their map-style splits' mixin; :func:`plan_split` builds a split's planner.
 
 Example:
-    >>> import numpy as np
-    >>> planner = plan_split("val", 8, {"seed": 1}, np.array([3, 4, 5]), None,
-    ...                      budget_default=True)
+    >>> planner = plan_split("val", 8, {"seed": 1}, np.array([3, 4, 5]), None, budget_default=True)
     >>> planner.num_examples
     3
 """
@@ -52,9 +49,8 @@ def plan_split(
 ) -> Planner:
     """The planner of one split: its lengths (or data sources) with its settings.
 
-    An evaluation split replaces ``shuffle`` and ``tail`` (``splits.evaluation_config``) and
-    leaves out :func:`training_only` settings; ``budget_default`` (for the messages): whether
-    ``val_max_tokens`` defaulted to ``max_tokens``.
+    An evaluation split replaces ``shuffle`` and ``tail`` (``splits.evaluation_config``) and drops
+    :func:`training_only` settings; ``budget_default``: whether ``val_max_tokens`` defaulted.
 
     Raises:
         SettingError: the planner's, renamed after the DataModule's argument of ``stage``.
@@ -135,8 +131,6 @@ class SplitLoaders:
     num_workers: int
     pin_memory: bool
 
-    # -- what each DataModule says about its splits -------------------------------------
-
     def _dataset(self, stage: str) -> Any:
         """The items of ``stage`` (its loader indexes them)."""
         raise NotImplementedError
@@ -161,8 +155,6 @@ class SplitLoaders:
     def _planner(self, stage: str) -> Planner:
         """The planner of ``stage`` (built at construction)."""
         return self._planners[stage]
-
-    # -- samplers and loaders ------------------------------------------------------------
 
     def _topology(self, stage: str) -> tuple[int | None, int | None, int]:
         """Rank, world size and accumulation of ``stage`` (``None``: outside a Trainer)."""
@@ -251,8 +243,6 @@ class SplitLoaders:
         self._sampler("test")
         return self._loader("test")
 
-    # -- planning without a Trainer -------------------------------------------------------
-
     def check(
         self,
         world_size: int = 1,
@@ -274,8 +264,7 @@ class SplitLoaders:
             epoch: the training epoch to plan (evaluation always plans epoch 0).
 
         Returns:
-            The plan of every checked split, by name (``plan.num_skipped``,
-            ``plan.num_truncated``, ``plan.num_micro_batches_per_rank``, ...).
+            Every checked split's plan by name (``num_skipped``, ``num_micro_batches_per_rank``...).
 
         Raises:
             SettingValueError: for a bad topology or stage, or a split that cannot be

@@ -1,11 +1,9 @@
 """What both DataModules share about their splits: the evaluation rule and errors.
 
-:class:`~lightning_varbatch.TokenBudgetDataModule` and
-:class:`~lightning_varbatch.StreamingDataModule` plan their validation and test splits with
-:func:`evaluation_config` (``shuffle=False, tail="spread"``: every example exactly once) and
-check them with :func:`check_evaluation` (at least one example per rank, none repeated or
-dropped); :func:`split_error` names a planning error after the DataModule argument it came
-from, with the split in ``.stage``.
+Both DataModules plan their validation and test splits with :func:`evaluation_config`
+(``shuffle=False, tail="spread"``: every example exactly once) and check them with
+:func:`check_evaluation` (at least one example per rank, none repeated or dropped);
+:func:`split_error` names a planning error after its DataModule argument (``.stage``: the split).
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ EVALUATION_SETTINGS: dict[str, Any] = {"shuffle": False, "tail": "spread"}
 def evaluation_config(budget: int, settings: Mapping[str, Any]) -> PlanConfig:
     """The planner settings of a validation or test split: ``settings`` with the eval rule.
 
-    ``tail="pad"`` would evaluate some examples twice and ``"drop"`` leave some out;
-    ``"spread"`` evaluates each exactly once. The order does not matter: ``shuffle=False``.
+    ``"spread"``: each example exactly once (``"pad"`` repeats, ``"drop"`` leaves out); no shuffle.
 
     Example:
         >>> evaluation_config(8, {"tail": "drop"}).tail

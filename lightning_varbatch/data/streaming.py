@@ -12,13 +12,11 @@ plan's counts on each batch (the exact loss normaliser).
 * **Resume**: exact, without reading the stream (:mod:`~.streaming_state`).
 
 Example:
-    >>> import numpy as np
     >>> class Shard:  # any object with name, num_rows, lengths() and read(rows)
     ...     def __init__(self, name, rows): self.name, self.rows = name, rows
     ...     num_rows = property(lambda self: len(self.rows))
     ...     def lengths(self): return np.array([len(r) for r in self.rows])
     ...     def read(self, rows): return ({"tokens": np.array(self.rows[i])} for i in rows)
-    >>> from lightning_varbatch.sources.shards import ShardedSource
     >>> source = ShardedSource([Shard("a", [[1, 2], [3]]), Shard("b", [[4, 5, 6]])])
     >>> batches = StreamingBatches(source, max_tokens=4, window=3, rank=0, world_size=1)
     >>> sorted(int(b["nexamples"]) for b in batches)
@@ -48,24 +46,19 @@ __all__ = ["StreamingBatches"]
 class StreamingBatches(ResumableStream, IterableDataset[dict[str, Any]]):
     """One rank's token-budget micro-batches of a sharded stream (see the module docstring).
 
-    Use it with ``DataLoader(batches, batch_size=None, num_workers=k)``: it yields collated
-    batches itself.
+    Use ``DataLoader(batches, batch_size=None, num_workers=k)``: it yields collated batches itself.
 
     Args:
         source: the shards (:func:`~lightning_varbatch.sources.shards.shards_from_files`, ...).
         max_tokens: the budget of one micro-batch.
-        window: examples planned together; ``None`` (default): about 200 micro-batches' worth
-            (:func:`~lightning_varbatch.planner.windows.auto_window`; docs/streaming.md).
-        collate: turns a micro-batch's items into a batch (default :class:`PaddingCollate`);
-            it receives the items with the plan's counts attached, as in the map-style loader.
+        window: examples per plan (``None``: about 200 micro-batches' worth, :func:`~.auto_window`).
+        collate: items to a batch (default :class:`PaddingCollate`), given with the plan's counts.
         rank: this process's rank (default: from the environment / process group).
         world_size: number of ranks (same default).
         accumulate_grad_batches: micro-batches per rank per optimizer step.
         shuffle_shards: read the shards in a new random order each epoch.
-        loss_offset: loss tokens per example are its (target) length minus this (1 for
-            teacher forcing); the default collate gets the same ``loss_offset``.
-        **plan_settings: other :class:`~lightning_varbatch.PlanConfig` settings (``cost``,
-            ``seed``, ``tail``, ``layout``, ...).
+        loss_offset: loss tokens per example: its (target) length minus this, also in the collate.
+        **plan_settings: other ``PlanConfig`` settings (``cost``, ``seed``, ``tail``, ...).
 
     Raises:
         ValueError: for bad settings (the message names the setting).

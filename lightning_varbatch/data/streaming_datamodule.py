@@ -8,9 +8,8 @@ How it fits Lightning 2.6 (checked in its source and in 2-process gloo runs):
   same number of micro-batches, so all ranks end the epoch together.
 - Lightning relays ``set_epoch`` to samplers only: :class:`StreamingDataLoader` sets the
   dataset's epoch in its own ``__iter__``, before the DataLoader pickles it to its workers.
-- On ``fit(ckpt_path=...)``, ``load_state_dict`` runs before ``train_dataloader()``: the
-  position waits and is applied to the stream when built, which starts at the saved window
-  reading nothing before it (another world size re-plans the rest of that window).
+- ``fit(ckpt_path=...)`` runs ``load_state_dict`` before ``train_dataloader()``: the position
+  waits for the stream, built to start at the saved window (:mod:`~.streaming_state`).
 """
 
 from __future__ import annotations
@@ -64,40 +63,31 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         dm = TokenBudgetDataModule(ds, "input_ids", **common)
         dm = StreamingDataModule(shards_from_files(files, "input_ids"), **common)
 
-    Every rank streams the same windows and takes its own micro-batches of each: equal counts
-    however unequal the shards. Rank, world size and accumulation come from the trainer.
-    ``state_dict`` saves the position after the micro-batches *trained*; a resume starts there
-    without replaying the stream, also with another world size or accumulation.
+    Every rank streams the same windows and takes its own micro-batches: equal counts however
+    unequal the shards. Rank, world size and accumulation come from the trainer. ``state_dict``
+    saves the position after the micro-batches *trained*; resumes start there, on any topology.
 
     Args:
-        train_source: the training shards (:func:`~lightning_varbatch.shards_from_files`,
-            :func:`~lightning_varbatch.shards_from_hf_iterable`,
-            :func:`~lightning_varbatch.shards_from_litdata`).
+        train_source: the training shards (e.g. :func:`~lightning_varbatch.shards_from_files`).
         max_tokens: token budget of one training micro-batch on one rank.
         window: examples planned together (see :class:`StreamingBatches`).
         shuffle_shards: read the shards in a new random order each epoch.
-        val_dataset, val_lengths, test_dataset, test_lengths, val_max_tokens,
-            val_loss_lengths, test_loss_lengths, collate, num_workers, pin_memory,
-            loss_offset: as ``TokenBudgetDataModule``'s (evaluation splits are map-style; the
-            default collate reads the fields the shards' columns name).
-        on_resume_mismatch: resuming from a state saved on other shards or plan settings:
-            ``"error"`` (default) raises :class:`~lightning_varbatch.errors.
-            ResumeMismatchError` listing what changed; ``"restart_epoch"`` reads the saved
-            epoch afresh from its first window on the current shards.
-        **plan_settings: other planner settings, as TokenBudgetDataModule's; its
-            ``train_lengths``, ``train_loss_lengths``, ``mixing``, ``weights``,
-            ``temperature`` and ``steps_per_epoch`` are refused unless at their defaults
-            (:data:`REFUSED` says why and what to do instead).
+        val_dataset, val_lengths, test_dataset, test_lengths, val_max_tokens, val_loss_lengths,
+            test_loss_lengths, collate, num_workers, pin_memory, loss_offset: as
+            ``TokenBudgetDataModule``'s (evaluation splits are map-style; the default collate
+            reads the fields the shards' columns name).
+        on_resume_mismatch: for a state saved on other shards or plan settings, ``"error"``
+            (default) raises :class:`~lightning_varbatch.errors.ResumeMismatchError` listing what
+            changed; ``"restart_epoch"`` rereads the saved epoch from its first window.
+        **plan_settings: other planner settings, as TokenBudgetDataModule's, but
+            ``train_lengths``, ``train_loss_lengths``, ``mixing``, ``weights``, ``temperature``
+            and ``steps_per_epoch`` only at their defaults (:data:`REFUSED`: why, what instead).
 
     Raises:
-        SettingTypeError: for a ``train_source`` that is not a :class:`ShardedSource`, a
-            setting of the wrong type, or an unknown planner setting.
-        SettingValueError: for a refused or bad setting (``.setting`` names it and
-            ``.stage`` the split a planning error came from).
+        SettingTypeError: a non-``ShardedSource`` ``train_source``, a mistyped or unknown setting.
+        SettingValueError: a refused or bad setting (``.setting``; ``.stage``: the split).
 
     Example:
-        >>> import numpy as np
-        >>> from lightning_varbatch.sources.shards import ShardedSource
         >>> class Shard:
         ...     def __init__(self, name, rows): self.name, self.rows = name, rows
         ...     num_rows = property(lambda self: len(self.rows))
@@ -162,8 +152,6 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
             ("test", test_dataset, test_lengths, test_loss_lengths),
         ):
             self._eval_setup(stage, dataset, lengths, loss)
-
-    # -- training ------------------------------------------------------------------------
 
     def _stream_for(self, rank: int | None, world: int | None, accumulate: int) -> StreamingBatches:
         try:
@@ -239,8 +227,6 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
             value=shares,
         )
 
-    # -- planning without a Trainer -------------------------------------------------------
-
     def planner(self, stage: str) -> Any:
         """The planner of ``stage``, as :meth:`TokenBudgetDataModule.planner` (train: windowed).
 
@@ -259,20 +245,15 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
         return self._planners[stage]
 
     def check_state(self, state_dict: Mapping[str, Any]) -> None:
-        """Check, before training, that a saved state (:meth:`state_dict`) can continue here.
-
-        It raises what resuming with ``on_resume_mismatch="error"`` would raise.
+        """Check before training that a :meth:`state_dict` resumes here (as ``"error"`` would).
 
         Raises:
-            ResumeMismatchError: for a state saved on other shards or plan settings
-                (``.changed`` lists them) or by another version.
+            ResumeMismatchError: a state of other shards, settings (``.changed``) or version.
             ValueError: for something that is not a :class:`StreamingDataModule` state.
         """
         state = self._read_state(read_state_mapping(type(self).__name__, state_dict))
         if state is not None:
             self._restore(self._stream_for(0, 1, 1), state, on_mismatch="error")
-
-    # -- checkpointing -------------------------------------------------------------------
 
     def _restore(
         self,
@@ -337,8 +318,6 @@ class StreamingDataModule(SplitLoaders, ResumableState, LightningDataModule):
             self._restore(self.stream, state)
         else:
             self._pending = state
-
-    # -- validation and test ---------------------------------------------------------------
 
     def _eval_setup(self, stage: str, dataset: Any, lengths: Any, loss: Any) -> None:
         split = read_stream_split(stage, dataset, lengths, loss)

@@ -25,15 +25,12 @@ class StreamingDataLoader(DataLoader[Any]):
 
     Args:
         dataset: the rank's stream of collated micro-batches.
-        epoch: returns the epoch to stream at each ``iter()`` (``None``: leave the dataset's
-            epoch as it is; call ``dataset.set_epoch`` yourself).
-        num_workers: DataLoader worker processes; worker ``i`` of ``k`` builds micro-batches
-            ``j`` with ``j % k == i`` and the loader returns them in plan order.
+        epoch: gives the epoch at each ``iter()`` (``None``: call ``dataset.set_epoch`` yourself).
+        num_workers: workers (worker ``i`` of ``k`` builds micro-batches ``j % k == i``, in order).
         pin_memory: pin batches in memory.
-        **kwargs: other DataLoader arguments (``prefetch_factor``, ``multiprocessing_context``,
-            ...). ``batch_size``, ``sampler``, ``batch_sampler`` and ``collate_fn`` are the
-            stream's own; ``persistent_workers=True`` is refused (workers would keep the epoch
-            they were started in).
+        **kwargs: other DataLoader arguments (``prefetch_factor``, ``multiprocessing_context``, ...)
+            but the stream's own (``batch_size``, ``sampler``, ``batch_sampler``, ``collate_fn``);
+            ``persistent_workers=True`` is refused (workers would keep their first epoch).
 
     Raises:
         TypeError: for a dataset that is not a :class:`StreamingBatches`, or a bad ``epoch``.

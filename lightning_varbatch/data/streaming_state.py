@@ -2,9 +2,8 @@
 
 A position is a window of the epoch's stream and the micro-batches done in it, with its plan's
 budgets and ledger. A load starts there without reading the stream; another world size,
-accumulation or budgets re-plan the rest of that window, and the one guard
-(:mod:`~lightning_varbatch.planner.remainder_guard`) checks that the window's plan consumed
-what the state recorded. Shards are compared by content, not path.
+accumulation or budgets re-plan the rest of that window, and :mod:`~.remainder_guard` checks the
+window's plan consumed what the state recorded. Shards are compared by content, not path.
 
 Example:
     >>> import numpy as np
@@ -14,7 +13,6 @@ Example:
     ...     def lengths(self): return np.array([len(r) for r in self.rows])
     ...     def read(self, rows): return ({"tokens": np.array(self.rows[i])} for i in rows)
     >>> from lightning_varbatch.data.streaming import StreamingBatches
-    >>> from lightning_varbatch.sources.shards import ShardedSource
     >>> a, b = Shard("a", [[1, 2], [3]]), Shard("b", [[4, 5, 6]])
     >>> saved = StreamingBatches(ShardedSource([a, b]), 4, rank=0, world_size=1)
     >>> now = StreamingBatches(ShardedSource([b, a]), 4, rank=0, world_size=1)
@@ -41,9 +39,7 @@ _STATE_KEYS = ("epoch", "window", "consumed", "history", "settings", "shards", "
 class ResumableStream:
     """The checkpoint half of :class:`~lightning_varbatch.data.streaming.StreamingBatches`.
 
-    :meth:`state_dict` saves the position, :meth:`load_state_dict` restores it. The stream
-    supplies the attributes below and ``window_plan`` (this topology's plan of a window, its
-    rest when the position is inside it).
+    The stream gives the attributes below and ``window_plan`` (a window's plan, or its rest).
     """
 
     planner: WindowedPlanner
@@ -65,10 +61,7 @@ class ResumableStream:
         return config.rank_budgets(self.world_size) or (config.max_tokens,) * self.world_size
 
     def fingerprint(self) -> str:
-        """The shards' content and the plan settings' fingerprint (the same on every rank).
-
-        Content, not paths: ranks reading identical copies from node-local folders agree.
-        """
+        """The shards' content (not paths: node-local copies agree) and settings' fingerprint."""
         return f"{self.source.content_fingerprint()}-{self.planner.fingerprint()}"
 
     def settings(self) -> dict[str, Any]:
@@ -90,8 +83,7 @@ class ResumableStream:
     def position_after(self, trained: int) -> tuple[int, int, int]:
         """``(window, micro-batches done in it, steps before its plan)`` after ``trained``.
 
-        ``trained`` counts the micro-batches of this run from the position this iteration started at
-        (the restored one); the steps count the epoch's optimizer steps before the window's plan.
+        ``trained``: micro-batches since this iteration's (restored) start; steps: the epoch's.
         """
         window, consumed, steps = self._window, self._consumed, self._steps
         left = check_count("trained micro-batches", trained, minimum=0)
@@ -117,8 +109,7 @@ class ResumableStream:
         until ``set_epoch`` starts the next epoch (as a restored sampler does).
 
         Args:
-            trained: micro-batches this rank trained on since the iteration started (the
-                training loop's count; 0 saves the start position).
+            trained: micro-batches trained since the iteration began (the loop's count; 0: start).
         """
         window, consumed, steps = self.position_after(trained)
         history = list(self._history) if window == self._window else []
@@ -191,9 +182,7 @@ class ResumableStream:
         return changed
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at a saved position (:meth:`state_dict`).
-
-        Another topology re-plans the rest of the interrupted window (see the module).
+        """Resume at a :meth:`state_dict` position; another topology re-plans its window's rest.
 
         Raises:
             ResumeMismatchError: when the state is not this stream's (other shards or plan

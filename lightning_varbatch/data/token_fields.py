@@ -1,8 +1,7 @@
 """Token fields of a micro-batch's items, read and checked: ragged rows and other entries.
 
-Both collates read their items through these: :func:`ragged_field` reads one field as flat
-values plus lengths (every row checked, errors naming the field and the item) and
-:func:`other_entries` gathers the rest.
+Both collates read their items through these: :func:`ragged_field` reads one field as flat values
+plus lengths (every row checked) and :func:`other_entries` gathers the rest.
 """
 
 from __future__ import annotations
@@ -107,9 +106,8 @@ def _arrow_field(items: ColumnarItems, field: str) -> Ragged:
 def ragged_field(items: Sequence[Any], field: str) -> Ragged:
     """One token field of a micro-batch as flat values plus lengths, every row checked.
 
-    ``items`` is a list of mappings (or the collate's item list) or
-    :class:`~lightning_varbatch.data.columnar.ColumnarItems`; each row must be a 1-D sequence of
-    integer token ids (errors name the field and the item).
+    ``items``: a list of mappings or :class:`~.columnar.ColumnarItems`; each row must be a 1-D
+    sequence of integer token ids (errors name the field and the item).
 
     Example:
         >>> ragged_field([{"tokens": [1, 2]}, {"tokens": [3]}], "tokens").lengths.tolist()

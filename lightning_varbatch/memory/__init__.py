@@ -1,13 +1,10 @@
 """Pick ``max_tokens`` for a memory limit from a few measured probes.
 
 :func:`find_max_tokens` fits the memory model ``a + b·B·L + c·B·L²`` (``B`` examples padded to
-length ``L``: fixed memory, activations, attention scores) to a few probes (forward and backward
-on a synthetic batch of one shape, measured by ``peak_memory.measure_peak``), picks the largest
-``max_tokens`` whose planned micro-batches all fit under ``memory_limit_bytes * (1 - margin)``
-as predicted, and verifies it by probing the predicted worst shape. Modules: ``search`` (the
-entry point), ``settings`` (checked before any probe runs), ``probes`` (running a probe),
-``model`` (the memory model and its fit), ``prediction`` (a budget's worst micro-batch under the
-model) and ``result`` (:class:`BudgetResult`).
+length ``L``: fixed memory, activations, attention scores) to a few probes (forward and backward on
+a synthetic batch of one shape, measured by ``peak_memory.measure_peak``), picks the largest
+``max_tokens`` whose planned micro-batches all fit under ``memory_limit_bytes * (1 - margin)`` as
+predicted, and verifies it by probing the predicted worst shape (modules: ``docs/architecture.md``).
 
 Example:
     >>> import numpy as np

@@ -21,9 +21,7 @@ Coefficients = tuple[float, float, float]
 
 @dataclass(frozen=True)
 class Probe:
-    """One measured shape: ``examples`` sequences padded to ``length`` needed ``peak_bytes``.
-
-    ``peak_bytes`` is ``None`` when the probe ran out of memory.
+    """One shape: ``examples`` sequences padded to ``length`` needed ``peak_bytes`` (None: OOM).
 
     Example:
         >>> Probe(examples=4, length=128, peak_bytes=None).peak_bytes is None
@@ -38,12 +36,10 @@ class Probe:
 def fit_memory_model(probes: Iterable[Probe]) -> Coefficients:
     """Least-squares ``(a, b, c)`` of ``peak ≈ a + b·B·L + c·B·L²``, every coefficient >= 0.
 
-    A coefficient the unconstrained fit makes negative (noise) is set to 0 and the others are
-    refitted.
+    A coefficient the free fit makes negative (noise) is set to 0 and the others refitted.
 
     Raises:
-        ValueError: with fewer than 3 successful probes, or shapes that cannot separate the
-            three terms.
+        ValueError: with fewer than 3 good probes, or shapes that cannot separate the three terms.
 
     Example:
         >>> fit_memory_model([Probe(1, 8, 100 + 2 * 8 + 64), Probe(4, 8, 100 + 64 + 256),
@@ -85,8 +81,7 @@ def check_growth(coef: Coefficients, probes: Sequence[Probe]) -> None:
     """Refuse a fit in which memory does not grow with the batch (flat or decreasing).
 
     Raises:
-        ValueError: when ``b`` and ``c`` are both 0; the message names each probe and what it
-            measured.
+        ValueError: when ``b`` and ``c`` are both 0 (the message lists each probe's measurement).
 
     Example:
         >>> check_growth((100.0, 2.0, 0.0), [])  # grows: nothing to say

@@ -1,10 +1,9 @@
 """Budgets of ranks with different memory: each rank's own budget, gathered for the plan.
 
-:func:`~lightning_varbatch.memory.find_max_tokens` finds the budget of the device it runs on.
-On a mixed cluster, run it on every rank with that rank's memory limit, then
-:func:`gather_rank_max_tokens` gives every rank the list of all of them, which is the
-``rank_max_tokens`` setting (with ``max_tokens`` their maximum): every rank then plans the same
-epoch, each rank's micro-batches within its own budget (docs/mixed-clusters.md).
+On a mixed cluster, run :func:`~lightning_varbatch.memory.find_max_tokens` on every rank with its
+own memory limit; :func:`gather_rank_max_tokens` then gives every rank all the budgets: the
+``rank_max_tokens`` setting (``max_tokens``: their maximum), so every rank plans the same epoch,
+each within its own budget (docs/mixed-clusters.md).
 
 Example:
     >>> gather_rank_max_tokens(4096)  # one process: its own budget

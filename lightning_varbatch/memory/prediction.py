@@ -2,9 +2,8 @@
 
 :func:`predict_worst` plans the lengths with a candidate ``max_tokens`` (the
 :class:`~lightning_varbatch.planner.EpochPlanner` the DataModule would use) and returns the
-predicted peak of the plan's most demanding micro-batch and its shape; :func:`single_budget`
-is the smallest budget that holds one example; :func:`planning_lengths` is one planning length
-per example, validated as the planner validates it.
+predicted peak of the plan's most demanding micro-batch and its shape; :func:`single_budget` the
+least budget holding one example; :func:`planning_lengths` one checked planning length per example.
 
 Example:
     >>> predict_worst([30, 60, 90] * 10, 360, (1000.0, 2.0, 0.0), 1, 1, {})
@@ -65,10 +64,9 @@ def predict_worst(
 ) -> Worst | None:
     """Predicted peak of the plan's most demanding micro-batch and its shape.
 
-    Epochs ``0 .. epochs - 1`` of ``world_size`` ranks are planned; the largest prediction over them
-    counts. ``None`` when the budget cannot be planned (with ``oversize="skip"``/``"truncate"``, too
-    many examples over it); the planner's error is appended to ``refused``. The settings were
-    validated before any probe ran, so only the budget can be at fault here.
+    Epochs ``0 .. epochs - 1`` of ``world_size`` ranks are planned; the largest prediction counts.
+    ``None`` when the budget cannot be planned (``oversize="skip"``/``"truncate"`` over too many
+    examples; the error goes to ``refused``): settings were checked, only the budget can fail.
     """
     try:
         planner = EpochPlanner(lengths, PlanConfig(max_tokens=max_tokens, **settings))

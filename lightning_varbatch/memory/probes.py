@@ -22,11 +22,10 @@ __all__ = ["OUT_OF_MEMORY", "RunBatch", "probe_shapes", "run_probe"]
 RunBatch = Callable[[int, int], int | float]
 """``run_batch(examples, length)`` -> peak bytes of a forward and backward pass of that shape."""
 
-#: The exceptions a probe may raise to say "out of memory": ``torch.OutOfMemoryError`` (CUDA,
-#: and every device whose allocator raises it) and Python's ``MemoryError``. They are told
-#: apart by type only: torch's CPU allocator raises a plain ``RuntimeError`` ("can't allocate
-#: memory"), which is not an out-of-memory probe here but propagates like any other error (a
-#: ``run_batch`` for CPU can catch it and raise ``MemoryError``).
+#: What a probe may raise for "out of memory": ``torch.OutOfMemoryError`` (CUDA and any device whose
+#: allocator raises it) and ``MemoryError``, by type only: torch's CPU allocator raises a plain
+#: ``RuntimeError`` ("can't allocate memory"), which propagates like any error (a CPU ``run_batch``
+#: can catch it and raise ``MemoryError``).
 OUT_OF_MEMORY: tuple[type[BaseException], ...] = (torch.OutOfMemoryError, MemoryError)
 
 
@@ -69,8 +68,7 @@ def run_probe(run_batch: RunBatch, examples: int, length: int) -> Probe:
 def probe_shapes(longest: int, tokens: Sequence[int], count: int) -> list[tuple[int, int]]:
     """``count`` shapes alternating the longest length and a third of it, growing in tokens.
 
-    The tokens of the shapes (examples x length) grow geometrically from ``min(tokens)`` to
-    ``max(tokens)``; every shape is distinct.
+    Tokens (examples x length) grow geometrically, ``min(tokens)`` to ``max(tokens)``; all distinct.
 
     Example:
         >>> probe_shapes(60, [60, 600], 3)

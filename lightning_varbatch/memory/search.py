@@ -1,10 +1,9 @@
 """The search of :func:`find_max_tokens`: probe, fit, pick the largest budget, verify.
 
-Each round fits the memory model (:mod:`~lightning_varbatch.memory.model`) to the probes run
-so far (:mod:`~lightning_varbatch.memory.probes`), picks the largest budget whose planned
-micro-batches are all predicted to fit (:mod:`~lightning_varbatch.memory.prediction`: from
-the candidates, or by bisection of the bounds) and probes that budget's worst shape; the first
-budget whose probe fits is the :class:`~lightning_varbatch.memory.result.BudgetResult`.
+Each round fits the memory model (:mod:`~.memory.model`) to the probes run so far
+(:mod:`~.memory.probes`), picks the largest budget whose planned micro-batches are all predicted
+to fit (:mod:`~.memory.prediction`: from the candidates, or by bisection of the bounds) and
+probes its worst shape; the first budget whose probe fits is the :class:`~.result.BudgetResult`.
 """
 
 from __future__ import annotations
@@ -42,49 +41,41 @@ def find_max_tokens(
 
     ``probes`` shapes (alternately the longest length and a third of it, growing to the lower
     quarter of the search range) are run with ``run_batch`` and ``a + b·B·L + c·B·L²`` is fitted to
-    their peaks. Every budget considered is planned (``lengths``, ``plan_settings``, epochs
-    ``0 .. epochs - 1``, ``world_size`` ranks) and its most demanding micro-batch must be predicted
-    under ``memory_limit_bytes * (1 - margin)``: the largest such candidate, or the largest multiple
-    of ``step`` in ``bounds`` by bisection. The choice is verified by probing its worst shape; a
-    probe over the limit (or out of memory) joins the fit and the search runs again, at most
-    ``rounds`` times. Every setting is checked before the first probe runs; under
-    ``oversize="error"`` budgets below the longest example's own cost are never considered.
+    their peaks. Each budget is planned (``lengths``, ``plan_settings``, ``epochs``, ``world_size``)
+    and its worst micro-batch must be predicted under ``memory_limit_bytes * (1 - margin)``: the
+    largest such candidate, or the largest multiple of ``step`` in ``bounds`` by bisection. The
+    choice is verified by probing its worst shape; a probe over the limit (or out of memory) joins
+    the fit and the search reruns, at most ``rounds`` times. Settings are checked before any probe;
+    under ``oversize="error"`` budgets below the longest example's own cost are never considered.
 
     Args:
         run_batch: ``run_batch(examples, length)`` runs forward and backward on a synthetic
-            batch of that shape and returns its peak memory in bytes (e.g. with
-            :func:`~lightning_varbatch.peak_memory.measure_peak`); it may raise
-            ``torch.OutOfMemoryError`` or ``MemoryError`` (:data:`OUT_OF_MEMORY`) for a shape
-            that does not fit.
+            batch of that shape, returns its peak bytes (e.g. :func:`~.peak_memory.measure_peak`);
+            it may raise :data:`OUT_OF_MEMORY` (``torch.OutOfMemoryError``, ``MemoryError``).
         lengths: the training lengths, ``(n,)`` or ``(n, 2)``, as the data module plans them.
         memory_limit_bytes: memory the worst micro-batch may use (the figure ``run_batch``
             returns: device memory, or the process's resident set on CPU).
         candidates: budgets to choose from.
-        bounds: ``(low, high)`` budgets to search when no ``candidates`` are given (default:
-            from the longest length to 64 times the longest example's cost on its own).
-        step: resolution of the bisection (default: ``pad_to_multiple_of``, at least
-            ``(high - low) / 1024``).
+        bounds: ``(low, high)`` without ``candidates`` (default: longest length to 64 × its cost).
+        step: bisection step (default: ``pad_to_multiple_of``, at least ``(high - low) / 1024``).
         probes: initial probes (at least 3).
         margin: share of the limit kept free for what the model misses (0-1).
         rounds: verification rounds.
         epochs: epochs planned per budget (their worst micro-batch counts).
         world_size: ranks to plan for.
-        **plan_settings: other :class:`~lightning_varbatch.PlanConfig` settings
-            (``max_examples``, ``cost``, ``pad_to_multiple_of``, ``seed``, ...).
+        **plan_settings: other ``PlanConfig`` settings (``max_examples``, ``cost``, ``seed``, ...).
 
     Returns:
         The :class:`BudgetResult`.
 
     Raises:
         SettingTypeError: for a setting of the wrong type (an unknown plan setting too).
-        SettingValueError: for a setting out of range, ``candidates``/``bounds`` all below
-            the longest example (under ``oversize="error"``), or ``max_tokens`` among the
-            plan settings (it is what is searched).
+        SettingValueError: for a setting out of range, ``candidates``/``bounds`` all below the
+            longest example (under ``oversize="error"``), or ``max_tokens`` among plan settings.
         TypeError: when ``run_batch`` returns something other than a number.
         ValueError: when it returns zero, a negative number, NaN or infinity, the probes'
             memory does not grow with the batch, or no budget is predicted to fit.
-        RuntimeError: when the chosen budget's worst shape still exceeds the limit after
-            ``rounds`` verifications.
+        RuntimeError: when the chosen budget's worst shape still exceeds the limit after ``rounds``.
 
     Example:
         >>> result = find_max_tokens(lambda b, n: 10_000 + 4 * b * n, [30, 60, 90] * 100,
@@ -170,10 +161,7 @@ def _fits(
 def _choose(
     search: Search, coef: Coefficients, ceiling: int, refused: list[tuple[int, ValueError]]
 ) -> tuple[int, Worst] | None:
-    """The largest budget up to ``ceiling`` predicted to fit, and its worst micro-batch.
-
-    With candidates, the largest that fits; else bisects ``low + k * step`` (peak rising with it).
-    """
+    """Largest budget ≤ ``ceiling`` predicted to fit (a candidate or bisected), its worst batch."""
     if search.grid is not None:
         for budget in reversed([g for g in search.grid if g <= ceiling]):
             found = _fits(search, budget, coef, refused)

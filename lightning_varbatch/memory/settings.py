@@ -1,9 +1,8 @@
 """The settings of :func:`~lightning_varbatch.memory.find_max_tokens`, checked before any probe.
 
-:func:`search_settings` checks every argument (the search's own, the plan settings through
-:class:`~lightning_varbatch.PlanConfig`, the lengths as the planner checks them) and resolves
-the range to search into a :class:`Search`, so a bad setting is reported as such, never as
-"no budget fits".
+:func:`search_settings` checks every argument (the search's, the plan settings through
+:class:`~lightning_varbatch.PlanConfig`, the lengths as the planner does) and resolves the range
+into a :class:`Search`: a bad setting is reported as such, never as "no budget fits".
 
 Example:
     >>> s = search_settings(lambda b, n: b * n, [30, 60, 90], 10**6, bounds=(90, 9000))

@@ -1,11 +1,8 @@
 """The epoch planner: numpy only, no torch, no Lightning.
 
-Everything that decides *which examples form which micro-batch on which rank* lives here:
-settings (:class:`PlanConfig`), cost models, length validation, the sorted layout, the tail
-policy, the dealing of micro-batches to ranks, the epoch plan, the mixture planner for several
-datasets and the diagnostics. :class:`Planner` is the contract both planners keep with the
-sampler. The torch and Lightning layers (:mod:`lightning_varbatch.data`,
-strategies, callbacks) only read plans; nothing here imports them.
+Everything that decides *which examples form which micro-batch on which rank* lives here (modules:
+``docs/architecture.md``); :class:`Planner` is the contract both planners keep with the sampler. The
+torch and Lightning layers (:mod:`lightning_varbatch.data`, strategies, callbacks) only read plans.
 
 Example:
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig

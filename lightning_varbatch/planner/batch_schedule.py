@@ -1,14 +1,13 @@
 """The batch-size schedule: tokens per optimizer step as a function of the tokens trained.
 
-A schedule gives the fraction of the full step (every rank's budget × accumulation) a step
-holds once the run has trained ``t`` tokens (planning lengths: ``max(source, target)`` for
-pairs): Megatron-LM's thresholds in tokens, ``"0:0.25 2M:0.5 8M:1"`` (suffixes K, M, B/G, T),
-a linear ramp ``"ramp:0.25:8M"`` (0.25 to 1 over 8M tokens), ``[(tokens, fraction), ...]``,
-``{tokens: fraction}`` or a callable ``tokens -> fraction``. Every form becomes thresholds
-(:class:`BatchSchedule`; a ramp or callable in levels at most 1 % apart, each the fraction at
-its start). Each level's examples are planned at its fraction of every rank's budget, in whole
-steps: a level's left-over joins the next, whose first step may begin up to one step's tokens
-before its threshold (``docs/batch-schedule.md``).
+A schedule gives the fraction of the full step (every rank's budget × accumulation) a step holds
+once the run has trained ``t`` tokens (planning lengths: ``max(source, target)`` for pairs):
+Megatron-LM's thresholds in tokens, ``"0:0.25 2M:0.5 8M:1"`` (suffixes K, M, B/G, T), a linear ramp
+``"ramp:0.25:8M"`` (0.25 to 1 over 8M tokens), ``[(tokens, fraction), ...]``, ``{tokens: fraction}``
+or a callable ``tokens -> fraction``, all made thresholds (:class:`BatchSchedule`; a ramp or
+callable in levels at most 1 % apart, each the fraction at its start). Each level's examples are
+planned at its fraction of every rank's budget, in whole steps: a level's left-over joins the next,
+whose first step may begin up to a step's tokens early (``docs/batch-schedule.md``).
 
 Example:
     >>> schedule = BatchSchedule.parse("0:0.25 2M:0.5 8M:1")
@@ -43,8 +42,7 @@ __all__ = [
 ScheduleSpec: TypeAlias = (
     str | Sequence[tuple[float, float]] | Mapping[float, float] | Callable[[float], float]
 )
-#: Ramps and callables become levels at most this far apart (relative): a step's fraction is
-#: within 1 % below the schedule's value at any token of its level.
+#: Ramp or callable levels are at most this far apart: a step's fraction ≤ 1 % below the schedule.
 LEVEL_STEP = 1.01
 #: A ramp's levels are merged at plan time so that each spans at least this many of its steps.
 MIN_LEVEL_STEPS = 4

@@ -1,9 +1,8 @@
 """Cost models: how much of the token budget a micro-batch uses.
 
-A cost model is a vectorised function ``cost(num_examples, longest, total) -> cost`` of three
-arrays, one entry per candidate micro-batch: its examples, the padded length of its longest
-example (rounded up to ``pad_to_multiple_of``) and its unpadded tokens. It must be
-non-decreasing in each argument; the planner checks every micro-batch against the budget.
+A cost model is a vectorised ``cost(num_examples, longest, total) -> cost`` of three arrays, one
+entry per candidate micro-batch: its examples, its longest example's padded length (rounded up to
+``pad_to_multiple_of``) and its unpadded tokens; non-decreasing in each, checked against the budget.
 
 Built-in models (pass the name as ``cost=``):
 
@@ -119,8 +118,7 @@ def checked_cost(
     """The cost model on candidate micro-batches, checked for shape and finiteness.
 
     Raises:
-        SettingValueError: when a custom ``cost=`` returns the wrong number of values, or NaN /
-            infinite / negative costs; the message names ``cost`` and the value.
+        SettingValueError: a custom ``cost=`` giving a wrong count or NaN/infinite/negative costs.
     """
     raw = cost_fn(num_examples, longest, total)
     try:

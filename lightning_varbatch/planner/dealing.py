@@ -1,12 +1,10 @@
 """Dealing an optimizer step's micro-batches to the ranks, with balanced loads, and ordering steps.
 
-Every rank gets ``accumulate_grad_batches`` of a step's micro-batches, and a step is as slow as
-its most loaded rank: :func:`deal_steps` balances them (LPT scheduling), :func:`deal_run` forms
-an epoch's run of micro-batches into dealt steps and :func:`order_steps` orders the steps
-(shuffled, then by the length warm-up).
+Every rank gets ``accumulate_grad_batches`` of a step's micro-batches, and a step is as slow as its
+most loaded rank: :func:`deal_steps` balances them (LPT scheduling), :func:`deal_run` forms an
+epoch's run into dealt steps, :func:`order_steps` orders them (shuffled, then by the warm-up).
 
 Example:
-    >>> import numpy as np
     >>> steps = np.array([[0, 1, 2, 3]])  # one step of four micro-batches
     >>> cost = np.array([9.0, 8.0, 2.0, 1.0])
     >>> deal_steps(steps, cost, world=2, acc=2)[0].tolist()  # rank 0: 9 + 1, rank 1: 8 + 2
@@ -26,16 +24,14 @@ from lightning_varbatch.planner.warmup_plan import step_longest
 
 __all__ = ["Warm", "deal_run", "deal_steps", "order_steps"]
 
-#: The length warm-up of one plan: scheduled caps, the cap already reached, the epoch's
-#: order of example ids, and the run's step the plan's first step is.
+#: One plan's length warm-up: scheduled caps, the cap reached, the epoch's id order, its first step.
 Warm: TypeAlias = tuple[np.ndarray, int, np.ndarray, int]
 
 
 def deal_steps(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.ndarray:
     """Deal each step's micro-batches to ranks so that the per-rank sums of cost are balanced.
 
-    Largest micro-batch first, each to the least-loaded rank with a free slot (LPT; ties go to
-    the lowest rank), vectorised over steps.
+    LPT over steps at once: largest first, to the least-loaded rank with a free slot (ties: lowest).
 
     Args:
         steps: ``(num_steps, world * acc)`` micro-batch ids, one row per optimizer step.
@@ -44,8 +40,7 @@ def deal_steps(steps: np.ndarray, cost: np.ndarray, world: int, acc: int) -> np.
         acc: micro-batches per rank per optimizer step.
 
     Returns:
-        ``(num_steps, world, acc)`` micro-batch ids: ``[s, r, j]`` is rank ``r``'s ``j``-th
-        micro-batch of step ``s``.
+        ``(num_steps, world, acc)`` micro-batch ids, ``[s, r, j]``: step s, rank r, the j-th.
     """
     num_steps = steps.shape[0]
     assign = np.empty((num_steps, world, acc), dtype=np.int64)
@@ -107,15 +102,13 @@ def deal_run(
     """
     world, acc = shape
     if config.layout == "packed":
-        # Packed rows of equal tokens differ in compute (Σ L²): steps take micro-batches
-        # of neighbouring compute, so that dealing can even the ranks out.
+        # Packed rows differ in compute (Σ L²): steps of neighbouring compute let dealing even ranks
         run = run[np.argsort(-cut.work[run], kind="stable")]
     assign = deal_steps(run.reshape(-1, world * acc), cut.work, world, acc)
     assign, trace = order_steps(cut, assign, rng, config, key, warm)
     if rotate and world > 1:
-        # Dealing gives rank 0 each step's largest micro-batch: over a few steps (a window
-        # of a stream) that skews the ranks' real tokens; a random rank order per step
-        # evens them out (loads per step are unchanged).
+        # Rank 0 gets each step's largest micro-batch: over few steps (a stream's window) that
+        # skews ranks' real tokens; a random rank order per step evens them (loads unchanged).
         ranks = rng.permuted(np.tile(np.arange(world), (assign.shape[0], 1)), axis=1)
         assign = np.take_along_axis(
             assign, np.broadcast_to(ranks[:, :, None], assign.shape), axis=1

@@ -1,8 +1,7 @@
 """Plan diagnostics: what an epoch plan will cost, before any GPU hour is spent.
 
-:func:`diagnose` turns an epoch plan into a small, JSON-friendly :class:`PlanDiagnostics`:
-padding efficiency, budget fill, examples per micro-batch, per-rank load imbalance and the
-examples dropped, repeated, skipped or cut; vectorised over micro-batches.
+:func:`diagnose` sums an epoch plan up as a JSON-friendly :class:`PlanDiagnostics`: padding
+efficiency, budget fill, examples per batch, rank imbalance, examples dropped/repeated/skipped/cut.
 """
 
 from __future__ import annotations
@@ -47,8 +46,7 @@ class PlanDiagnostics:
         max_tokens: the budget of one micro-batch.
         cost: the planner's cost model (name, or the callable's qualified name).
         real_tokens: summed planning lengths of every run example (``max(src, tgt)`` for pairs).
-        padded_tokens: token slots after padding: examples × longest padded length per
-            micro-batch (a packed row's tokens rounded up to ``pad_to_multiple_of``).
+        padded_tokens: slots after padding, Σ examples × longest padded length (packed: aligned).
         padding_efficiency: ``real_tokens / padded_tokens``.
         budget_fill: mean micro-batch cost / its budget (its dataset's and rank's).
         examples_per_batch_min: fewest examples in a micro-batch.
@@ -59,11 +57,9 @@ class PlanDiagnostics:
         imbalance_linear_mean: mean over steps of the busiest rank's load (Σ examples × longest
             padded length; over its budget share, if any) / the mean rank load (1 = even).
         imbalance_linear_max: the same, worst step.
-        imbalance_quadratic_mean: as ``imbalance_linear_mean`` with load
-            Σ n·L + c·n·L² (``c = config.quadratic_coef``, 1/64 by default).
+        imbalance_quadratic_mean: as linear, load Σ n·L + c·n·L² (c: ``quadratic_coef``, 1/64).
         imbalance_quadratic_max: the same, worst step.
-        imbalance_flops_mean: as ``imbalance_linear_mean`` with load: slots plus
-            ``flop_attention`` × Σ L² (:mod:`lightning_varbatch.planner.flops`).
+        imbalance_flops_mean: as linear, load slots + ``flop_attention`` × Σ L² (:mod:`~.flops`).
         imbalance_flops_max: the same, worst step.
         num_dropped: examples left out by ``tail="drop"``.
         num_duplicated: examples repeated by ``tail="pad"`` (or a ``"spread"`` short of them).
@@ -188,9 +184,9 @@ def rank_loads(planner: Planner, plan: EpochPlan, model: LoadModel = "linear") -
     Args:
         planner: the planner that made ``plan``.
         plan: the epoch plan.
-        model: ``"linear"`` (Σ examples × longest padded length; a packed row's tokens),
-            ``"quadratic"`` (+ ``quadratic_coef`` · n·L²) or ``"flops"`` (+ ``flop_attention``
-            · n·L²; a packed row's Σ L²).
+        model: ``"linear"`` (Σ examples × longest padded length; packed: the row's tokens),
+            ``"quadratic"`` (+ ``quadratic_coef``·n·L²), ``"flops"`` (+ ``flop_attention``·n·L²;
+            packed: Σ L²).
 
     Returns:
         ``(num_steps, world_size)`` float64 loads.
@@ -253,8 +249,7 @@ def _coverage(planner: Planner, plan: EpochPlan, run_micro_batches: np.ndarray) 
 def diagnose(planner: Planner, plan: EpochPlan) -> PlanDiagnostics:
     """Compute the diagnostics of one epoch plan.
 
-    Micro-batches a ``tail="pad"`` plan runs twice count twice (padding, fill, examples per
-    batch); those a ``tail="drop"`` plan leaves out do not count.
+    Micro-batches ``tail="pad"`` runs twice count twice (padding, fill, sizes); dropped ones do not.
 
     Args:
         planner: the planner that made ``plan`` (its lengths and settings).

@@ -1,7 +1,6 @@
 """One epoch's plan: which examples form each micro-batch of each rank.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import plan_epoch
     >>> plan = plan_epoch(np.array([4, 4, 4, 4]), max_tokens=8, world_size=2)
     >>> plan.num_steps, plan.micro_batch(0, 1).tolist()
@@ -26,9 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["DEPRECATED_NAMES", "EpochPlan"]
 
-#: The names earlier versions gave the plan's attributes, methods and constructor arguments
-#: (a micro-batch was a "tile"), and their names now. The old names still work and warn with a
-#: :class:`DeprecationWarning`.
+#: Earlier versions' names of the plan's attributes, methods and arguments (a micro-batch was a
+#: "tile") -> their names now; the old ones still work, with a :class:`DeprecationWarning`.
 DEPRECATED_NAMES: dict[str, str] = {
     "tile_start": "micro_batch_start",
     "tile_size": "micro_batch_size",
@@ -86,21 +84,17 @@ class EpochPlan:
         micro_batch_cost: every micro-batch's cost under the cost model (<= ``max_tokens``).
         assign: ``(num_steps, world_size, accumulate_grad_batches)`` micro-batch ids.
         num_dropped: examples the epoch leaves out (``tail="drop"``).
-        num_duplicated: extra runs of examples the epoch repeats (``tail="pad"``, ...). For
-            the re-planned rest of an epoch both count the whole epoch, consumed part included.
+        num_duplicated: extra example runs (``tail="pad"``...); both count a re-plan's whole epoch.
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
         micro_batch_dataset: the dataset of every micro-batch of a mixture (``None``: 0).
-        micro_batch_work: what ranks were balanced by when it is not the cost
-            (``layout="packed"``: each micro-batch's compute); ``None``: the cost.
-        micro_batch_shape: ``(m, 2)`` the static ``(rows, length)`` every micro-batch is padded
-            to under a shape budget (``PlanConfig.max_shapes``); ``None``: free shapes.
+        micro_batch_work: what ranks were balanced by (packed: compute); ``None``: the cost.
+        micro_batch_shape: ``(m, 2)`` each micro-batch's static ``(rows, length)`` (``None``: free).
         rank_budget: ``(world_size,)`` the budget each rank's micro-batches fit when ranks
             have their own (``rank_shares`` / ``rank_max_tokens``); ``None``: ``max_tokens``.
         consumed_counts: for the re-planned rest of an epoch, the runs of each example under
             the epoch's earlier topologies (``None``: a whole epoch); not compared.
-        step_fraction: under a batch-size schedule, each step's fraction of the full step
-            (every rank's budget at that fraction; ``None``: every step full); not compared.
+        step_fraction: each step's fraction of the full step (``None``: no schedule); not compared.
     """
 
     epoch: int
@@ -123,8 +117,7 @@ class EpochPlan:
     step_fraction: np.ndarray | None = field(default=None, repr=False, compare=False)
     _loss: np.ndarray | None = field(default=None, repr=False)
     _exact_tokens: np.ndarray | None = field(default=None, repr=False)
-    #: What the length warm-up did, ``None`` without one; not a field (plans compare and hash
-    #: as before), the planner sets it on the plans it warms up.
+    #: What the length warm-up did (``None``: none); set by the planner, not a field (no compare).
     length_warmup: ClassVar[LengthWarmupTrace | None] = None
 
     @property

@@ -10,7 +10,6 @@ shuffled (:mod:`~.dealing`); then ``plan`` (8) re-plans the steps before the bat
 reaches 1 (:mod:`~.scheduled_plan`). ``docs/planning.md`` explains each.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import plan_epoch
     >>> plan = plan_epoch(np.array([3, 5, 2, 7, 4, 6]), max_tokens=10, world_size=2)
     >>> plan.num_micro_batches_per_rank, sorted(plan.example_ids().tolist())
@@ -57,8 +56,7 @@ class EpochPlanner(EpochResume):
         lengths: ``(n,)`` lengths, or ``(n, 2)`` (source, target) lengths; pairs are planned by
             ``max(source, target)`` (fairseq's rule) and count target tokens as loss tokens.
         config: the planner settings.
-        loss_lengths: loss tokens per example, when they are not the lengths (1-D) or the
-            target column (pairs).
+        loss_lengths: loss tokens per example, if not the lengths (1-D) or target column (pairs).
         rotate_ranks: give the ranks each step's micro-batches in a random order (for plans of
             few steps, such as a stream's windows). Off by default: it changes the plan.
 
@@ -125,10 +123,7 @@ class EpochPlanner(EpochResume):
 
     @property
     def num_micro_batches(self) -> int:
-        """Micro-batches of one pass before the tail policy (the data's size in budgets).
-
-        Packed rows over buckets wider than 1 are cut each epoch, whose count may differ by a few.
-        """
+        """Micro-batches of one pass before the tail policy (packed, wide buckets: ± a few)."""
         return self._cut().num_micro_batches
 
     @property
@@ -175,10 +170,7 @@ class EpochPlanner(EpochResume):
         return self._groups
 
     def _cut(self, tail: TailPolicy = "pad", multiple: int = 1, budget: int = 0) -> SortedCut:
-        """The cut of all planned examples under ``tail`` (cached per step size and budget).
-
-        ``budget``: every rank's budget when it is below ``max_tokens`` (0: ``max_tokens``).
-        """
+        """Cached cut of planned examples per ``tail``, step size, ``budget`` (0: max_tokens)."""
         config = self.config if not budget else lane_config(self.config, budget)
         if (budget, 1) not in self._cuts:
             if cuts_each_epoch(config):  # the rows of the sorted order, unshuffled
@@ -210,24 +202,18 @@ class EpochPlanner(EpochResume):
             epoch: the epoch (the plan depends only on ``config.seed``, ``epoch`` and ``salt``).
             world_size: number of ranks.
             accumulate_grad_batches: micro-batches per rank per optimizer step.
-            exclude: boolean mask over all examples; ``True`` ones are left out (a re-plan of
-                what an interrupted epoch has not consumed).
+            exclude: mask over all examples; ``True``: left out (re-planning an interrupted epoch).
             salt: extra randomness for re-plans, so they differ from the original plan.
-            first_step: the run's optimizer step the plan's first step is (the length warm-up
-                continues there).
+            first_step: the run's optimizer step of the plan's first step (for the warm-up).
             cap_floor: the length warm-up's cap already reached before ``first_step``.
-            rank_budgets: each rank's micro-batch budget (``None``: the config's,
-                :meth:`PlanConfig.rank_budgets`); unequal budgets plan in lanes
-                (:mod:`~lightning_varbatch.planner.rank_lanes`).
-            remainder: these lengths are the rest of an epoch (a mixture's re-plan): the tail
-                policy's rule for re-plans applies, as with ``exclude``.
+            rank_budgets: each rank's budget (``None``: the config's); unequal: :mod:`~.rank_lanes`.
+            remainder: the lengths are an epoch's rest (a mixture's re-plan): re-plan rules apply.
 
         Returns:
             The plan.
 
         Raises:
-            ValueError: for a non-positive ``world_size`` / ``accumulate_grad_batches``, or when
-                the data cannot give every rank a micro-batch (more ranks than batches).
+            ValueError: ``world_size``/``accumulate_grad_batches`` < 1, or more ranks than batches.
         """
         epoch = check_count("epoch", epoch, minimum=0)
         world = check_count("world_size", world_size)
@@ -240,7 +226,6 @@ class EpochPlanner(EpochResume):
         plan = self._plan(groups, args, replanned)
         if self.config.batch_schedule is None or plan.num_steps == 0:
             return plan
-        # The batch-size schedule: the steps before it reaches 1, re-planned at its fractions
         full = (
             (self.config.max_tokens,) * world
             if plan.rank_budget is None

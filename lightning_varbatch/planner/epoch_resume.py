@@ -1,12 +1,10 @@
 """The resume side of the epoch planner: the rest of an epoch after topology changes.
 
-:meth:`EpochResume.plan_resumed` replays the epoch's history (each earlier topology's plan
-made again, its consumed micro-batches counted), plans the examples none consumed for the
-current topology (``plan(exclude=...)``) and passes it through the one guard
-(:func:`~lightning_varbatch.planner.remainder_guard.guard_remainder`).
+:meth:`EpochResume.plan_resumed` replays the epoch's history (each earlier topology's plan made
+again, its consumed micro-batches counted), plans the examples none consumed for the current
+topology (``plan(exclude=...)``) and passes it the guard, :func:`~.remainder_guard.guard_remainder`.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
     >>> planner = EpochPlanner(np.arange(1, 41), PlanConfig(max_tokens=60))
     >>> rest = planner.plan_resumed(0, 2, 1, [(3, 1, 2)])  # 2 micro-batches on 3 ranks, then 2
@@ -58,13 +56,11 @@ class EpochResume(ShapeBudget):
             world_size: the current number of ranks.
             accumulate_grad_batches: the current accumulation.
             history: ``(world_size, accumulate_grad_batches, consumed micro-batches per rank)``
-                of each earlier topology of this epoch, oldest first, optionally with the
-                ranks' budgets its plan was made with (``None``: the config's).
+                of each earlier topology, oldest first, optionally with its plan's rank budgets.
             rank_budgets: the ranks' budgets for the rest of the epoch (``None``: the config's).
 
         Returns:
-            The plan of the examples the earlier topologies did not consume (the whole epoch
-            when ``history`` is empty).
+            The plan of the examples earlier topologies did not consume (all if no ``history``).
         """
         history = check_history(history)
         given = self.config.rank_budgets(world_size) if rank_budgets is None else rank_budgets
@@ -72,8 +68,7 @@ class EpochResume(ShapeBudget):
         same = None if budgets is None or uniform(budgets, self.config.max_tokens) else budgets
         key = (epoch, world_size, accumulate_grad_batches, tuple(history), same)
         if self._last is not None and self._last[0] == key:
-            # Every rank's sampler plans the same epoch: in one process (tests, simulations,
-            # a DataModule's check) they share the plan instead of planning it again.
+            # In one process (tests, simulations, a DataModule's check) ranks share the plan
             return self._last[1]
         plan = self._plan_rest(epoch, world_size, accumulate_grad_batches, history, budgets)
         self._last = (key, plan)  # the sampler holds the same plan: no extra memory

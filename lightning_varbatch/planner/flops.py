@@ -1,9 +1,8 @@
 """The compute of a micro-batch: a linear term per token plus an attention term per (query, key).
 
-Packed rows of equal tokens can differ in compute (one 4096-token document: ``4096²``
-attention pairs; sixteen of 256: sixteen times fewer), so the planner deals them to ranks by
-``work = Σ L + flop_attention · Σ L²`` (:func:`work`); :func:`transformer_flops` derives
-``flop_attention`` from a model's shape.
+Packed rows of equal tokens can differ in compute (one 4096-token document: ``4096²`` attention
+pairs; sixteen of 256: 16x fewer), so ranks get them by ``work = Σ L + flop_attention · Σ L²``
+(:func:`work`); :func:`transformer_flops` derives ``flop_attention`` from a model's shape.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ class FlopModel:
 
     Attributes:
         per_token: forward FLOPs of one token through every linear layer (projections, MLP).
-        per_pair: forward FLOPs of one (query, key) pair through every attention layer
-            (scores and weighted sum).
+        per_pair: forward FLOPs of one (query, key) pair, every attention layer (scores, sum).
     """
 
     per_token: float

@@ -5,7 +5,6 @@
 epoch (:func:`interleave`): every dataset's share holds along the epoch, not only at its end.
 
 Example:
-    >>> import numpy as np
     >>> order = interleave(np.array([0, 0, 0, 0, 1, 1]), np.random.default_rng(0))
     >>> np.array([0, 0, 0, 0, 1, 1])[order].tolist()  # the two 1s spread out, not bunched
     [0, 0, 1, 0, 0, 1]
@@ -35,8 +34,7 @@ class Part:
         dataset: the dataset's index.
         plan: the dataset's plan (its example ids are the dataset's own).
         ids: maps the plan's example ids to global ids: an offset, or an id array.
-        units: the plan's steps (``(u, world, acc)`` micro-batch ids) under per-step mixing, or its
-            micro-batches (``(u,)``) under per-batch mixing, in run order.
+        units: the plan's steps ``(u, world, acc)`` or micro-batches ``(u,)`` (per-batch), in order.
     """
 
     dataset: int

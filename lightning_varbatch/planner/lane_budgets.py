@@ -1,11 +1,9 @@
 """The ranks' budgets a plan is cut to, and the checks that every budget can hold the data.
 
-Ranks with budgets of their own plan in lanes (:mod:`~.rank_lanes`), budgets all at
-``max_tokens`` as one (:func:`uniform`). Every budget must hold the longest example alone
-(:func:`single_example_cost`), or :func:`check_budgets_hold` names the rank and the setting.
+Ranks of their own budgets plan in lanes (:mod:`~.rank_lanes`), all at ``max_tokens`` as one
+(:func:`uniform`); each must hold the longest example (:func:`check_budgets_hold` names the rank).
 
 Example:
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> lane_budgets(PlanConfig(max_tokens=64), 2, (64, 32), lambda: 10)
     (64, 32)
     >>> lane_budgets(PlanConfig(max_tokens=64), 2, None, lambda: 10) is None
@@ -70,8 +68,7 @@ def lane_budgets(
         longest_cost: the cost of the longest example alone (called only when needed).
 
     Raises:
-        SettingValueError: for budgets of another length than ``world``, outside
-            ``[1, max_tokens]``, or below the longest example (naming the rank).
+        SettingValueError: not one budget per rank, outside [1, max_tokens], or under the longest.
     """
     budgets = config.rank_budgets(world) if given is None else tuple(int(b) for b in given)
     if budgets is not None and len(budgets) != world:
@@ -111,8 +108,7 @@ def check_budgets_hold(budgets: Sequence[int], longest_cost: int, config: PlanCo
             speed = np.asarray(config.rank_shares or [1.0] * len(memory), dtype=np.float64)
             limit = int(np.argmin(np.asarray(memory) / (speed / speed.max())))
             if memory[limit] < longest_cost or config.rank_shares is None:
-                # every budget is scaled so that this rank's fit its memory: raising another
-                # rank's entry changes nothing
+                # every budget is scaled to fit this rank's memory: another rank's entry is moot
                 setting = "rank_max_tokens"
                 fix = (
                     f"raise rank_max_tokens[{limit}]={memory[limit]} (rank {limit}'s memory "

@@ -58,10 +58,8 @@ def as_int_lengths(
     names the lengths; ``setting``: the error's ``.setting`` (default: ``name``).
 
     Raises:
-        SettingTypeError: for something that is not an array of numbers (``.setting`` is
-            ``setting``; also a ``TypeError``).
-        SettingValueError: for a ragged, empty or badly shaped array, or lengths that are not
-            whole numbers >= 1.
+        SettingTypeError: for anything but an array of numbers (also a ``TypeError``).
+        SettingValueError: for a ragged, empty or mis-shaped array, or lengths not whole and >= 1.
     """
     setting = name if setting is None else setting
     if lengths is None or isinstance(lengths, (str, bytes, dict, set)):

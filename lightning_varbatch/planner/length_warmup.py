@@ -2,12 +2,10 @@
 
 Over the run's first ``length_warmup`` optimizer steps, the longest example a step may hold (its
 *cap*) grows from ``length_warmup_min`` to ``length_warmup_max`` (:func:`scheduled_caps`). Only
-the *order of the steps* changes (:func:`warmup_order`); where no step left fits its cap the
-schedule *advances* (recorded: :class:`LengthWarmupTrace`). Every step keeps its budget, every
-example runs once (``docs/length-warmup.md``).
+the *order of the steps* changes (:func:`warmup_order`), every example runs once; where no step
+left fits its cap the schedule *advances* (:class:`LengthWarmupTrace`; ``docs/length-warmup.md``).
 
 Example:
-    >>> import numpy as np
     >>> caps = scheduled_caps("linear", 4, 8, 64, first=0)
     >>> caps.tolist()
     [8, 22, 36, 50]
@@ -45,8 +43,7 @@ __all__ = [
 ]
 
 ScheduleName: TypeAlias = Literal["linear", "root", "step"]
-#: A user schedule: progress in ``[0, 1]`` -> the fraction of the way from the minimum cap to
-#: the maximum, in ``[0, 1]`` and non-decreasing.
+#: A user schedule: progress in ``[0, 1]`` -> non-decreasing fraction ``[0, 1]`` of the min-max cap.
 ScheduleFn: TypeAlias = Callable[[float], float]
 SCHEDULES: tuple[str, ...] = ("linear", "root", "step")
 _PROBES = np.linspace(0.0, 1.0, 101)
@@ -65,8 +62,7 @@ class WarmupSettings(Protocol):
     def length_warmup_schedule(self) -> ScheduleName | ScheduleFn: ...  # noqa: D102
 
 
-#: The warm-up settings and their defaults (off): at these values a ``PlanConfig``'s
-#: fingerprint and plans are those of versions without the warm-up.
+#: The warm-up settings' defaults (off): then a ``PlanConfig``'s fingerprint, plans are as before.
 WARMUP_DEFAULTS: dict[str, Any] = {
     "length_warmup": None,
     "length_warmup_min": 8,
@@ -79,9 +75,8 @@ def check_warmup_settings(config: WarmupSettings) -> dict[str, Any]:
     """Validate the four ``length_warmup*`` settings; their values as plain Python ints.
 
     Raises:
-        SettingValueError: a non-positive ``length_warmup`` / ``length_warmup_min`` /
-            ``length_warmup_max``, a minimum above the maximum, an unknown or misbehaving
-            schedule, or a warm-up setting without ``length_warmup``; ``.setting`` names it.
+        SettingValueError: a non-positive ``length_warmup``/``_min``/``_max``, a minimum above the
+            maximum, a bad schedule, a warm-up setting without ``length_warmup`` (named).
         SettingTypeError: a setting of the wrong type.
     """
     low = check_count("length_warmup_min", config.length_warmup_min)

@@ -1,9 +1,6 @@
 """Validation of per-example lengths and the oversize policy.
 
 Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner.settings import PlanConfig
-    >>> from lightning_varbatch.planner.lengths import prepare_lengths
     >>> prep = prepare_lengths(np.array([[3, 4], [9, 2]]), PlanConfig(max_tokens=16))
     >>> prep.key.tolist(), prep.loss.tolist()
     ([4, 9], [4, 2])
@@ -28,17 +25,15 @@ class PreparedLengths:
     """Lengths as the planner uses them.
 
     Attributes:
-        key: planning length of every example (``max(src, tgt)`` for pairs, fairseq's rule),
-            after truncation; unsigned 16-bit when it fits, else 32-bit.
+        key: every planning length (``max(src, tgt)`` for pairs), truncated; uint16 if it fits.
         loss: loss tokens of every example (the target column for pairs), after truncation.
         kept: ids of the examples that take part in the plan (``None``: all).
         num_skipped: examples left out by ``oversize="skip"``.
         num_truncated: examples cut by ``oversize="truncate"``.
         truncate_to: the length examples were cut to (``None`` when nothing was cut).
         pairs: whether the lengths were given as (source, target) pairs.
-        diff: ``source - target`` of every pair after truncation, int16 when it fits (with
-            :attr:`key` it gives both sides: :attr:`sides`); ``None`` for one length each and
-            under ``pair_order="max"``.
+        diff: ``source - target`` per pair after truncation, int16 if it fits (both sides with
+            :attr:`key`: :attr:`sides`); ``None`` for single lengths and under ``pair_order="max"``.
     """
 
     key: np.ndarray
@@ -142,8 +137,7 @@ def prepare_lengths(
     Args:
         lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths.
         config: the planner settings.
-        loss_lengths: loss tokens per example when they differ from the default (the lengths
-            themselves, or the target column for pairs).
+        loss_lengths: loss tokens per example, if not the lengths (or target column for pairs).
 
     Returns:
         The prepared lengths.
@@ -322,9 +316,7 @@ def loss_tokens(
 
 
 def check_loss_lengths(config: PlanConfig, loss_lengths: object) -> None:
-    """Refuse explicit ``loss_lengths`` together with a ``loss_offset``.
-
-    Both at once would subtract the offset twice, or disagree with the collate.
+    """Refuse ``loss_lengths`` with a ``loss_offset`` (offset subtracted twice, or collate differs).
 
     Raises:
         SettingValueError: (``.setting``: ``"loss_offset"``) when both are given.

@@ -37,10 +37,8 @@ class MicroBatchFigures:
         real: summed planning lengths, int64.
         squares: summed squared planning lengths, float64.
         slots: token slots: rows × longest, or a packed row's aligned tokens.
-        rows: padded rows: the examples, or under a shape budget the shape's rows (the
-            masked rows run through the model too).
-        attention: the attention term (:func:`~lightning_varbatch.planner.flops.attention_term`):
-            ``squares`` for a packed row, ``rows × longest²`` for a padded batch, float64.
+        rows: padded rows: the examples, or a shape budget's rows (its masked rows run too).
+        attention: :func:`~.flops.attention_term`: ``squares`` if packed, else ``rows × longest²``.
     """
 
     size: np.ndarray
@@ -84,9 +82,8 @@ def micro_batch_figures(planner: Planner, plan: EpochPlan) -> MicroBatchFigures:
         none = zero.astype(np.float64)
         return MicroBatchFigures(zero, zero, zero, none, zero, zero, none)
     start = np.asarray(plan.micro_batch_start, dtype=np.int64)
-    # The lengths in plan order, plus a sentinel so that every micro-batch's end is an index.
-    # Always the true in-batch maximum: with bucket_width > 1 the first member of a micro-batch is
-    # only in the longest *bucket*, not necessarily the longest example.
+    # Lengths in plan order plus a sentinel (every micro-batch's end an index); the true maximum:
+    # with bucket_width > 1 a micro-batch's first member is only in the longest *bucket*.
     key = planner.prepared.key[plan.order]
     keys = np.concatenate([key, np.zeros(1, dtype=key.dtype)])
     bounds = np.stack([start, start + size], axis=1).reshape(-1)

@@ -7,10 +7,7 @@ mix them. ``steps_per_epoch=None``: one pass over everything; ``N``: ``N`` steps
 ``weights`` (and ``temperature``), each dataset an endless stream of passes (``docs/mixing.md``).
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch import PlanConfig
-    >>> from lightning_varbatch.planner.mixture import MixturePlanner
-    >>> from lightning_varbatch.planner.mixture_datasets import DataSource
     >>> short = DataSource(np.full(64, 2048), name="2k")
     >>> long = DataSource(np.full(32, 4096), name="4k")
     >>> planner = MixturePlanner([short, long], PlanConfig(max_tokens=16384))
@@ -64,9 +61,8 @@ def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: s
     """The planner of dataset ``index`` of a mixture, with its own settings (:func:`source_config`).
 
     Raises:
-        SettingError, ValueError, TypeError: for bad lengths or settings, or a dataset whose
-            item count differs from its lengths; the message starts with ``which`` (the
-            dataset's name and index).
+        SettingError, ValueError, TypeError: bad lengths or settings, or an item count unlike its
+            lengths; the message starts with ``which`` (the dataset's name and index).
     """
     with dataset_errors(which, type_errors=True):
         planner = EpochPlanner(
@@ -85,27 +81,21 @@ def dataset_planner(common: PlanConfig, source: DataSource, index: int, which: s
 class MixturePlanner(MixtureTopology):
     """Plans epochs over several datasets (see the module docstring for the policies).
 
-    Global example ids number the datasets one after another (dataset 1's first example is
-    ``len(dataset 0)``), as :class:`torch.utils.data.ConcatDataset` does.
+    Global example ids number the datasets one after another, as a ``ConcatDataset`` does.
 
     Args:
         sources: the datasets (:class:`DataSource`, or plain lengths arrays).
-        config: the common planner settings; a source's ``max_tokens`` / ``max_examples``
-            override them for that dataset.
+        config: the common settings; a source's ``max_tokens`` / ``max_examples`` override them.
         mixing: ``"per_step"`` (default) or ``"per_batch"``.
-        weights: ``"size"`` (default) or one non-negative weight per dataset (which needs
-            ``steps_per_epoch``).
+        weights: ``"size"`` (default) or one weight ≥ 0 per dataset (needs ``steps_per_epoch``).
         temperature: shares ``∝ weight ** (1 / temperature)`` (not 1: ``steps_per_epoch``).
-        steps_per_epoch: ``None`` for one pass over everything, else the optimizer steps of
-            an epoch, sampled by weight.
+        steps_per_epoch: ``None``: one pass over everything; else an epoch's steps, by weight.
 
     Raises:
-        ValueError: for no datasets, an empty or invalid dataset (the message names it), bad
-            weights, or weights without ``steps_per_epoch``.
+        ValueError: no, empty or bad datasets (named), bad weights, weights without steps_per_epoch.
 
     Example:
-        >>> planner = MixturePlanner(
-        ...     [np.full(90, 8), np.full(4, 8)], PlanConfig(max_tokens=16),
+        >>> planner = MixturePlanner([np.full(90, 8), np.full(4, 8)], PlanConfig(max_tokens=16),
         ...     weights=[1, 1], steps_per_epoch=10)
         >>> plan = planner.plan(epoch=0, world_size=1)  # 2 examples a micro-batch
         >>> np.bincount(plan.step_dataset.ravel()).tolist()  # 5 steps each
@@ -257,8 +247,7 @@ class MixturePlanner(MixtureTopology):
             world_size: number of ranks.
             accumulate_grad_batches: micro-batches per rank per optimizer step.
             rank_budgets: the ranks' budgets against the common ``max_tokens`` (``None``: the
-                config's); each dataset plans them scaled to its own budget
-                (:func:`~lightning_varbatch.planner.rank_shares.scaled_budgets`).
+                config's), scaled to each dataset's budget (:func:`~.rank_shares.scaled_budgets`).
 
         Returns:
             The plan; ``plan.micro_batch_dataset`` says which dataset each micro-batch is from.

@@ -1,8 +1,6 @@
 """The datasets of a mixture: each one's lengths, name and settings, and their shares.
 
 Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner.mixture_datasets import DataSource, mixture_probabilities
     >>> long = DataSource(np.full(4, 4096), name="long", max_examples=4)
     >>> long.name, long.max_examples
     ('long', 4)
@@ -56,16 +54,13 @@ class DataSource:
 
     Args:
         lengths: ``(n,)`` lengths or ``(n, 2)`` (source, target) lengths, one per item.
-        dataset: the map-style dataset (needed by
-            :class:`~lightning_varbatch.TokenBudgetDataModule`, not by the planner).
+        dataset: the map-style dataset (needed by the datamodule, not by the planner).
         max_tokens: this dataset's budget of one micro-batch (default: the common one).
         max_examples: this dataset's cap on examples per micro-batch (default: the common one).
         loss_lengths: loss tokens per item when they are not the lengths / target column.
         name: a label for logs and reports (default: the dataset's index).
-        length_warmup_min: this dataset's cap at the first step of the length warm-up
-            (default: the common ``length_warmup_min``).
-        length_warmup_max: this dataset's cap at the end of the length warm-up (default: the
-            common ``length_warmup_max``, else the dataset's own longest example).
+        length_warmup_min: this dataset's length warm-up cap at the first step (default: common).
+        length_warmup_max: its cap at the warm-up's end (default: common, else its longest example).
 
     Example:
         >>> DataSource(np.array([[3, 4], [5, 2]]), max_tokens=4096).max_tokens
@@ -108,15 +103,13 @@ def mixture_probabilities(
     Args:
         sizes: every dataset's size (micro-batches of one pass: its tokens in budgets).
         weights: ``"size"`` (``w_i = sizes[i]``) or one non-negative weight per dataset.
-        temperature: ``T > 0``; ``T > 1`` flattens the shares towards uniform (upsampling
-            small datasets), ``T = 1`` keeps them.
+        temperature: ``T > 0``; ``T > 1`` flattens the shares towards uniform (upsamples small).
 
     Returns:
         Probabilities summing to 1.
 
     Raises:
-        ValueError: for weights that do not match the datasets, negative, non-finite or all
-            zero weights, or a non-positive temperature; the message names the setting.
+        ValueError: weights not one per dataset, negative, non-finite or all 0, or temperature ≤ 0.
 
     Example:
         >>> mixture_probabilities(np.array([10, 10]), [3, 1]).tolist()
@@ -275,8 +268,7 @@ def share_shape_lengths(
     A mixture under ``max_shapes`` has at most ``max_shapes`` lengths in all, and one budget.
 
     Raises:
-        SettingValueError: when a dataset has a budget of its own (``max_tokens`` or
-            ``max_examples`` on its :class:`DataSource`).
+        SettingValueError: for a dataset of its own ``max_tokens`` or ``max_examples``.
     """
     assert config.max_shapes is not None
     own = [
@@ -293,7 +285,6 @@ def share_shape_lengths(
             setting="max_shapes",
             value=config.max_shapes,
         )
-    # One set of shape lengths for all datasets: at most max_shapes lengths in all.
     keys = [p.prepared.planned_key for p in planners]
     lengths = choose_shape_lengths(
         np.concatenate(keys), config.max_shapes, config.pad_to_multiple_of
@@ -305,10 +296,8 @@ def share_shape_lengths(
 def fit_units(units: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     """A pass's units made ``length`` long (pass 0's), and the micro-batches left out.
 
-    Every pass has as many units as pass 0, except packed rows over wide buckets, whose rows
-    are cut anew each pass (:mod:`~lightning_varbatch.planner.packed_rows`): a shorter pass
-    repeats its first units (counted as repeats), a longer one leaves its last out (counted
-    as dropped), so the stream of passes keeps its fixed positions.
+    Packed rows over wide buckets are cut anew each pass (:mod:`~.packed_rows`): a shorter pass
+    repeats its first units, a longer one drops its last (both counted): fixed positions.
     """
     if units.shape[0] >= length or units.shape[0] == 0:
         return units[:length], units[length:].reshape(-1)

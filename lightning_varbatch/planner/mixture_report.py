@@ -1,7 +1,6 @@
 """Per-dataset breakdown of a mixture's epoch plan: shares, tokens, steps, repeats.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch import MixturePlanner, PlanConfig
     >>> planner = MixturePlanner([np.full(90, 8), np.full(4, 8)], PlanConfig(max_tokens=16),
     ...                          weights=[1, 1], steps_per_epoch=10)

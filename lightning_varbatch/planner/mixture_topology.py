@@ -1,12 +1,10 @@
 """The ranks of a mixture: their budgets, and the rest of an epoch after topology changes.
 
-Ranks of their own budgets plan each dataset's steps in lanes, scaled to the dataset's
-``max_tokens``; ``mixing="per_batch"`` would re-deal single micro-batches over the ranks and is
-refused. A resume re-plans per dataset what the earlier topologies did not run, as the epoch
-planner's does (:mod:`~.epoch_resume`), through the one guard (:mod:`~.remainder_guard`).
+Ranks of their own budgets plan each dataset's steps in lanes at its ``max_tokens`` scale
+(``mixing="per_batch"``: refused); a resume re-plans per dataset what earlier topologies did not run
+(:mod:`~.epoch_resume`), through :mod:`~.remainder_guard`.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import MixturePlanner, PlanConfig
     >>> planner = MixturePlanner([np.full(40, 4), np.full(20, 8)], PlanConfig(max_tokens=16))
     >>> rest = planner.plan_resumed(0, 2, 1, [(1, 1, 3)])  # 3 micro-batches on 1 rank, then 2
@@ -43,9 +41,8 @@ __all__ = ["MixtureTopology"]
 class MixtureTopology:
     """The part of :class:`~lightning_varbatch.planner.mixture.MixturePlanner` that handles ranks.
 
-    Needs the mixture's settings and datasets (``config``, ``mixing``, ``planners``,
-    ``offsets``, ``prepared``, ``steps_per_epoch``) and its planning steps (``plan``,
-    ``_part``, ``_compose``, ``_warm``).
+    Needs the mixture's ``config``, ``mixing``, ``planners``, ``offsets``, ``prepared``,
+    ``steps_per_epoch`` and planning steps (``plan``, ``_part``, ``_compose``, ``_warm``).
     """
 
     config: PlanConfig
@@ -64,10 +61,7 @@ class MixtureTopology:
         raise NotImplementedError
 
     def refuse_lanes(self, given: bool = False) -> None:
-        """Refuse ranks of their own budgets with ``mixing="per_batch"`` (see the module).
-
-        ``given``: budgets are asked for other than by the config (a run's shares).
-        """
+        """Refuse own rank budgets (``given``: a run's shares) with ``mixing="per_batch"``."""
         config = self.config
         own = given or config.rank_shares is not None or config.rank_max_tokens is not None
         if self.mixing != "per_batch" or not own:

@@ -1,12 +1,10 @@
 """The length warm-up of a mixture: each dataset's caps, and the mixture's whole steps reordered.
 
-Each dataset's cap grows along the common schedule to its own maximum (its longest example
-unless bounds are set, per dataset on its :class:`~lightning_varbatch.planner.mixture_datasets.
-DataSource` or in common), and the mixture's epoch 0 runs its whole steps in the order of the
-caps they fit (``docs/length-warmup.md``).
+Each dataset's cap grows along the common schedule to its own maximum (its longest example unless
+bounds are set, per dataset on its :class:`~.mixture_datasets.DataSource` or in common); the
+mixture's epoch 0 runs its whole steps in the order of the caps they fit (docs/length-warmup.md).
 
 Example:
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> cfg = PlanConfig(64, length_warmup=4, length_warmup_min=8)
     >>> dataset_warmup_caps(cfg, [40, 200], [None, None], [None, None]).tolist()
     [[8, 16, 24, 32, 40], [8, 56, 104, 152, 200]]
@@ -44,10 +42,9 @@ def mixture_warmup_caps(
     """Check a mixture's warm-up settings (common and per dataset); its caps, or ``None``.
 
     Raises:
-        SettingValueError: a ``DataSource`` ``length_warmup_min`` / ``length_warmup_max``
-            without a common ``length_warmup``, a dataset whose minimum is above its
-            maximum, or a ``DataSource`` ``length_warmup_min`` at or above its own longest
-            example; ``.setting`` names the setting, the message the dataset.
+        SettingValueError: a ``DataSource`` ``length_warmup_min`` / ``length_warmup_max`` without a
+            common ``length_warmup``, a dataset's minimum above its maximum, or its own minimum at
+            or above its longest example; ``.setting`` names the setting, the message the dataset.
     """
     fields = ("length_warmup_min", "length_warmup_max")
     for source, name in zip(sources, names, strict=True):
@@ -144,8 +141,7 @@ def warm_mixture(
     """A mixture's plan with its whole steps reordered by the length warm-up.
 
     A step's *level* is the first run step whose caps (``caps[d, s]``) all its micro-batches
-    fit; :func:`~lightning_varbatch.planner.length_warmup.warmup_order` orders the steps by
-    level as it orders a single dataset's by length, with the same guarantees.
+    fit; :func:`~.length_warmup.warmup_order` orders steps by level as a dataset's by length.
 
     Args:
         plan: the mixture's composed plan (``micro_batch_dataset`` set; global example ids).

@@ -1,8 +1,7 @@
 """One epoch planned in one call: :func:`plan_epoch` (an :class:`EpochPlanner` plans many).
 
 Example:
-    >>> plan = plan_epoch([3, 5, 2, 7], max_tokens=10)
-    >>> sorted(plan.example_ids().tolist())
+    >>> sorted(plan_epoch([3, 5, 2, 7], max_tokens=10).example_ids().tolist())
     [0, 1, 2, 3]
 """
 

@@ -1,13 +1,10 @@
 """Packed rows over wide buckets: each epoch's rows cut on the examples' exact lengths.
 
-The reused sorted cut budgets every member of a bucket at its longest length: room left empty
-in a packed row (``bucket_width=64``: rows filled to 82 % instead of 92 %). So with
-``layout="packed"`` and ``bucket_width > 1`` the rows are cut each epoch on the exact lengths
-in that epoch's order (:func:`packed_cut`); their number may differ by a few between epochs.
+The reused sorted cut budgets a bucket's members at its longest: room left empty in a packed row
+(``bucket_width=64``: rows 82 % full, not 92 %). So with ``layout="packed"`` and ``bucket_width >
+1`` rows are cut each epoch on exact lengths (:func:`packed_cut`), their count varying by a few.
 
 Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> config = PlanConfig(max_tokens=10, layout="packed", bucket_width=8)
     >>> rows = packed_cut(exact_groups(np.arange(5), np.array([6, 3, 4, 1, 5])), config)
     >>> rows.sizes.tolist(), rows.total.tolist()
@@ -43,10 +40,9 @@ def exact_groups(order: np.ndarray, key: np.ndarray) -> SortedGroups:
 def packed_cut(groups: SortedGroups, config: PlanConfig) -> SortedCut:
     """Cut ``groups`` (from :func:`exact_groups`) greedily into rows that fit the budget.
 
-    A row ``[a, e)`` fits when its real tokens, rounded up to ``pad_to_multiple_of``, are at
-    most ``max_tokens``: when they are at most ``max_tokens`` rounded down to that multiple.
-    Each row also holds at most ``max_examples`` examples, rounded down to
-    ``batch_size_multiple`` as every cut does.
+    A row ``[a, e)`` fits when its real tokens, rounded up to ``pad_to_multiple_of``, are at most
+    ``max_tokens`` (at most ``max_tokens`` rounded down to that multiple), and it holds at most
+    ``max_examples`` examples, rounded down to ``batch_size_multiple`` as every cut does.
     """
     n = groups.size
     if n == 0:

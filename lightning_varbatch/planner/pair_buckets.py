@@ -1,18 +1,15 @@
 """How wide the planning lengths of pairs are grouped: the width that pads least.
 
-Within one planning length the two-sided order (:mod:`~lightning_varbatch.planner.pair_order`)
-puts pairs alike on both sides together. Where few pairs share a length (small data, long
-tails), joining neighbouring lengths into geometric buckets a few percent wide gives that
-order more pairs to arrange, for a budget priced at the bucket's longest pair. The planner cuts
-the data at every width of :data:`WIDTHS` once, at ``max_tokens``, and keeps the one with the
-fewest padded slots of both tensors (ties: the narrower) among those with at most 1 % more
-micro-batches than the exact lengths. The choice depends only on the
-lengths and the settings: every rank, every epoch and every resume make the same.
+Within one planning length the two-sided order (:mod:`~.pair_order`) puts pairs alike on both sides
+together. Where few pairs share a length (small data, long tails), joining neighbouring lengths into
+geometric buckets a few percent wide gives that order more pairs to arrange, for a budget priced at
+the bucket's longest pair. The planner cuts the data at every width of :data:`WIDTHS` once, at
+``max_tokens``, and keeps the one with the fewest padded slots of both tensors (ties: the narrower)
+among those with at most 1 % more micro-batches than the exact lengths. The choice depends only on
+the lengths and the settings: every rank, every epoch and every resume make the same.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner.lengths import prepare_lengths
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> from lightning_varbatch.planner.synthetic import wmt_like_lengths
     >>> config = PlanConfig(max_tokens=1024)
     >>> pair_width(prepare_lengths(wmt_like_lengths(20_000), config), config) in WIDTHS
@@ -33,20 +30,17 @@ __all__ = ["WIDTHS", "pair_width"]
 #: The widths tried (0: the planning lengths themselves, or their ``bucket_width`` buckets).
 WIDTHS: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1)
 #: A wider width is kept only with at most this factor of the exact lengths' micro-batches:
-#: each micro-batch has a fixed cost (launches, an optimizer step's share) that padding does
-#: not show.
+#: each micro-batch has a fixed cost (launches, an optimizer step's share) padding hides.
 MORE_MICRO_BATCHES = 1.01
-#: Above this many planned pairs every planning length holds enough pairs to arrange: the
-#: lengths themselves (width 0) are kept without trying the others (4.5M WMT-like pairs at
-#: 16,384 tokens choose width 0 when tried; trying costs about 0.1 s per million pairs each).
+#: Above this many pairs each length holds enough to arrange: width 0 is kept, others untried
+#: (4.5M WMT-like pairs at 16,384 tokens choose it when tried; trying costs ~0.1 s/million pairs).
 MOST_PAIRS_TRIED = 1_000_000
 
 
 def pair_width(prepared: PreparedLengths, config: PlanConfig) -> float:
     """The width of :data:`WIDTHS` whose cut at ``max_tokens`` pads both sides least.
 
-    0 without pairs, under ``pair_order="max"``, with a shape budget (its shapes are the
-    buckets) and above :data:`MOST_PAIRS_TRIED` pairs.
+    0 without pairs, under ``pair_order="max"``, a shape budget, or over :data:`MOST_PAIRS_TRIED`.
     """
     diff = prepared.diff
     if diff is None or config.pair_order != "two_sided" or config.max_shapes is not None:

@@ -1,21 +1,18 @@
 """The pair order: (source, target) pairs alike on both sides, together.
 
-The collate pads each side of a pair to its own longest: ``n`` pairs cost ``n * longest
-source + n * longest target`` slots. The planner cuts the examples sorted by ``max(source,
-target)`` (fairseq's rule: a budget on each side); within one planning length, ordering by
-``source - target`` puts pairs that pad alike together. The direction alternates between
-planning lengths (source-longer pairs of one meet those of the next), so a micro-batch that
-straddles two lengths stays alike too.
+The collate pads each side of a pair to its own longest: ``n`` pairs cost ``n * longest source + n *
+longest target`` slots. The planner cuts the examples sorted by ``max(source, target)`` (fairseq's
+rule: a budget on each side); within a planning length, ordering by ``source - target`` puts pairs
+that pad alike together. The direction alternates between planning lengths (source-longer pairs of
+one meet those of the next), so a micro-batch straddling two lengths stays alike.
 
 The budget on each side (``n * max(longest source, longest target) <= max_tokens``) and every
-guarantee are those of ``pair_order="max"``; the planning lengths may be joined into geometric
-buckets a few percent wide where that pads less (:mod:`~lightning_varbatch.planner.
-pair_buckets`: at most 1 % more micro-batches). Ranks are balanced by both sides' padded slots
-(:func:`pair_slots`). Each epoch shuffles pairs within cells of about :data:`MIN_CELL`
-alike pairs (``docs/planning.md``, "Pairs").
+guarantee are those of ``pair_order="max"``; planning lengths may be joined into geometric buckets
+a few percent wide where that pads less (:mod:`~.pair_buckets`: at most 1 % more micro-batches).
+Ranks are balanced by both sides' padded slots (:func:`pair_slots`). Each epoch shuffles pairs
+within cells of about :data:`MIN_CELL` alike pairs (``docs/planning.md``, "Pairs").
 
 Example:
-    >>> import numpy as np
     >>> diff = np.array([-5, 7, 0, 4, -6])  # source - target of five pairs of one length
     >>> ids, cells = order_within(np.arange(5), np.array([0, 5]), diff)
     >>> ids.tolist(), cells.tolist()
@@ -57,9 +54,8 @@ def order_within(
         diff: every example's ``source - target`` as planned (``PreparedLengths.diff``).
 
     Returns:
-        ``ids``, reordered in place, and ``(C + 1,)`` starts of the cells (runs of equal group
-        and ``source - target``, joined to about :data:`MIN_CELL`), which the epoch's
-        shuffle mixes within.
+        ``ids``, reordered in place, and ``(C + 1,)`` starts of the cells the epoch shuffles within
+        (runs of equal group and ``source - target``, joined to about :data:`MIN_CELL`).
     """
     if ids.size == 0:
         return ids, np.zeros(1, dtype=np.int64)
@@ -91,11 +87,10 @@ def order_within(
 
 #: Above this many groups :func:`order_within` sorts once instead of group by group.
 _LOOP_GROUPS = 4096
-#: The pairs a cell holds on average (at most one cell per this many pairs of a group): runs
-#: of equal ``source - target`` are joined up to it, so that an epoch's shuffle changes
-#: micro-batches' members about as much as under ``"max"`` (on 20k WMT-like pairs at
-#: 512-4096 tokens, 3-5 % of micro-batches repeat between epochs, 2-3 % under ``"max"``;
-#: single runs: 19-22 %) for 0.1-0.3 points more padding than single runs.
+#: The pairs a cell holds on average (at most one cell per this many pairs of a group): runs of
+#: equal ``source - target`` are joined up to it, so an epoch's shuffle changes micro-batches about
+#: as much as under ``"max"`` (20k WMT-like pairs, 512-4096 tokens: 3-5 % of micro-batches repeat
+#: between epochs, 2-3 % under ``"max"``, single runs 19-22 %) for 0.1-0.3 points more padding.
 MIN_CELL = 8
 
 
@@ -172,8 +167,7 @@ def pair_slots(
 ) -> np.ndarray:
     """Padded slots of both tensors of every micro-batch: ``n * (longest src + longest tgt)``.
 
-    Each side is padded to ``multiple`` (``pad_to_multiple_of``); what a pair micro-batch
-    costs an encoder-decoder, and what ranks are balanced by.
+    Each side padded to ``multiple``: what a pair costs an encoder-decoder, and what ranks balance.
 
     Args:
         order: the plan's example ids in sorted position.
@@ -200,10 +194,9 @@ def _slots(sizes: np.ndarray, src: np.ndarray, tgt: np.ndarray, multiple: int) -
 def with_pair_work(cut: _Cut, order: np.ndarray, prepared: Any, config: Any) -> _Cut:
     """``cut`` (a ``SortedCut``) with both sides' padded slots as its work (two-sided pairs).
 
-    ``prepared``: the ``PreparedLengths`` (one length each, or ``pair_order="max"``: ``cut``
-    itself). The plan records the work as ``micro_batch_work``; the cost is recomputed from
-    the micro-batches' own longest pair (a bucket wider than one length was cut at its
-    longest: a bound).
+    ``prepared``: the ``PreparedLengths`` (single lengths or ``pair_order="max"``: ``cut`` itself).
+    The plan records the work as ``micro_batch_work``; the cost is recomputed from each
+    micro-batch's own longest pair (a wide bucket was cut at its longest: a bound).
     """
     if prepared.diff is None or config.pair_order != "two_sided":
         return cut

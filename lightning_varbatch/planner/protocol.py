@@ -1,8 +1,7 @@
 """The contract between the sampler and its planners: what a planner must offer.
 
-The sampler, the DataModule, the loader checks, the diagnostics and the plan CLI use only
-what :class:`Planner` names. A planner must be deterministic: every rank builds its own and
-must get the same plan for the same ``(epoch, world_size, accumulate_grad_batches, history)``.
+The sampler, DataModules, loader checks, diagnostics and plan CLI use only what :class:`Planner`
+names; every rank's planner must give the same plan for the same epoch, topology and history.
 
 Example:
     >>> from lightning_varbatch.planner import EpochPlanner, MixturePlanner, PlanConfig
@@ -30,10 +29,7 @@ __all__ = ["Planner"]
 
 @runtime_checkable
 class Planner(Protocol):
-    """What the sampler, DataModule, loader, diagnostics and plan CLI use of a planner.
-
-    ``isinstance(obj, Planner)`` checks that every member is present (not their types).
-    """
+    """What a planner must offer; ``isinstance(obj, Planner)`` checks the members are present."""
 
     @property
     def config(self) -> PlanConfig:

@@ -1,15 +1,12 @@
 """Rank lanes: a plan whose ranks carry different budgets (shares or memory differ).
 
-Rank ``r``'s micro-batches must each fit its budget ``b_r`` and together carry ``b_r / Σ b``
-of the work, with equal counts on every rank. The sorted positions are dealt to one *lane* per
-rank in proportion to the budgets (:func:`lane_of_positions`), each lane is cut at its budget
-(:func:`lane_cuts`), the tail policy equalises the counts and step ``s`` gives rank ``r`` the
-``s``-th slice of its lane (:func:`lane_plan`; ``docs/mixed-clusters.md``).
+Rank ``r``'s micro-batches each fit its budget ``b_r`` and carry ``b_r / Σ b`` of the work, in equal
+counts: the sorted positions are dealt to one *lane* per rank by budget (:func:`lane_of_positions`),
+each lane cut at its budget (:func:`lane_cuts`), the counts evened by the tail policy; step ``s``
+gives rank ``r`` its lane's ``s``-th slice (:func:`lane_plan`).
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> planner = EpochPlanner(np.full(300, 10), PlanConfig(max_tokens=100))
     >>> plan = planner.plan(0, world_size=2, rank_budgets=(100, 50))
     >>> [int(plan.micro_batch_cost[plan.rank_micro_batches(r)].max()) for r in (0, 1)]
@@ -61,8 +58,7 @@ class LanePlan:
     Attributes:
         order: example ids, lane after lane (each lane longest first).
         cut: the micro-batches of all lanes, as slices of ``order`` (ids are global).
-        runs: ``(world, T)`` micro-batch ids: lane ``r``'s run, in length order, with the
-            tail policy's repeats; ``T`` is a multiple of ``accumulate_grad_batches``.
+        runs: ``(world, T)`` ids: lane ``r``'s run with the tail's repeats, ``T`` a multiple of acc.
         num_dropped: examples left out by ``tail="drop"``.
         num_duplicated: examples repeated to fill the lanes.
     """
@@ -160,9 +156,8 @@ def lane_cuts(
 ) -> list[Lane]:
     """Deal the sorted positions (``groups``) to the ranks' lanes, cut each at its budget.
 
-    ``order`` (this epoch's ids at those positions) and ``key`` (every example's planning
-    length) are read only for packed rows cut on exact lengths; each lane's count is made a
-    multiple of ``acc``.
+    ``order`` (this epoch's ids at those positions) and ``key`` (planning lengths) are read only
+    for packed rows cut on exact lengths; each lane's count is made a multiple of ``acc``.
     """
 
     def cut(lanes_positions: Sequence[np.ndarray]) -> list[Lane]:
@@ -188,12 +183,10 @@ def lane_cuts(
     sizes, counts, target = short(lanes)
     if sizes.min() >= target:
         return lanes
-    # A lane has fewer examples than the others have micro-batches (whole examples fill the
-    # budgets coarsely): size the lanes by their examples per micro-batch, which evens the
-    # counts, then move the shortest examples of lanes with more than they need to lanes
-    # with fewer, so that no lane repeats an example while the data has enough. With too
-    # few examples for every lane's micro-batches (the small rest of an epoch) the spare
-    # ones still move, neediest lane first: each lane then repeats only what no lane spares.
+    # Lanes short of examples for the others' micro-batch count (budgets filled coarsely): size the
+    # lanes by examples per micro-batch, evening the counts, then move the shortest examples of
+    # lanes with spare to those short, so none repeats one while the data has enough; with too few
+    # (an epoch's small rest) spares still move, neediest first: lanes repeat only what none spares.
     lanes = cut(_lane_positions(groups.size, sizes / counts))
     for _ in range(len(lanes)):
         sizes, counts, target = short(lanes)
@@ -238,13 +231,11 @@ def lane_plan(
 ) -> LanePlan:
     """The epoch's runs of the lanes (:func:`lane_cuts`): equal counts, ids from ``order``.
 
-    ``tail`` is the policy in force (:func:`~lightning_varbatch.planner.tail.effective_tail`);
-    for the rest of an epoch (``replanned``) ``"drop"`` drops every micro-batch when some lane
-    has fewer than one step needs (counted), instead of refusing.
+    ``tail``: the policy in force (:func:`~.tail.effective_tail`); for an epoch's rest
+    (``replanned``), ``"drop"`` drops all micro-batches (counted) when a lane lacks a step's worth.
 
     Raises:
-        ValueError: ``tail="drop"`` when some lane of a whole epoch has fewer micro-batches
-            than one step needs.
+        ValueError: ``tail="drop"`` when a whole epoch's lane has too few micro-batches for a step.
     """
     world = len(lanes)
     counts = [lane.cut.num_micro_batches for lane in lanes]

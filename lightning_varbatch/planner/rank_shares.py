@@ -1,9 +1,8 @@
 """Ranks of different speed or memory: each rank's share of a step and its own budget.
 
 A rank's **share** (``PlanConfig.rank_shares``) is its relative speed, its **memory budget**
-(``rank_max_tokens``) caps any micro-batch it runs. Both become one budget per rank
-(:func:`rank_budgets`), to which its micro-batches are cut (:mod:`~.rank_lanes`): counts stay
-equal, a rank's micro-batches are bigger or smaller instead (``docs/mixed-clusters.md``).
+(``rank_max_tokens``) caps its micro-batches; both become one budget per rank (:func:`rank_budgets`)
+its micro-batches are cut to (:mod:`~.rank_lanes`): equal counts, bigger or smaller micro-batches.
 
 Example:
     >>> rank_budgets(4096, 2, shares=(2, 1))  # rank 1 is half as fast
@@ -37,9 +36,7 @@ __all__ = [
 
 
 def apportion(total: int, probabilities: np.ndarray) -> np.ndarray:
-    """Split ``total`` into integer counts closest to ``total * probabilities``.
-
-    Largest-remainder rounding: every count is ``floor`` or ``ceil`` of its exact share.
+    """Split ``total`` into integer counts nearest ``total * probabilities`` (largest remainder).
 
     Example:
         >>> apportion(10, np.array([0.55, 0.3, 0.15])).tolist()
@@ -78,8 +75,7 @@ def check_rank_shares(value: object) -> tuple[float, ...] | None:
 
     Raises:
         SettingTypeError: for a value that is not a list of numbers.
-        SettingValueError: for an empty list or a share that is zero, negative, NaN or
-            infinite (the message names the rank).
+        SettingValueError: for an empty list or a share ≤ 0, NaN or infinite (naming the rank).
 
     Example:
         >>> check_rank_shares([1, 0.5])

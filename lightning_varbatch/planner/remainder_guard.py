@@ -1,14 +1,12 @@
 """The one guard of a partly consumed epoch: the rest is exactly what is left, within budget.
 
-Every path that continues a partly run epoch passes through :func:`guard_remainder` before
-anything is yielded: from the lengths and the plan alone, the rest holds exactly the planned
-examples not consumed (but counted drops), repeats only what the plan reports, and keeps every
-micro-batch within its rank's budget; else :class:`RemainderError` names the cause. It returns
-the epoch's ledger (:func:`ids_digest` of the consumed ids), which a saved state carries and a
-load compares (``docs/planning.md``).
+Every path continuing a partly run epoch passes :func:`guard_remainder` before anything is yielded:
+from the lengths and the plan alone, the rest holds exactly the planned examples not consumed (but
+counted drops), repeats only what the plan reports and keeps every micro-batch within its rank's
+budget, else :class:`RemainderError` names the cause. It returns the ledger (:func:`ids_digest` of
+the consumed ids) a saved state carries and a load compares (``docs/planning.md``).
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner.epoch_planner import EpochPlanner
     >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> planner = EpochPlanner(np.arange(1, 41), PlanConfig(max_tokens=60))

@@ -1,12 +1,10 @@
 """The inputs of a re-plan: ``plan_resumed``'s topology history and ``plan``'s exclude mask.
 
-Both planners check a resume's history (``plan_resumed``) and the examples to leave out
-(``plan(exclude=...)``) here, with one message each.
+Both planners check a resume's history (``plan_resumed``) and ``plan(exclude=...)`` here, alike.
 
 Example:
     >>> check_history([(2, 1, 5), (4, 2, 0)])
     [(2, 1, 5), (4, 2, 0)]
-    >>> import numpy as np
     >>> check_exclude(np.zeros(3, dtype=bool), 3).tolist()
     [False, False, False]
 """
@@ -52,8 +50,7 @@ def check_exclude(exclude: object, num_examples: int) -> np.ndarray:
 def check_history(history: object) -> list[tuple[Any, ...]]:
     """Validate ``plan_resumed``'s history: ``(world_size, accumulation, consumed)`` triples.
 
-    An entry may carry a fourth item, the ranks' budgets its plan was made with; it is
-    returned as a tuple of ints (``None`` when absent or ``None``).
+    A fourth item, its plan's rank budgets, may follow: returned as ints (``None`` if absent).
 
     Raises:
         ValueError: naming the bad entry and what it should be.

@@ -1,13 +1,11 @@
 """The batch-size schedule in the plan report: steps, budgets, tokens and fill per stage.
 
-A plan made under ``PlanConfig.batch_schedule`` holds each step's fraction of the full step
-(``plan.step_fraction``). :func:`schedule_report` groups the steps by that fraction, one row
-per level (a ramp's many levels in at most ``rows - 1`` groups of consecutive levels), the
-last row the full steps, and gives for each row what its steps really hold: the per-rank
-micro-batch budget, tokens and examples per step and how full the steps are.
+A plan under ``PlanConfig.batch_schedule`` holds each step's fraction of the full step
+(``plan.step_fraction``). :func:`schedule_report` groups the steps by it, one row per level (a
+ramp's many levels in at most ``rows - 1`` groups), the last row the full steps, and gives what
+each row's steps really hold: the per-rank budget, tokens and examples per step and their fill.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
     >>> lengths = np.random.default_rng(0).integers(1, 120, 5000)
     >>> config = PlanConfig(max_tokens=1024, batch_schedule="0:0.25 20K:0.5 60K:1")
@@ -43,19 +41,15 @@ class ScheduleStage:
         label: the fraction (``"0.25"``), a group's range (``"0.25-0.31"``) or ``"1 (full)"``.
         fraction_min: the row's smallest fraction of the full step.
         fraction_max: its largest.
-        levels: the schedule's levels the row's steps run at (a level shorter than a step
-            has none: its examples join the next level's steps).
+        levels: the schedule's levels the row's steps run at (one shorter than a step joins next).
         first_step: the plan's step the row starts at.
         num_steps: steps in the row.
         start_tokens: the schedule's clock (planning tokens trained) at the row's first step.
-        micro_batches: micro-batches per step per rank (the accumulation, the same at every
-            level: a step grows by larger micro-batches, not more of them).
+        micro_batches: micro-batches per step per rank (the accumulation; they grow, not multiply).
         budget_min: the smallest micro-batch budget of a rank in the row (tokens).
-        budget_max: the largest (differs from ``budget_min`` over grouped levels or with
-            ranks of their own budgets).
+        budget_max: the largest (unlike ``budget_min`` over grouped levels or per-rank budgets).
         step_budget: mean scheduled tokens per step (every rank's budget × accumulation).
-        tokens_per_step: mean planning tokens per step (``max(source, target)`` for pairs:
-            the unit of the schedule's clock).
+        tokens_per_step: mean planning tokens per step (the clock's unit; pairs: max(src, tgt)).
         min_tokens: the fewest planning tokens of one step.
         loss_tokens_per_step: mean loss tokens per step (target tokens for pairs).
         min_loss_tokens: the fewest loss tokens of one step.
@@ -178,8 +172,7 @@ def schedule_report(
             ``plan.epoch`` × the planner's ``epoch_tokens``; give it for the rest of an epoch).
 
     Returns:
-        The report, or ``None`` when the planner has no schedule. A plan past the schedule
-        (a later epoch) is one row of full steps.
+        The report (``None``: no schedule); a plan past the schedule is one row of full steps.
 
     Raises:
         ValueError: for ``rows`` below 2.

@@ -12,7 +12,6 @@ epoch, the epoch's tail under its own policy. Later steps are the plan's own. Ev
 planned once, as without a schedule; each step carries its fraction (``plan.step_fraction``).
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
     >>> cfg = PlanConfig(max_tokens=64, batch_schedule="0:0.5 300:1")
     >>> plan = EpochPlanner(np.full(100, 8), cfg).plan(0)
@@ -47,9 +46,8 @@ __all__ = [
     "step_budgets",
 ]
 
-#: A level's step filled to less than this fraction of the median fill of the levels' steps
-#: joins the next level instead (a cut's remainder: with one micro-batch per step it would
-#: run nearly empty).
+#: A level's step filled below this fraction of the levels' median fill joins the next level (a
+#: cut's remainder: with one micro-batch per step it would run nearly empty).
 UNDERFILLED = 0.9
 #: ``(ids, fraction, tail, stage)`` -> the plan of ``ids`` at ``fraction`` of every budget.
 PlanPart = Callable[[np.ndarray, float, str | None, int], EpochPlan]
@@ -144,8 +142,7 @@ def schedule_counts(plan: EpochPlan, planner: Any) -> tuple[np.ndarray, np.ndarr
 def _region(plan: EpochPlan, key: np.ndarray, clock: int, until: int) -> tuple[int, np.ndarray]:
     """The plan's first steps that start before the clock reaches ``until``: count and ids.
 
-    The ids are those steps' examples in run order. The steps are read a few at a time from a
-    guess (the mean step's cost, at least its tokens).
+    The ids: those steps' examples in run order; steps are read a few at a time from a guess.
     """
     steps = plan.num_steps
     mean_cost = float(plan.micro_batch_cost[plan.assign].sum()) / steps
@@ -259,10 +256,9 @@ def _whole_steps(
 ) -> EpochPlan:
     """``pool`` planned in whole steps at ``fraction``, leaving at most a step's worth over.
 
-    One planner pass under ``tail="drop"`` leaves a cut's remainder; with per-rank budgets each
-    lane leaves its own, often many steps' worth together (whole micro-batches dropped to equal
-    the lanes' counts). The rest is planned again at the same fraction (up to :data:`_PASSES`
-    passes) while it holds over a step (``step`` tokens): a level hands at most about a step on.
+    One ``tail="drop"`` pass leaves a cut's remainder; per-rank budgets leave one per lane, often
+    many steps' worth (micro-batches dropped to equal the lanes' counts). The rest is re-planned
+    at ``fraction`` while over a step (``step`` tokens), up to :data:`_PASSES` passes.
     """
     part = plan_part(pool, fraction, "drop", stage)
     taken = np.zeros(key.shape[0], dtype=bool)
@@ -307,9 +303,8 @@ def _without_underfilled(
 ) -> EpochPlan:
     """``part`` without its under-filled steps, at most one step's worth (``step``).
 
-    What waits for the next level (those steps and the part's left-over examples) stays within
-    one step's budget. Under-filled: below :data:`UNDERFILLED` of the median fill of the
-    levels' steps so far (``fills``, this part's appended).
+    Under-filled: below :data:`UNDERFILLED` of the median fill of the levels' steps so far
+    (``fills``, this part's appended); they and the left-overs wait for the next level.
     """
     cost = part.micro_batch_cost[part.assign].sum(axis=(1, 2))
     fills.append(cost / step)
@@ -334,10 +329,9 @@ def _steps_from(plan: EpochPlan, k: int) -> EpochPlan:
 def join_plans(parts: list[EpochPlan], template: EpochPlan, counts: tuple[int, int]) -> EpochPlan:
     """The steps of ``parts``, one after the other, as one plan.
 
-    Every part's micro-batches are kept whole, so the join only concatenates: those no step
-    runs (a part's drops, the template's re-planned steps) are left out of ``assign``, as a
-    ``tail="drop"`` plan leaves its dropped ones. ``template``: the plan whose epoch, shape and
-    budgets the result keeps; ``counts``: its ``(num_dropped, num_duplicated)``.
+    Parts' micro-batches are kept whole and concatenated; those no step runs (a part's drops, the
+    template's re-planned steps) stay out of ``assign``, as in a ``tail="drop"`` plan.
+    ``template``: the plan giving epoch, shape and budgets; ``counts``: its dropped, duplicated.
     """
     starts, assigns, whole = [], [], []
     offsets: dict[int, tuple[int, int]] = {}  # parts cut from one plan share its arrays

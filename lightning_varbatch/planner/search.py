@@ -1,8 +1,7 @@
 """The planner's one binary search: per element, the edge of a monotone predicate.
 
-Every "how many fit" question of the planner is a bisection over integers of a monotone
-predicate, for one integer or an array of independent searches at once: ``ok`` takes an
-``int64`` array of candidates and returns booleans; a finished search keeps its answer.
+Every "how many fit" question of the planner bisects a monotone integer predicate, for one integer
+or an array of searches at once: ``ok`` maps an ``int64`` array of candidates to booleans.
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ def _bounds(lo: npt.ArrayLike, hi: npt.ArrayLike) -> tuple[np.ndarray, np.ndarra
 def largest_true(ok: Predicate, lo: npt.ArrayLike, hi: npt.ArrayLike) -> np.ndarray:
     """Per search, the largest ``x`` in ``[lo, hi]`` with ``ok(x)``; ``lo`` when there is none.
 
-    ``ok`` must be true up to some ``x`` and false after it; ``ok(lo)`` is taken as true
-    without being asked. Bounds with ``lo >= hi`` answer ``lo`` at once.
+    ``ok``: true up to some ``x``, false after; ``ok(lo)`` assumed, not asked; ``lo >= hi``: ``lo``.
 
     Returns:
         An ``int64`` array of the broadcast shape of ``lo`` and ``hi`` (0-d for integers).

@@ -1,7 +1,6 @@
 """The planner's settings, validated once.
 
 Example:
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> PlanConfig(max_tokens=4096, max_examples=128).max_examples
     128
 """
@@ -27,9 +26,8 @@ from lightning_varbatch.planner.shape_settings import check_shape_settings
 TailPolicy: TypeAlias = Literal["spread", "drop", "pad"]
 LayoutName: TypeAlias = Literal["padded", "packed"]
 LAYOUTS: tuple[str, ...] = ("padded", "packed")
-#: ``flop_attention`` default: a causal Transformer with d_model = 1024 (see
-#: :func:`lightning_varbatch.planner.flops.transformer_flops`): 2·d per (query, key) pair
-#: against 24·d² per token through the linear layers, 1 / (12 · 1024).
+#: ``flop_attention`` default: a causal Transformer, d_model = 1024 (:func:`~.transformer_flops`):
+#: 2·d per (query, key) pair against 24·d² per token in the linear layers, 1 / (12 · 1024).
 DEFAULT_FLOP_ATTENTION = 1 / (12 * 1024)
 OversizePolicy: TypeAlias = Literal["error", "skip", "truncate"]
 TAIL_POLICIES: tuple[str, ...] = ("spread", "drop", "pad")
@@ -45,16 +43,14 @@ def _help(text: str) -> dict[str, str]:
 class PlanConfig:
     """How to cut an epoch into token-budgeted micro-batches.
 
-    Each setting's help text is defined once, in its field's metadata: this ``Args`` section
-    and the plan command's flags (``python -m lightning_varbatch.plan --help``) show it.
+    Help texts live once, in the fields' metadata: this ``Args`` section and the plan CLI show them.
 
     Args:
         {fields}
 
     Raises:
         SettingTypeError: for a setting of the wrong type (also a ``ValueError``).
-        SettingValueError: for a setting out of range or a combination that cannot work;
-            ``.setting`` names it and the message says what to change.
+        SettingValueError: for a setting out of range or a bad combination (named, with the fix).
 
     Example:
         >>> PlanConfig(max_tokens=16384, cost="quadratic", tail="drop").tail
@@ -314,8 +310,7 @@ class PlanConfig:
             shares: shares to use instead of ``rank_shares`` (set by a run, e.g. balancing).
 
         Raises:
-            SettingValueError: when ``rank_shares`` / ``rank_max_tokens`` do not have one
-                entry per rank.
+            SettingValueError: when ``rank_shares`` / ``rank_max_tokens`` have the wrong length.
 
         Example:
             >>> PlanConfig(4096, rank_shares=(1, 0.5)).rank_budgets(2)

@@ -1,9 +1,8 @@
 """What identifies a plan's settings in a checkpoint: their plain values and fingerprint.
 
-A sampler state saves the settings (:func:`plain_settings`) and a hash of those that change
-the plan (:func:`fingerprint_of`). A setting added later (:data:`LATER_SETTINGS`) is left out
-at its default, the per-rank ones (:data:`RANK_SETTINGS`) always; a callable warm-up schedule
-is identified by its values, a custom cost by its name.
+A sampler state saves the settings (:func:`plain_settings`) and a hash of those that change the
+plan (:func:`fingerprint_of`): a later setting (:data:`LATER_SETTINGS`) left out at its default, the
+per-rank ones (:data:`RANK_SETTINGS`) always, a callable warm-up schedule by values, a cost by name.
 
 Example:
     >>> from lightning_varbatch.planner.settings import PlanConfig
@@ -28,17 +27,15 @@ __all__ = [
     "plain_settings",
 ]
 
-#: Settings added after checkpoints were first saved, with their defaults: at its default such
-#: a setting is left out of the plain values and the fingerprint, so the states of plans made
-#: without it are unchanged (they still resume).
+#: Settings added after checkpoints were first saved, with their defaults: at its default one is
+#: left out of the plain values and the fingerprint, so older states still resume.
 LATER_SETTINGS: dict[str, Any] = {
     "loss_offset": 0,
     **WARMUP_DEFAULTS,
     "rank_shares": None,
     "rank_max_tokens": None,
     "batch_schedule": None,
-    # at its default, left out: a state of pairs saved before it existed (ordered by max)
-    # differs in the planner's fingerprint (pair_fingerprint) and is refused
+    # at its default, left out: older states of pairs (by max) fail pair_fingerprint, refused
     "pair_order": "two_sided",
 }
 #: Settings that say how the work is shared between ranks, not which examples go together:
@@ -68,8 +65,6 @@ def plain_settings(values: Mapping[str, Any]) -> dict[str, Any]:
 def fingerprint_of(values: dict[str, Any]) -> str:
     """A short hash of every setting that changes the plan (``values``: the fields by name)."""
     schedule = _schedule(values)
-    # Settings added later leave the fingerprint of plans made without them unchanged, so
-    # checkpoints saved before they existed still resume.
     if values["layout"] == "padded":
         del values["layout"], values["flop_attention"]
     if values["max_shapes"] is None:

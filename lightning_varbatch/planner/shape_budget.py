@@ -5,7 +5,6 @@ shapes (:mod:`~.shapes`): chosen once from the planned examples (or given by a m
 resumed and re-planned epochs keep them, and the shape each micro-batch of a cut runs at.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
     >>> planner = EpochPlanner(np.array([3, 3, 4, 9, 10]), PlanConfig(max_tokens=40, max_shapes=2))
     >>> planner.shapes.tolist()  # (rows, length)
@@ -39,10 +38,7 @@ class ShapeBudget:
 
     @property
     def shape_lengths(self) -> np.ndarray | None:
-        """The shape budget's padded lengths, ascending (``None`` without ``max_shapes``).
-
-        Chosen once from the planned lengths (``planner.shapes``): re-planned epochs keep them.
-        """
+        """The shape budget's padded lengths, ascending (``None`` without ``max_shapes``)."""
         if self.config.max_shapes is None:
             return None
         if self._shape_lengths is None:
@@ -55,8 +51,7 @@ class ShapeBudget:
         """Plan with these shape lengths (a mixture chooses them over all its datasets).
 
         Raises:
-            ValueError: without ``max_shapes``, with more lengths than it allows, or when an
-                example is longer than the longest.
+            ValueError: without ``max_shapes``, for too many lengths or an example over the longest.
         """
         limit = self.config.max_shapes
         lengths = np.unique(np.asarray(lengths, dtype=np.int64))

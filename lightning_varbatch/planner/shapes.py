@@ -5,10 +5,8 @@ lengths that pad least (an exact dynamic programme), :func:`shape_rows` gives ea
 rows within the budget; every micro-batch is padded to the shape of its longest example.
 
 Example:
-    >>> import numpy as np
     >>> choose_shape_lengths(np.array([3, 3, 4, 9, 10, 10]), 2, 1).tolist()
     [4, 10]
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> shape_rows(np.array([4, 10]), PlanConfig(max_tokens=40, max_shapes=2)).tolist()
     [10, 4]
 """

@@ -1,9 +1,8 @@
 """New per-rank shares from each rank's measured speed: smoothed, with a dead band.
 
-A rank's **speed** is the planned work it ran per second of its own compute; shares in
-proportion to the speeds make a step's ranks finish together. :func:`balanced_shares` sets
-them from speeds smoothed over periods (:func:`smoothed_speeds`), within a dead band, from its
-arguments alone, so every rank computes the same shares (``docs/mixed-clusters.md``).
+A rank's **speed** is the planned work it ran per second of its own compute; shares in proportion
+make a step's ranks finish together. :func:`balanced_shares` sets them from speeds smoothed over
+periods (:func:`smoothed_speeds`), in a dead band, from its arguments alone: the same on every rank.
 
 Example:
     >>> balanced_shares([2.0, 4.0], [100.0, 100.0], [1.0, 1.0])  # the first measurement
@@ -73,8 +72,7 @@ def rank_speeds(
 
     Raises:
         SettingTypeError: for a value that is not a list of numbers.
-        SettingValueError: for lists of different lengths, or a value that is zero, negative,
-            NaN or infinite (the message names the rank).
+        SettingValueError: for unequal lengths or a value ≤ 0, NaN or infinite (naming the rank).
 
     Example:
         >>> rank_speeds([2.0, 4.0], [100, 100])
@@ -104,9 +102,8 @@ def balanced_shares(
 ) -> tuple[float, ...]:
     """The shares for the next period, from one period's measured speeds and the shares in force.
 
-    The speeds smoothed with the earlier periods' (:func:`smoothed_speeds`) ``t`` replace the
-    shares in force ``s`` (both scaled to a largest of 1) unless every ``|t_r / s_r - 1|`` is
-    below ``tolerance``; every share is then raised to at least ``min_share``.
+    The smoothed speeds ``t`` (:func:`smoothed_speeds`) replace the shares ``s`` (both largest 1)
+    unless every ``|t_r / s_r - 1| < tolerance``; each share is then raised to ``min_share``.
 
     Args:
         seconds: each rank's measured compute seconds in the period (rank 0 first).
@@ -115,20 +112,17 @@ def balanced_shares(
         smoothing: the weight of the earlier periods' speeds, in ``[0, 1)`` (0: this period's).
         tolerance: the dead band, in ``[0, 1)``.
         min_share: the least share (of the largest, 1), in ``(0, 1]``; ``None``: no floor.
-        previous: the smoothed speeds of the earlier periods (:func:`smoothed_speeds`, any
-            positive scale); ``None``: this is the first measurement.
+        previous: the earlier smoothed speeds (:func:`smoothed_speeds`); ``None``: the first period.
 
     Returns:
         One share per rank, the largest exactly 1.0 (before ``min_share``).
 
     Raises:
         SettingTypeError: for a setting or measurement of the wrong type.
-        SettingValueError: for lists of different lengths, a measurement or share that is not
-            positive and finite, or a setting out of its range (naming it, and the rank).
+        SettingValueError: unequal lists, a value not positive and finite, a setting out of range.
 
     Example:
-        >>> balanced_shares([1.0, 1.0, 3.0], [90, 90, 90], [1, 1, 1], smoothing=0.0,
-        ...                 min_share=0.5)
+        >>> balanced_shares([1.0, 1.0, 3.0], [90, 90, 90], [1, 1, 1], smoothing=0.0, min_share=0.5)
         (1.0, 1.0, 0.5)
     """
     speed = np.asarray(smoothed_speeds(seconds, work, previous, smoothing=smoothing))
@@ -183,8 +177,7 @@ def smoothed_speeds(
     ``previous ** smoothing * measured ** (1 - smoothing)``, or the measured speeds alone.
 
     Raises:
-        SettingValueError: for a bad measurement, ``previous`` of another length or with a
-            non-positive entry, or ``smoothing`` outside ``[0, 1)``.
+        SettingValueError: a bad measurement or ``previous``, or ``smoothing`` outside ``[0, 1)``.
 
     Example:
         >>> smoothed_speeds([1.0, 2.0], [10.0, 10.0])

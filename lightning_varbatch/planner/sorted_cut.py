@@ -1,12 +1,9 @@
 """The sorted cut: micro-batches as contiguous slices of the examples sorted by length.
 
-Cutting the examples sorted by length greedily gives the tightest padding; the cut depends
-only on the lengths, so it is made once and reused every epoch while equal lengths are
-reshuffled. Everything works on groups of equal (bucketed) length, never per example.
+Cutting the length-sorted examples greedily pads least; the cut depends only on the lengths, so it
+is made once and reused each epoch (equal lengths reshuffled), per group of equal length.
 
 Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> groups = SortedGroups.build(np.array([2, 9, 9, 4, 2], dtype=np.uint16), None, 1)
     >>> lay = SortedCut.build(groups, PlanConfig(max_tokens=18))
     >>> lay.sizes.tolist(), lay.cost.tolist()
@@ -35,9 +32,8 @@ class SortedGroups:
         ids: example ids, longest first (int32 when they fit).
         starts: ``(G + 1,)`` start position of each group, then the total count.
         longest: ``(G,)`` the longest length in each group.
-        cells: ``(C + 1,)`` starts of the runs an epoch shuffles within, when they are finer
-            than the groups (pairs in the two-sided order,
-            :func:`~lightning_varbatch.planner.pair_order.order_within`); ``None``: the groups.
+        cells: ``(C + 1,)`` starts of the runs an epoch shuffles within, if finer than the groups
+            (two-sided pairs, :func:`~.pair_order.order_within`); ``None``: the groups.
     """
 
     ids: np.ndarray
@@ -67,12 +63,11 @@ class SortedGroups:
     ) -> SortedGroups:
         """Sort ``key`` (or its ``subset`` of ids) by decreasing bucket, stably.
 
-        A stable counting sort in cache-sized chunks: the extra memory is the 4-byte ids plus
-        one chunk. With ``shape_lengths`` (the shape budget's, ascending) the buckets are those
-        lengths: an example goes to the shortest that holds it. With ``diff`` (pairs' source
-        minus target lengths) each bucket is ordered by ``source - target`` in cells; with a
-        ``relative_width`` too, the ``bucket_width`` buckets are joined into geometric ones
-        about that fraction wide (:mod:`~lightning_varbatch.planner.pair_buckets`).
+        A stable counting sort in cache-sized chunks (extra memory: the 4-byte ids plus a chunk).
+        ``shape_lengths`` (the shape budget's, ascending) are the buckets: an example goes to the
+        shortest that holds it. With ``diff`` (pairs' source minus target) each bucket is ordered
+        by ``source - target`` in cells; with ``relative_width`` too, the ``bucket_width`` buckets
+        are joined into geometric ones about that fraction wide (:mod:`~.pair_buckets`).
         """
         if relative_width > 0 and key.size and (subset is None or subset.size):
             groups = cls._build_relative(key, subset, bucket_width, relative_width)
@@ -123,10 +118,7 @@ class SortedGroups:
     def _build_relative(
         cls, key: np.ndarray, subset: np.ndarray | None, bucket_width: int, width: float
     ) -> SortedGroups:
-        """:meth:`build` into geometric buckets, each priced at its longest example.
-
-        ``bucket_width`` buckets ``b`` are joined by ``floor(log(b + 1) / log(1 + width))``.
-        """
+        """:meth:`build` into buckets ``⌊log(b + 1) / log(1 + width)⌋``, priced at the longest."""
         k = key if subset is None else key[subset]
         dense = int(k.max()) < _DENSE_BUCKETS  # then one lookup per length, not a log each
         # every length's bucket (or every example's), never decreasing in the length
@@ -214,8 +206,7 @@ class SortedGroups:
 
 
 _SORT_CHUNK = 1 << 16
-#: Above this many possible buckets, :meth:`SortedGroups.build` sorts the distinct buckets
-#: instead of counting every possible length (lengths are allowed up to 2**31 - 1).
+#: Above this many possible buckets, :meth:`SortedGroups.build` sorts the distinct ones (< 2**31).
 _DENSE_BUCKETS = 1 << 22
 
 

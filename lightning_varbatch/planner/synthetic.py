@@ -1,7 +1,6 @@
 """Built-in synthetic length distributions, for plan reports and benchmarks (no download).
 
 Example:
-    >>> from lightning_varbatch.planner.synthetic import wmt_like_lengths
     >>> lengths = wmt_like_lengths(1000, seed=0)
     >>> lengths.shape, lengths.dtype.name, int(lengths.min()) >= 1
     ((1000, 2), 'int16', True)

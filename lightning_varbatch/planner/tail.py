@@ -6,9 +6,6 @@ alone decides what happens to the remainder (``PlanConfig.tail``, ``docs/plannin
 the last step) and :func:`select_micro_batches` (random drops or repeats, counted).
 
 Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner.settings import PlanConfig
-    >>> from lightning_varbatch.planner.sorted_cut import SortedCut, SortedGroups
     >>> config = PlanConfig(max_tokens=40)
     >>> groups = SortedGroups.build(np.full(13, 10, dtype=np.uint16), None, 1)
     >>> greedy = SortedCut.build(groups, config)
@@ -65,18 +62,15 @@ def effective_tail(
 ) -> TailPolicy:
     """The tail policy that applies to ``available`` examples planned for ``world x acc``.
 
-    ``config.tail`` (or ``policy``, for a part of an epoch). A ``replanned`` rest of an epoch
-    with fewer examples than a step has micro-batches stays ``"spread"``: it is split into
-    one example per micro-batch and only the empty slots repeat an example (counted), the
-    fewest repeats that make a whole step.
+    ``config.tail`` (or ``policy``, for a part of an epoch). A ``replanned`` rest with fewer
+    examples than a step has micro-batches stays ``"spread"``: one example per micro-batch, the
+    fewest repeats (counted) filling the empty slots of a whole step.
 
     Raises:
-        ValueError: ``tail="spread"`` for a whole epoch with fewer examples than a step has
-            micro-batches (more ranks than batches).
+        ValueError: ``tail="spread"`` for a whole epoch of fewer examples than a step's batches.
 
     Example:
-        >>> config = PlanConfig(max_tokens=8, tail="drop")
-        >>> effective_tail(config, 10, 2, 1, replanned=True)
+        >>> effective_tail(PlanConfig(max_tokens=8, tail="drop"), 10, 2, 1, replanned=True)
         'drop'
         >>> effective_tail(PlanConfig(max_tokens=8), 1, 2, 1, replanned=True)
         'spread'
@@ -126,9 +120,8 @@ def split_micro_batches(
 ) -> SortedCut:
     """Split the largest micro-batches until the micro-batch count is a multiple of ``multiple``.
 
-    Pieces of a micro-batch are adjacent subsets of it: they fit the budget and land in the
-    same step. With too few examples to split that far it splits as far as it can and
-    :func:`select_micro_batches` pads the rest.
+    Pieces are adjacent subsets of a micro-batch, so fit the budget and land in the same step.
+    With too few examples it splits as far as it can; :func:`select_micro_batches` pads the rest.
     """
     m = cut.num_micro_batches
     extra = min(-m % multiple, groups.size - m)
@@ -174,9 +167,8 @@ def select_micro_batches(
 ) -> MicroBatchSelection:
     """Make the micro-batch count a multiple of ``world * acc``: drop or repeat random ones.
 
-    ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches (all of a ``replanned``
-    rest smaller than one step); anything else repeats random ones, each next to its original.
-    Nothing is drawn from ``rng`` when the count is already a multiple.
+    ``"drop"`` leaves out ``m % (world * acc)`` random micro-batches (all of a ``replanned`` rest
+    under one step); else random ones repeat, each next to its original. A multiple draws nothing.
 
     Raises:
         ValueError: ``"drop"`` with fewer micro-batches than one step needs in a whole epoch.
@@ -293,8 +285,7 @@ class _TailCut:
         return int(largest_true(lambda s: ok(int(s)), 0, most))
 
 
-#: Halvings of the last unit of budget for fractional cost models (2**-24: below any cost
-#: difference that matters, and few enough walks).
+#: Halvings of the last budget unit for fractional costs (2**-24: below any difference that counts).
 _REFINE_STEPS = 24
 
 

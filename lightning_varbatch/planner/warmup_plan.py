@@ -1,8 +1,7 @@
 """The length warm-up where it meets the planner: its settings, caps, steps and resume position.
 
-:mod:`~lightning_varbatch.planner.length_warmup` holds the schedule and the step order; this
-module checks the ``length_warmup*`` settings of a ``PlanConfig``, computes the caps of one
-plan from them, the longest example of every step, and where a resumed remainder continues.
+:mod:`~lightning_varbatch.planner.length_warmup` holds the schedule and step order; this module
+checks the ``length_warmup*`` settings, gives a plan's caps, steps' longest, a resumed rest's start.
 
 Example:
     >>> from lightning_varbatch.planner.settings import PlanConfig
@@ -41,13 +40,11 @@ def check_warmup_acts(
 ) -> None:
     """Refuse a length warm-up that caps nothing: its first cap holds every example already.
 
-    ``longest``: the longest planned example of each dataset (one for a single dataset);
-    ``lows``: each one's first cap (``length_warmup_min``, a mixture's own per dataset);
-    ``names``: how messages name them.
+    ``longest``: each dataset's longest planned example (one for a single dataset); ``lows``: each
+    one's first cap (``length_warmup_min``, a mixture's per dataset); ``names``: for messages.
 
     Raises:
-        SettingValueError: (``.setting``: ``"length_warmup_min"``) when no dataset has an
-            example longer than its first cap.
+        SettingValueError: naming ``length_warmup_min``, when no example exceeds its first cap.
     """
     if config.length_warmup is None or any(
         int(top) > int(low) for top, low in zip(longest, lows, strict=True)

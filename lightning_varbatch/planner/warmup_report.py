@@ -1,7 +1,6 @@
 """The length warm-up in the plan report: realised cap, examples, tokens and padding per stage.
 
 Example:
-    >>> import numpy as np
     >>> from lightning_varbatch.planner import EpochPlanner, PlanConfig
     >>> lengths = np.random.default_rng(0).integers(1, 120, 5000)
     >>> planner = EpochPlanner(lengths, PlanConfig(max_tokens=1024, length_warmup=20))

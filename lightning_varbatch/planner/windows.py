@@ -1,14 +1,10 @@
 """Windowed plans for streamed data: the offline planner on consecutive windows of the stream.
 
-Each epoch the shards are read in a random order, one after the other: the *stream*, cut into
-windows of about ``window`` examples. Each window is planned by the one offline planner (with a
-seed of its own), so its guarantees hold per window; ranks run the windows in stream order. A
-position is a window and the micro-batches done in it: another world size re-plans the rest of
-that window (``plan_resumed``) and later windows for itself (``docs/streaming.md``).
+Each epoch reads the shards in a random order, the *stream*, cut into windows of about ``window``
+examples, each planned offline (own seed and guarantees), run in order. A position is a window and
+its micro-batches done; another world size re-plans that window's rest and later windows.
 
 Example:
-    >>> import numpy as np
-    >>> from lightning_varbatch.planner.settings import PlanConfig
     >>> shards = [np.array([3, 5, 2, 7]), np.array([4, 6]), np.array([1, 1, 8])]
     >>> wp = WindowedPlanner([s.size for s in shards], shards.__getitem__,
     ...                      PlanConfig(max_tokens=10), window=4)
@@ -75,10 +71,7 @@ MIN_WINDOW = 10_000
 
 
 def auto_window(lengths: np.ndarray, config: PlanConfig) -> int:
-    """The default window: :data:`WINDOW_BATCHES` micro-batches of examples of these lengths.
-
-    About ``max_tokens / mean length`` examples a micro-batch, times :data:`WINDOW_BATCHES`,
-    at least :data:`MIN_WINDOW` (a window plan's padding depends on its micro-batches).
+    """Default window: ``max_tokens / mean length`` × :data:`WINDOW_BATCHES` (≥ :data:`MIN_WINDOW`).
 
     Example:
         >>> auto_window(np.full(100, 50), PlanConfig(max_tokens=16384))
@@ -96,15 +89,12 @@ class WindowedPlanner:
 
     Args:
         shard_rows: examples in each shard (global ids count shard after shard).
-        shard_lengths: ``shard_lengths(s)`` gives shard ``s``'s per-example lengths, ``(rows,)``
-            or ``(rows, 2)``; called for the shards of one window at a time.
+        shard_lengths: ``shard_lengths(s)`` gives shard ``s``'s ``(rows,)`` / ``(rows, 2)`` lengths.
         config: the planner settings (``max_shapes`` and ``length_warmup`` are refused).
-        window: examples planned together; larger windows pad less, smaller ones hold less
-            (``None``: :func:`auto_window` of the first shard's lengths).
+        window: examples planned together (larger pads less, holds more; ``None``: auto_window).
         shuffle_shards: read the shards in a new random order each epoch (else in order).
         loss_offset: loss tokens per example are its (target) length minus this, at least 0.
-        shard_names: each shard's name (its file), for errors that point at a row of a
-            shard (``None``: ``shard 3``).
+        shard_names: each shard's name (its file) for errors naming a row (``None``: ``shard 3``).
 
     Raises:
         ValueError: for no shards, a negative row count, a bad ``window`` or ``max_shapes``.
@@ -302,14 +292,12 @@ class WindowedPlanner:
         """Whether ``window`` cannot form one optimizer step under its tail policy.
 
         ``"spread"`` needs as many examples as a step has micro-batches, ``"drop"`` as many
-        micro-batches. The run's first window refuses a window too small (nothing trained yet:
-        the error names the fix); a later one, reached after training began (windows differ
-        by an example; a resume may change the topology), is planned as the rest of an epoch
-        is, counted, with a warning: ``"spread"`` repeats examples, ``"drop"`` drops the window.
+        micro-batches. The run's first window refuses that (the error names the fix); a later one
+        (windows differ by an example; a resume may change the topology) is planned as an epoch's
+        rest, counted, with a warning: ``"spread"`` repeats examples, ``"drop"`` drops the window.
 
         Raises:
-            SettingValueError: for window 0 of epoch 0 (naming ``window``, or ``tail`` when
-                the whole stream is too small).
+            SettingValueError: for window 0 of epoch 0 (naming ``window``; ``tail``: all too small).
         """
         needed, tail = world_size * acc, self.config.tail
         have = planner.num_planned if tail == "spread" else planner.num_micro_batches
@@ -371,8 +359,7 @@ class WindowedPlanner:
 
         Raises:
             SettingValueError: for a window too small for the ranks (naming ``window`` and the
-                smallest that works, or ``tail``), or an example over ``max_tokens`` (naming
-                its shard and row).
+                least that works, or ``tail``) or an example over ``max_tokens`` (its shard, row).
             ValueError: for a window out of range.
         """
         planner, ids = self.window_planner(epoch, window)

@@ -1,15 +1,11 @@
 """Where the lengths come from: Arrow columns, tokenizers and shards (numpy and pyarrow, no torch).
 
-:mod:`~lightning_varbatch.sources.arrow_lengths` reads one length per row from a Hugging Face
-dataset's (or a pyarrow table's) length or token-id columns, vectorised;
-:mod:`~lightning_varbatch.sources.tokenized_lengths` counts the tokens of text columns with your
-tokenizer once and caches them; :mod:`~lightning_varbatch.sources.saved_arrow` opens a dataset saved
-to disk or parquet files as an Arrow table without the ``datasets`` package (for the plan report).
-For streaming, :mod:`~lightning_varbatch.sources.shards` holds the :class:`Shard` protocol and
-:class:`ShardedSource` (built by :func:`shards_from_files`, :func:`shards_from_hf_iterable` or
-:func:`shards_from_litdata`), and :mod:`~lightning_varbatch.sources.shard_base` the
-:class:`CachedShard` base every shard kind subclasses. ``pyarrow``, ``datasets`` and ``litdata`` are
-optional (``pip install "lightning_varbatch[hf]"``) and imported only when used.
+:mod:`~.arrow_lengths` reads one length per row from a Hugging Face dataset's (or a pyarrow table's)
+length or token-id columns, vectorised; :mod:`~.tokenized_lengths` counts the tokens of text columns
+with your tokenizer once and caches them; :mod:`~.shards` holds the :class:`Shard` protocol and
+:class:`ShardedSource` for streaming (built by :func:`shards_from_files`,
+:func:`shards_from_hf_iterable` or :func:`shards_from_litdata`); others: ``docs/architecture.md``.
+Optional, imported when used: ``pyarrow``, ``datasets``, ``litdata`` (extra ``[hf]``).
 
 Example:
     >>> import pyarrow as pa

@@ -1,14 +1,12 @@
 """Lengths read from Arrow columns: a Hugging Face dataset's, a pyarrow table's, vectorised.
 
-A length column (``num_tokens``) is read as it is; a token-id column (``input_ids``, a list
-column) gives its list lengths from the Arrow offsets (``pyarrow.compute.list_value_length``),
-without decoding a single token and without a Python loop over rows. A pair of columns gives
-``(n, 2)`` (source, target) lengths. The lengths are then checked with the planner's rules
-(:func:`~lightning_varbatch.planner.lengths.as_int_lengths`), with messages that name the column.
+A length column (``num_tokens``) is read as is; a token-id list column (``input_ids``) gives its
+list lengths from the Arrow offsets (``pyarrow.compute.list_value_length``): no token decoded, no
+Python loop over rows. A pair of columns gives ``(n, 2)`` (source, target) lengths. They are
+checked by the planner's rules (:func:`~.lengths.as_int_lengths`), the messages naming the column.
 
-A Hugging Face ``datasets.Dataset`` after ``select``/``shuffle``/``filter`` keeps its rows in
-the original table plus an indices mapping; the lengths are computed on the table and then
-gathered through the mapping, so they are in the dataset's own row order.
+A ``datasets.Dataset`` after ``select``/``shuffle``/``filter`` keeps the original table plus an
+indices mapping: lengths are computed on the table, then gathered into the dataset's row order.
 
 Example:
     >>> import pyarrow as pa
@@ -39,8 +37,7 @@ __all__ = [
     "source_with_column_lengths",
 ]
 
-#: One column name (lengths, or token ids whose list lengths are the lengths) or a
-#: (source, target) pair of them.
+#: One column name (of lengths, or of token ids: their list lengths) or a (source, target) pair.
 Columns = str | tuple[str, str] | list[str]
 
 
@@ -67,8 +64,7 @@ def arrow_table_of(data: Any, name: str = "dataset") -> tuple[Any, np.ndarray | 
     ``select``/``shuffle``/``filter``, its indices mapping) or a ``pyarrow.Table``.
 
     Raises:
-        TypeError: for anything else (a ``DatasetDict``, a streaming dataset, a list), with
-            what to pass instead.
+        TypeError: for anything else (a ``DatasetDict``, a stream, a list), saying what to pass.
 
     Example:
         >>> import pyarrow as pa
@@ -271,8 +267,7 @@ def column_lengths(
 
     Args:
         data: a Hugging Face ``datasets.Dataset`` or a ``pyarrow.Table``.
-        columns: a column of integer lengths, a column of token ids (list of ints: their
-            list lengths), or a (source, target) pair of such columns for ``(n, 2)`` lengths.
+        columns: a column of lengths or token ids (their list lengths), or a (source, target) pair.
         name: the setting the columns were given as, for error messages.
         shard: the columns of a stream's shard (``name`` then names the shard): errors
             name the setting ``columns`` and say what makes text streamable.
@@ -281,12 +276,10 @@ def column_lengths(
         ``(n,)`` or ``(n, 2)`` integer lengths in the dataset's row order.
 
     Raises:
-        TypeError: for a dataset that is not Arrow-backed, or a column of text, floats,
-            lists of non-integers or another type (text and a null token id inside a row:
-            ``SettingTypeError``).
-        ValueError: for an unknown column (the columns are listed), a null row
-            (``SettingValueError``), or lengths that break the planner's rules (zeros,
-            negatives...); the column and the row are named.
+        TypeError: for a non-Arrow dataset, or a column of text, floats, lists of non-integers or
+            another type (text and a null token id inside a row: ``SettingTypeError``).
+        ValueError: for an unknown column (listing them), a null row (``SettingValueError``) or
+            lengths breaking the planner's rules (zeros, negatives...), naming column and row.
 
     Example:
         >>> import pyarrow as pa

@@ -1,9 +1,8 @@
 """What identifies a shard's content for a resume, wherever the shard lies, and what changed.
 
-A stream saves :func:`shard_identity` of every shard with its position (through
-:meth:`~lightning_varbatch.sources.shards.ShardedSource.identity`); a resume compares the saved list
-with the shards it is given now (:func:`identity_changes`), not their paths, so shards copied to
-node-local disk resume, and reordered, changed, added or missing shards are named in the refusal.
+A stream saves :func:`shard_identity` of every shard with its position; a resume compares the saved
+list with the shards given now (:func:`identity_changes`), not their paths: copies on node-local
+disk resume; reordered, changed, added or missing shards are named.
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ def shard_identity(shard: _Identified, lengths: np.ndarray | None = None) -> dic
 
     ``file``: its ``content_name`` (the file's name without its folder; a shard without one
     gives its ``name``), ``rows``, ``bytes`` (its ``size_bytes``, ``None`` when unknown) and
-    ``lengths``: a digest of its per-row lengths. The same file copied to another folder has
-    the same identity; a file whose rows, lengths or size changed does not.
+    ``lengths``: a digest of its per-row lengths. A copy in another folder has the same identity.
 
     Example:
         >>> import tempfile, pyarrow as pa, pyarrow.parquet as pq

@@ -154,8 +154,7 @@ class ParquetShard(_BlockShard):
         path: the file.
         columns: a length column, a token-id list column, or a (source, target) pair.
         fields: the columns read into items (``None``: all).
-        cache_dir: where the lengths are cached (``True``: the default folder; ``None``:
-            no cache). Only a token-id column needs reading to get them (once).
+        cache_dir: the lengths' cache (``True``: default folder; ``None``: none).
 
     Raises:
         ValueError: for a missing file, or ``columns``/``fields`` the file lacks.
@@ -197,9 +196,8 @@ class ParquetShard(_BlockShard):
 class ArrowShard(_BlockShard):
     """One Arrow IPC file (``.arrow``/``.feather``), memory-mapped; record batches are blocks.
 
-    The IPC file format has random access to its batches; the IPC stream format (what
-    ``datasets.Dataset.save_to_disk`` writes) is read too, walking the batches forward.
-    Arguments as for :class:`ParquetShard`.
+    The file format has random access to its batches; the stream format (``save_to_disk``'s) is read
+    walking forward. Arguments as for :class:`ParquetShard`.
 
     Example:
         >>> import tempfile, pyarrow as pa
@@ -268,9 +266,8 @@ class ArrowShard(_BlockShard):
 class JsonlShard(_FileShard):
     r"""One JSON-lines file (one object per line; token ids as lists of ints).
 
-    The index (each line's byte offset and the lengths) is built in one pass and cached;
-    ``read(rows)`` then seeks forward to each needed line and parses only those. Blank lines
-    are skipped. Arguments as for :class:`ParquetShard` (``columns`` and ``fields`` name keys).
+    Blank lines are skipped; the index is cached. Arguments as for :class:`ParquetShard`
+    (``columns`` and ``fields`` name keys).
 
     Example:
         >>> import tempfile

@@ -139,9 +139,8 @@ class HFIterableShard(CachedShard):
         wanted = iter(rows.tolist())
         target = next(wanted)
         i = 0
-        # .iter() rather than iter(): inside a DataLoader worker, IterableDataset.__iter__
-        # splits the shard's files between the workers (datasets' _iter_pytorch), so each
-        # worker would see only part of the shard; our workers already split the micro-batches.
+        # .iter(), not iter(): in a DataLoader worker, IterableDataset.__iter__ splits the shard's
+        # files between workers (datasets' _iter_pytorch); ours already split the micro-batches.
         for batch in self.dataset.iter(batch_size=_READ_BATCH):
             names = list(batch)
             for values in zip(*batch.values(), strict=True):
@@ -168,15 +167,12 @@ def shards_from_hf_iterable(
     """A :class:`~lightning_varbatch.sources.shards.ShardedSource` over a streaming HF dataset.
 
     Args:
-        ds: a ``datasets.IterableDataset`` (``load_dataset(..., streaming=True)``); one shard
-            per data source (``ds.num_shards``).
+        ds: a streaming ``datasets.IterableDataset``; one shard per data source (``ds.num_shards``).
         columns: a length field, a token-id field, or a (source, target) pair of them.
-        cache_dir: where the lengths are cached (``True``: the default folder; ``None``: no
-            cache). Only shards with known files and no transform are cached.
+        cache_dir: lengths' cache (``True``: default; ``None``: none); untransformed files only.
 
     Raises:
-        TypeError: for a map-style ``datasets.Dataset`` (use the column-lengths path), a
-            ``DatasetDict`` or anything else.
+        TypeError: for a map-style ``datasets.Dataset`` (use column lengths) or other types.
 
     Example:
         >>> import datasets

@@ -1,11 +1,9 @@
 """Lengths from files, for the plan report: ``--lengths`` (``.npy``) and ``--dataset``.
 
-``python -m lightning_varbatch.plan`` reads its lengths here; every error names the flag and
-the path it came from, and says what to pass instead.
+``python -m lightning_varbatch.plan`` reads its lengths here; errors name the flag, path and fix.
 
 Example:
     >>> import tempfile
-    >>> from pathlib import Path
     >>> path = Path(tempfile.mkdtemp()) / "lengths.npy"
     >>> np.save(path, np.array([3, 5, 2]))
     >>> npy_lengths(path).tolist()
@@ -29,8 +27,7 @@ def dataset_lengths(path: Path, columns: list[str]) -> np.ndarray:
     """The lengths of ``columns`` of the dataset at ``path`` (``--dataset``, ``--column``).
 
     Raises:
-        ValueError: for a path that cannot be read as a dataset (missing, a ``DatasetDict``
-            folder, not Arrow or parquet) or a column the dataset does not have.
+        ValueError: an unreadable dataset (missing, a ``DatasetDict``, not Arrow/parquet) or column.
         TypeError: for a column of text, floats or another type that holds no lengths.
     """
     shown = f"--dataset {str(path)!r}"
@@ -66,8 +63,7 @@ def npy_lengths(path: Path) -> np.ndarray:
     """The lengths in the ``.npy`` file at ``path`` (``--lengths``), checked.
 
     Raises:
-        ValueError: for a missing file, a directory, a file numpy cannot read, an ``.npz``
-            archive or lengths the planner refuses (the message starts with the flag).
+        ValueError: a missing file, a directory, an unreadable file, ``.npz``, or refused lengths.
     """
     shown = f"--lengths {str(path)!r}"
     if not path.exists():

@@ -1,9 +1,8 @@
 """Shards of a local ``litdata`` optimised folder (made by ``litdata.optimize``).
 
-Each chunk of the folder's ``index.json`` is a shard, its rows numbered after the previous
-chunks' (the global index of ``litdata.StreamingDataset``), read front to back. The lengths
-take one pass over a chunk's items and are cached on disk. ``litdata`` (which imports torch)
-is imported only when used.
+Each chunk of the folder's ``index.json`` is a shard, its rows numbered after the previous chunks'
+(the global index of ``litdata.StreamingDataset``). The lengths take one pass over a chunk's items
+and are cached on disk. ``litdata`` (which imports torch) is imported only when used.
 
 Example:
     >>> import tempfile, numpy as np, litdata
@@ -55,10 +54,7 @@ class _Opener:
 
 
 class LitdataShard(FileBackedShard):
-    """One chunk of a ``litdata`` optimised folder.
-
-    Its lengths take one pass over the chunk's items and are cached on disk keyed by the
-    chunk file (path, size, modification time), the columns and the chunk's offset.
+    """One chunk of a ``litdata`` folder; lengths cached by chunk file, columns and offset.
 
     Args:
         opener: gives the folder's ``StreamingDataset``.

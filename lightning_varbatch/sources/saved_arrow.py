@@ -1,9 +1,8 @@
 """A dataset on disk as one Arrow table, memory-mapped, without the ``datasets`` package.
 
-Reads what ``datasets.Dataset.save_to_disk`` writes (a folder with ``state.json`` and Arrow
-stream files), single ``.arrow`` files, and parquet files or folders of them. Used by the
-plan report (``python -m lightning_varbatch.plan --dataset PATH --column NAME``), which must not
-import torch; ``datasets`` itself is not needed either.
+Reads what ``datasets.Dataset.save_to_disk`` writes (a folder with ``state.json`` and Arrow stream
+files), single ``.arrow`` files, and parquet files or folders of them. Used by the plan report
+(``python -m lightning_varbatch.plan --dataset PATH --column NAME``), which must not import torch.
 
 Example:
     >>> import pyarrow as pa, pyarrow.parquet as pq, tempfile, os
@@ -37,13 +36,11 @@ def open_arrow_table(path: str | os.PathLike[str]) -> Any:
     """The rows stored at ``path`` as a ``pyarrow.Table`` (memory-mapped where possible).
 
     Args:
-        path: a ``save_to_disk`` folder, an ``.arrow`` file, a ``.parquet`` file, or a folder
-            of parquet files (read in name order).
+        path: a ``save_to_disk`` folder, ``.arrow``/``.parquet`` file, or folder of parquet files.
 
     Raises:
         FileNotFoundError: when nothing is at ``path``.
-        ValueError: for a saved ``DatasetDict`` (the splits are listed: name one) or a folder
-            with neither ``state.json`` nor parquet files.
+        ValueError: for a saved ``DatasetDict`` (splits listed) or a folder with no dataset/parquet.
 
     Example:
         >>> open_arrow_table("/no/such/dir")  # doctest: +ELLIPSIS

@@ -1,18 +1,16 @@
 """The base every shard kind subclasses: its lengths index cached once, its reads counted.
 
-:class:`CachedShard` holds what every shard kind (parquet, Arrow, JSON lines, ``litdata``
-chunks, Hugging Face stream shards) shares: the one path from a shard to its per-row lengths
-(the index, loaded from the disk cache under the shard's key, else built from the data once;
-re-read on each call with a disk cache, so a stream holds only the lengths of the shards it is
-planning), the checked ``columns`` and its :class:`~lightning_varbatch.sources.shard_index.
-ReadStats` (a read that starts before the previous one ended is a backward seek).
-:class:`FileBackedShard` adds what a shard of one file has: its path as its name, its name and
-size as its content identity, its path, size and modification time as its cache key.
+:class:`CachedShard` holds what every shard kind (parquet, Arrow, JSON lines, ``litdata`` chunks,
+Hugging Face stream shards) shares: the one path to its per-row lengths (the index, loaded from the
+disk cache under the shard's key, else built from the data once; re-read on each call with a disk
+cache, so a stream holds only the lengths of the shards it is planning), the checked ``columns`` and
+its :class:`~.shard_index.ReadStats` (a read starting before the previous one ended is a backward
+seek). :class:`FileBackedShard` adds what a one-file shard has: its path as its name, its name and
+size as its content identity, its path, size and mtime as its cache key.
 
 A new shard kind implements ``name``, ``_cache_key``, ``_build_index`` and ``_read``.
 
 Example:
-    >>> from collections.abc import Iterator
     >>> class Squares(CachedShard):
     ...     def __init__(self, n: int) -> None:
     ...         super().__init__("n", cache_dir=None)
@@ -61,13 +59,11 @@ __all__ = ["CachedShard", "FileBackedShard"]
 class CachedShard:
     r"""A shard whose index (its per-row lengths, and more) is built once and cached.
 
-    Subclasses whose row count is known without the index (from metadata) also override
-    ``num_rows`` and ``_known_rows``.
+    Subclasses knowing their row count from metadata also override ``num_rows``, ``_known_rows``.
 
     Args:
         columns: a length column/field, a token-id one, or a (source, target) pair.
-        cache_dir: where the index is cached (``True``: the default folder; ``None``/``False``:
-            in memory only).
+        cache_dir: the index's cache (``True``: the default folder; ``None``/``False``: in memory).
 
     Attributes:
         columns: the one or two column names.

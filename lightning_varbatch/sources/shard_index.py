@@ -1,11 +1,10 @@
 """The shards' on-disk index cache, their read counts, and the checks of the rows asked for.
 
-A shard's index (its per-row lengths, and for JSON lines the byte offset of every line) is
-saved as ``.npy`` files, keyed by the file's absolute path, size and modification time and by
-the columns spec, written to a temporary name and moved into place. A damaged cache file gives
-a :class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` and is rebuilt; an
-unwritable folder gives one and the run goes on uncached. Shards copied to another folder are
-indexed again there: the cache never refuses data (a resume checks the shards' content).
+A shard's index (per-row lengths; for JSON lines also every line's byte offset) is saved as
+``.npy`` files keyed by the file's absolute path, size, modification time and the columns spec,
+written to a temporary name and moved into place. A damaged cache file gives a
+:class:`~.tokenized_lengths.LengthCacheWarning` and is rebuilt; an unwritable folder gives one and
+the run goes on uncached. Shards copied elsewhere are indexed again: the cache never refuses data.
 
 Example:
     >>> import tempfile
@@ -47,8 +46,7 @@ __all__ = [
 
 _INDEX_VERSION = "1"
 
-#: Where shard indexes are cached: a folder, ``True`` for the default folder, or
-#: ``None``/``False`` for no cache.
+#: Where shard indexes are cached: a folder, ``True`` (the default) or ``None``/``False`` (none).
 CacheDir = str | os.PathLike[str] | bool | None
 
 
@@ -59,10 +57,8 @@ class ReadStats:
     Attributes:
         opens: times a file (or stream) was opened, for reading data or for building an index.
         rows_read: rows yielded to the caller.
-        rows_decoded: rows materialised, including the ones skipped in the same block (row
-            group, record batch) and the ones decoded to build an index.
-        backward_seeks: reads that started before the end of the previous read of the same
-            shard object (re-reading from the start counts one).
+        rows_decoded: rows materialised, skipped ones of a read block and index builds included.
+        backward_seeks: reads starting before their shard's previous read ended (a restart: 1).
 
     Example:
         >>> a, b = ReadStats(opens=1, rows_read=4), ReadStats(opens=2, backward_seeks=1)
@@ -142,10 +138,9 @@ def load_index(
 ) -> dict[str, np.ndarray] | None:
     """The cached arrays ``names`` under ``key``, or ``None`` when any is missing or damaged.
 
-    A file that exists but cannot be read, holds no integers, or whose arrays disagree on
-    the number of rows (or with ``rows``, when the shard knows it) is damaged: a
-    :class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` names it and
-    ``None`` is returned, so the caller rebuilds the index and overwrites it.
+    A file that cannot be read, holds no integers, or whose arrays disagree on the number of rows
+    (or with ``rows``, when known) is damaged: a :class:`~.tokenized_lengths.LengthCacheWarning`
+    names it and ``None`` is returned, so the caller rebuilds and overwrites the index.
 
     Example:
         >>> load_index(None, "k", ("lengths",)) is None
@@ -186,9 +181,8 @@ def save_index(
     """Save ``arrays`` under ``key`` atomically (temporary file, then ``os.replace``).
 
     Returns:
-        Whether they were saved. A folder that cannot be written gives one
-        :class:`~lightning_varbatch.sources.tokenized_lengths.LengthCacheWarning` per folder
-        and ``False``: the caller keeps the index in memory instead.
+        Whether they were saved: an unwritable folder gives ``False`` (the caller keeps the index
+        in memory) and one :class:`~.tokenized_lengths.LengthCacheWarning` per folder.
 
     Example:
         >>> save_index(None, "k", {"lengths": np.array([1])})  # no folder: nothing is saved

@@ -1,9 +1,8 @@
 """What a shard's rows become: per-row lengths of python items, and items with numpy token ids.
 
-The shards that read python items take their lengths with :func:`row_lengths` and check them
-with :func:`lengths_array` (the planner's rules); every shard hands its items over through
-:func:`numpy_fields` or :func:`table_items`, so token ids arrive as 1-D ``int64`` numpy arrays
-whatever the file format.
+Shards of python items take their lengths with :func:`row_lengths`, checked by :func:`lengths_array`
+(the planner's rules); every shard hands its items over through :func:`numpy_fields` or
+:func:`table_items`, so token ids arrive as 1-D ``int64`` numpy arrays whatever the format.
 """
 
 from __future__ import annotations

@@ -120,8 +120,7 @@ class ShardedSource:
         columns: the columns spec their lengths come from (goes into the fingerprint).
 
     Raises:
-        ValueError: for no shards, a shard whose lengths do not have one row per row, or
-            shards that disagree on single lengths vs (source, target) pairs.
+        ValueError: no shards, lengths not one per row, or shards mixing single lengths and pairs.
         TypeError: for a shard that does not implement :class:`Shard`.
 
     Example:
@@ -232,11 +231,7 @@ class ShardedSource:
         return hashlib.sha1(text.encode()).hexdigest()
 
     def fingerprint(self) -> str:
-        """A sha1 of the shard names (paths), their row counts and the columns spec.
-
-        Saved with a stream's position as before (a position saved without
-        :meth:`identity` is checked against it); a resume compares :meth:`identity`.
-        """
+        """A sha1 of shard paths, row counts and columns (checked for states without identity)."""
         spec = [self.columns] if isinstance(self.columns, str) else self.columns
         text = json.dumps([[s.name for s in self.shards], self.offsets.tolist(), spec], default=str)
         return hashlib.sha1(text.encode()).hexdigest()
@@ -299,17 +294,14 @@ def shards_from_files(
     """A :class:`ShardedSource` of parquet, Arrow IPC (``.arrow``/``.feather``) or JSON-lines files.
 
     Args:
-        paths: a folder (its supported files, sorted), a glob (``"data/*.parquet"``) or a
-            list of files, in shard order.
-        columns: where the lengths come from, as for ``sources.column_lengths``: a column of
-            lengths or of token ids (their list lengths), or a (source, target) pair of them.
+        paths: a folder (its files, sorted), a glob (``"data/*.parquet"``) or files, in shard order.
+        columns: the lengths' source (as ``column_lengths``): a length/token-id column, or a pair.
         fields: the columns read into items (``None``: all).
         cache_dir: where shard indexes (lengths, line offsets) are cached; ``None``/``False``:
             nowhere; ``True``: ``$LIGHTNING_VARBATCH_CACHE`` or ``~/.cache/lightning_varbatch``.
 
     Raises:
-        SettingValueError: for no files, a missing file, or an unknown suffix (the supported
-            ones are listed), and for columns or fields a file does not have.
+        SettingValueError: no or missing files, an unknown suffix (listed), missing columns/fields.
         ValueError: for a damaged file (named, with what failed), nulls in its lengths.
         TypeError: for text or floats where token ids belong (the file and row are named).
 

@@ -1,12 +1,10 @@
 """How a tokenizer's result becomes token counts, or an error naming the row and column.
 
-:func:`~lightning_varbatch.sources.tokenized_lengths.tokenized_lengths` calls the tokenizer
-on a batch of strings and hands the result to :func:`token_counter`'s function: token-id
+:func:`token_counter`'s function reads the tokenizer's result on a batch of strings: token-id
 lists, arrays or tensors are counted by their length, integer results taken as counts, and a
-padded result (a ``BatchEncoding`` of ``tok(texts, padding=True)``, a ``Tokenizer`` with
-padding on) by its attention mask, never by its width. Results ``len()`` would miscount
-(strings, a padded rectangle without a mask), floats, bools, ``None`` and nested sequences
-are refused, naming the dataset row and column and what the tokenizer must return instead.
+padded result (a ``BatchEncoding`` of ``tok(texts, padding=True)``, a ``Tokenizer`` with padding
+on) by its attention mask, never its width. Results ``len()`` would miscount (strings, a padded
+rectangle without a mask), floats, bools, ``None`` and nested sequences are refused.
 """
 
 from __future__ import annotations

@@ -1,14 +1,12 @@
 """Token counts of text columns, computed once with your tokenizer, in batches, and cached.
 
-When a Hugging Face dataset holds text, not token ids, the plan still needs one length per example.
-:func:`tokenized_lengths` tokenizes the named column(s) in batches through ``Dataset.map``
-(``batched=True``, optionally ``num_proc`` processes, with its progress bar), keeps only the counts,
-and saves them as a ``.npy`` file keyed by the dataset's fingerprint, the columns and the tokenizer,
-so the next run with the same data and tokenizer reads them in milliseconds. To keep them as a
-column instead: ``ds = ds.add_column("num_tokens", tokenized_lengths(ds, tok, "text"))``.
+For a Hugging Face dataset of text, :func:`tokenized_lengths` tokenizes the named column(s) in
+batches through ``Dataset.map`` (``batched=True``, optionally ``num_proc`` processes, with its
+progress bar), keeps only the counts and caches them as ``.npy``, keyed by the dataset's
+fingerprint, the columns and the tokenizer: the next such run reads them in milliseconds. As a
+column: ``ds = ds.add_column("num_tokens", tokenized_lengths(ds, tok, "text"))``.
 
-Counts include whatever special tokens the tokenizer adds, which is what the collate will pad
-(:mod:`~lightning_varbatch.sources.token_counts` reads the tokenizer's results).
+Counts include the tokenizer's special tokens, as the collate pads them (:mod:`~.token_counts`).
 """
 
 from __future__ import annotations
@@ -59,7 +57,6 @@ def warn_unwritable(path: Path, error: OSError, what: str = "the lengths") -> No
     """Warn that a cache file could not be written: the run goes on without caching it.
 
     Example:
-        >>> import warnings
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     warn_unwritable(Path("/ro/x.npy"), PermissionError(13, "Permission denied"))
@@ -80,7 +77,6 @@ def warn_damaged(path: Path, problem: str, what: str = "lengths") -> None:
     """Warn that a cache file was unreadable or inconsistent and is rebuilt.
 
     Example:
-        >>> import warnings
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     warn_damaged(Path("/c/x.npy"), "truncated")
@@ -233,16 +229,13 @@ def tokenized_lengths(
 
     Args:
         dataset: a ``datasets.Dataset``.
-        tokenizer: a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer, or a callable
-            taking a list of strings and returning one result per string (read by
-            :func:`~lightning_varbatch.sources.token_counts.token_counter`).
+        tokenizer: a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer, or a callable from a
+            list of strings to one result each (read by :func:`~.token_counts.token_counter`).
         columns: a text column, or a (source, target) pair for ``(n, 2)`` lengths.
         batch_size: strings per tokenizer call.
-        num_proc: worker processes for ``Dataset.map`` (``None``: this process; a Rust
-            tokenizer already uses several threads).
-        cache_dir: where the counts are cached (``True``: :func:`default_cache_dir`;
-            ``None``/``False``: no cache), keyed by the dataset's fingerprint, the columns and
-            the tokenizer; an unwritable or damaged cache gives a :class:`LengthCacheWarning`.
+        num_proc: ``Dataset.map`` workers (``None``: this process; Rust tokenizers have threads).
+        cache_dir: the cache (``True``: :func:`default_cache_dir`; ``None``/``False``: none);
+            an unwritable or damaged cache gives a :class:`LengthCacheWarning`.
         progress: show ``Dataset.map``'s progress bar.
 
     Returns:
@@ -252,11 +245,8 @@ def tokenized_lengths(
         SettingTypeError: for a tokenizer that is not callable, a ``cache_dir`` of another
             type, or a non-integer ``batch_size``/``num_proc``.
         SettingValueError: for an unknown column or ``batch_size``/``num_proc`` below 1.
-        TypeError: for a dataset that is not a ``datasets.Dataset``, a column that is not
-            text, or a tokenizer result of the wrong kind (the row and column are named).
-        ValueError: for a null text, a tokenizer returning ``None``, the wrong number of
-            results or a count of 0 (an empty string with a tokenizer that adds no special
-            tokens); the row is named.
+        TypeError: a non-``datasets.Dataset``, a non-text column, a bad tokenizer result (named).
+        ValueError: a null text, a ``None`` result, a wrong result count, a count of 0 (row named).
 
     Example:
         >>> import datasets

@@ -8,7 +8,8 @@ Registered names (``Trainer(strategy=NAME)``; Lightning's ``"ddp"`` needs nothin
   ``"deepspeed_varbatch_stage_1"``, ``"deepspeed_varbatch_stage_2"``,
   ``"deepspeed_varbatch_stage_2_offload"``, ``"deepspeed_varbatch_stage_3"``,
   ``"deepspeed_varbatch_stage_3_offload"``, ``"deepspeed_varbatch_stage_3_offload_nvme"``:
-  :class:`VarBatchDeepSpeedStrategy` (CPU and CUDA).
+  :class:`VarBatchDeepSpeedStrategy` (CPU and CUDA); the same names with ``Fabric(strategy=)``:
+  :class:`VarBatchFabricDeepSpeedStrategy` (for a loop without a Trainer).
 
 DeepSpeed is optional: its names are registered anyway (``deepspeed`` is imported only when a
 strategy is used); without it, constructing one raises Lightning's "you must have DeepSpeed
@@ -22,15 +23,23 @@ Example:
     True
 """
 
+from lightning.fabric.strategies import STRATEGY_REGISTRY
 from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_varbatch.strategies.deepspeed import (
     VarBatchDeepSpeedStrategy,
     resolve_deepspeed_batch_config,
 )
+from lightning_varbatch.strategies.fabric_deepspeed import VarBatchFabricDeepSpeedStrategy
 from lightning_varbatch.strategies.fsdp import VarBatchFSDPStrategy
 
 VarBatchDeepSpeedStrategy.register_strategies(StrategyRegistry)
 VarBatchFSDPStrategy.register_strategies(StrategyRegistry)
+VarBatchFabricDeepSpeedStrategy.register_strategies(STRATEGY_REGISTRY)
 
-__all__ = ["VarBatchDeepSpeedStrategy", "VarBatchFSDPStrategy", "resolve_deepspeed_batch_config"]
+__all__ = [
+    "VarBatchDeepSpeedStrategy",
+    "VarBatchFSDPStrategy",
+    "VarBatchFabricDeepSpeedStrategy",
+    "resolve_deepspeed_batch_config",
+]

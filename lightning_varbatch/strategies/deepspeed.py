@@ -4,22 +4,18 @@ Lightning's :class:`~lightning.pytorch.strategies.DeepSpeedStrategy` assumes a f
 size, CUDA devices and that DeepSpeed's loss scaling composes with Lightning's. This subclass:
 
 * never reads a batch size from the DataLoader: ``train_micro_batch_size_per_gpu`` is a nominal
-  ``1`` unless the config sets it. DeepSpeed uses it only for ``train_batch_size == micro ×
-  gradient_accumulation_steps × world_size`` and its throughput logs, never against the real
-  batches (``DeepSpeedEngine.backward`` and ``step`` count micro-steps, not samples);
+  ``1`` unless the config sets it; DeepSpeed uses it only for ``train_batch_size`` and its
+  throughput logs, never against the real batches (it counts micro-steps, not samples);
 * sets ``gradient_accumulation_steps`` to ``Trainer(accumulate_grad_batches)`` and checks a config
   that sets either value, with an error that says which setting to change;
 * turns DeepSpeed's throughput timer off, since its samples/sec are ``nominal micro × ...``;
 * scales gradients like DDP: Lightning's automatic optimisation already divides the loss by
-  ``accumulate_grad_batches``, so ``DeepSpeedEngine.backward`` is called with
-  ``scale_wrt_gas=False``. Without it the gradient is divided by the accumulation twice (an
-  update of exactly 1/A of the DDP one, measured with A=2 on ZeRO 2). Lightning calls
-  ``engine.step()`` on every micro-batch; DeepSpeed applies it at its accumulation boundary
-  (``managed_gradient_accumulation`` stays on: off, every ``step()`` would be a boundary);
+  ``accumulate_grad_batches``, so ``DeepSpeedEngine.backward`` gets ``scale_wrt_gas=False``
+  (else the update is 1/A of the DDP one, measured with A=2 on ZeRO 2). Lightning calls
+  ``engine.step()`` on every micro-batch; DeepSpeed applies it at its accumulation boundary;
 * runs on CPU (gloo) as well as CUDA, without JIT-building DeepSpeed's shared-memory comm op;
-* allows a torch optimizer from ``configure_optimizers`` under ZeRO with a user ``config=``
-  (``zero_allow_untested_optimizer: true`` unless the config sets it), as Lightning's default
-  config does.
+* allows a torch optimizer under ZeRO with a user ``config=`` (``zero_allow_untested_optimizer:
+  true`` unless the config sets it), as Lightning's default config does.
 """
 
 from __future__ import annotations
@@ -50,10 +46,15 @@ from lightning_varbatch.strategies.deepspeed_config import resolve_deepspeed_bat
 if TYPE_CHECKING:
     import deepspeed
 
-__all__ = ["DEEPSPEED_VARIANTS", "VarBatchDeepSpeedStrategy", "resolve_deepspeed_batch_config"]
+__all__ = [
+    "DEEPSPEED_VARIANTS",
+    "VarBatchDeepSpeedStrategy",
+    "check_cpu_deepspeed",
+    "resolve_deepspeed_batch_config",
+    "without_shm_comm_op",
+]
 
-#: The registered variants: name suffix -> (what it is, the strategy's arguments). Each is
-#: registered as ``"deepspeed_varbatch" + suffix``.
+#: The registered variants ``"deepspeed_varbatch" + suffix``: suffix -> (what, the arguments).
 DEEPSPEED_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "": ("ZeRO stage 2", {}),
     "_stage_0": ("ZeRO disabled (stage 0)", {"stage": 0}),
@@ -83,14 +84,18 @@ DEEPSPEED_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 @contextlib.contextmanager
-def _without_shm_comm_op() -> Iterator[None]:
+def without_shm_comm_op(keep: bool = False) -> Iterator[None]:
     """Keep DeepSpeed's CPU backend from JIT-compiling its shared-memory all-reduce op.
 
+    ``keep=True`` (the strategies' ``cpu_shm_comm``) changes nothing.
+
     ``deepspeed.comm.torch.TorchBackend.__init__`` calls ``build_shm_op()``, which on a CPU
-    accelerator JIT-builds ``deepspeed_shm_comm`` with the host compiler (30-90 s, needs g++) on
-    first use. Plain gloo collectives need no compiled op; ``build_shm_op`` returning ``None`` is
-    DeepSpeed's own fallback for incompatible hosts (``deepspeed/comm/torch.py``).
+    accelerator JIT-builds ``deepspeed_shm_comm`` (30-90 s, needs g++) on first use. Gloo needs no
+    compiled op; ``build_shm_op`` returning ``None`` is DeepSpeed's own fallback for such hosts.
     """
+    if keep:
+        yield
+        return
     # ``import deepspeed.comm.torch as m`` would bind torch itself: deepspeed.comm imports torch.
     ds_torch_comm: Any = importlib.import_module("deepspeed.comm.torch")
     original = ds_torch_comm.build_shm_op
@@ -101,6 +106,25 @@ def _without_shm_comm_op() -> Iterator[None]:
         ds_torch_comm.build_shm_op = original
 
 
+def check_cpu_deepspeed(strategy: Any, runner: str) -> None:
+    """Refuse an accelerator other than the CPU, or DeepSpeed on another one than the CPU."""
+    if type(strategy.accelerator).__name__ != "CPUAccelerator":
+        name = type(strategy.accelerator).__name__
+        raise RuntimeError(
+            f"{type(strategy).__name__} runs on CUDA or CPU, got {name}. "
+            f"Set {runner}(accelerator='cuda') or {runner}(accelerator='cpu')."
+        )
+    from deepspeed.accelerator import get_accelerator
+
+    ds_device = get_accelerator().device_name()
+    if ds_device != "cpu":
+        raise RuntimeError(
+            f"The {runner} runs on CPU but DeepSpeed selected its {ds_device!r} accelerator. "
+            "Start the processes with the environment variable DS_ACCELERATOR=cpu, or use "
+            f"{runner}(accelerator='cuda')."
+        )
+
+
 class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
     """DeepSpeed (ZeRO 0-3, offload) for token-budgeted batches, on CUDA or CPU.
 
@@ -109,21 +133,16 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
     Args:
         *args: positional arguments of ``DeepSpeedStrategy``.
         cpu_shm_comm: on CPU, let DeepSpeed JIT-build its shared-memory all-reduce op (faster
-            collectives on one host, but a 30-90 s compile on first use and a C++ compiler).
-            Default: plain gloo.
-        **kwargs: keyword arguments of ``DeepSpeedStrategy`` (``stage``, ``offload_optimizer``,
-            ``offload_parameters``, ``config``, ...).
+            collectives on one host; a 30-90 s compile on first use, needs g++). Default: gloo.
+        **kwargs: ``DeepSpeedStrategy``'s (``stage``, ``offload_optimizer``, ``config``, ...).
 
     What differs from Lightning's strategy is listed in the module docstring; the gradient is
-    the DDP one, so :func:`~lightning_varbatch.loss.token_mean_loss` gives the exact token mean
-    of the optimizer step under every strategy.
+    the DDP one, so :func:`~lightning_varbatch.loss.token_mean_loss` is the step's exact token mean.
 
     Raises:
         ValueError: (at ``Trainer.fit``) for a config whose ``gradient_accumulation_steps`` or
-            ``train_batch_size`` contradicts the Trainer; see
-            :func:`resolve_deepspeed_batch_config`.
-        RuntimeError: for an accelerator other than CPU or CUDA, or a DeepSpeed accelerator
-            that does not match the Trainer's.
+            ``train_batch_size`` contradicts the Trainer (:func:`resolve_deepspeed_batch_config`).
+        RuntimeError: an accelerator other than CPU or CUDA, or a mismatched DeepSpeed accelerator.
 
     Example:
         >>> from lightning.pytorch import Trainer
@@ -141,13 +160,10 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
         super().__init__(*args, **kwargs)
         self.cpu_shm_comm = check_flag("cpu_shm_comm", cpu_shm_comm)
         if isinstance(self.config, dict):
-            # Our own copy: the batch settings are filled in place at fit time, and a user's
-            # dict (possibly shared by several strategies) must not change under them.
+            # A copy: the batch settings are filled in at fit time; a user's dict must not change.
             self.config = copy.deepcopy(self.config)
-            # Lightning's default config (DeepSpeedStrategy._create_default_config) sets
-            # zero_allow_untested_optimizer=True; without it (a user's config=... dict)
-            # deepspeed.initialize asserts "You are using an untested ZeRO Optimizer" for any
-            # torch optimizer from configure_optimizers. Allow it unless the user decided.
+            # As Lightning's default config: without zero_allow_untested_optimizer, a user's dict
+            # makes deepspeed.initialize assert for any torch optimizer (unless the user decided).
             self.config.setdefault("zero_allow_untested_optimizer", True)
 
     @property
@@ -156,34 +172,17 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
 
     @property
     def _device_rank(self) -> int:
-        # Lightning passes ``device_rank=self.root_device.index`` to ``deepspeed.initialize``;
-        # a CPU device has index None and DeepSpeedEngine._set_distributed_vars then fails on
-        # ``None >= 0``. The local rank is what DeepSpeed itself defaults to.
+        # Lightning's device_rank (root_device.index) is None on CPU, failing in DeepSpeed.
         index = self.root_device.index
         return self.local_rank if index is None else index
 
     @override
     def setup_environment(self) -> None:
-        # DeepSpeedStrategy.setup_environment raises for anything but a CUDAAccelerator
-        # (lightning/pytorch/strategies/deepspeed.py); DeepSpeed itself runs on CPU with gloo.
+        # DeepSpeedStrategy.setup_environment refuses all but CUDA; DeepSpeed runs on CPU (gloo).
         if isinstance(self.accelerator, CUDAAccelerator):
             super().setup_environment()
             return
-        if not self._on_cpu:
-            name = type(self.accelerator).__name__
-            raise RuntimeError(
-                f"VarBatchDeepSpeedStrategy runs on CUDA or CPU, got {name}. "
-                "Set Trainer(accelerator='cuda') or Trainer(accelerator='cpu')."
-            )
-        from deepspeed.accelerator import get_accelerator
-
-        ds_device = get_accelerator().device_name()
-        if ds_device != "cpu":
-            raise RuntimeError(
-                f"The Trainer runs on CPU but DeepSpeed selected its {ds_device!r} accelerator. "
-                "Start the processes with the environment variable DS_ACCELERATOR=cpu, or use "
-                "Trainer(accelerator='cuda')."
-            )
+        check_cpu_deepspeed(self, "Trainer")
         DDPStrategy.setup_environment(self)  # skips the CUDA-only check, not the DDP setup
 
     @override
@@ -194,30 +193,24 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
         # Its setup_distributed requires device index == local rank (None on CPU): do the rest.
         reset_seed()
         self.set_world_ranks()
-        context = contextlib.nullcontext() if self.cpu_shm_comm else _without_shm_comm_op()
-        with context:
+        with without_shm_comm_op(keep=self.cpu_shm_comm):
             self._init_deepspeed_distributed()
 
     @override
     def backward(
         self, closure_loss: Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any
     ) -> Tensor:
-        # Lightning's automatic optimisation divides the loss by accumulate_grad_batches
-        # (ClosureResult.from_training_step_output, loops/optimization/automatic.py) and
-        # DeepSpeedEngine.backward divides it again by gradient_accumulation_steps unless
-        # scale_wrt_gas=False (deepspeed/runtime/engine.py). Known double scaling:
-        # Lightning-AI/pytorch-lightning#6170; HF fixed the same in transformers#35808.
-        # DeepSpeedPrecision.backward forwards kwargs to DeepSpeedEngine.backward.
+        # Lightning's automatic optimisation divides the loss by accumulate_grad_batches and
+        # DeepSpeedEngine.backward (DeepSpeedPrecision.backward passes it kwargs) divides it again
+        # unless scale_wrt_gas=False: Lightning-AI/pytorch-lightning#6170, transformers#35808.
         kwargs.setdefault("scale_wrt_gas", False)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     @override
     def on_train_start(self) -> None:
-        # Under DeepSpeed Lightning calls engine.step() on every micro-batch and lets DeepSpeed
-        # count the accumulation (handles_gradient_accumulation=True, so _should_accumulate in
-        # loops/training_epoch_loop.py forces no step at the epoch end). An epoch whose
-        # micro-batch count is not a multiple of the accumulation makes DeepSpeed's boundaries
-        # drift from Lightning's (which restart every epoch). Our sampler never does this.
+        # Lightning calls engine.step() on every micro-batch; DeepSpeed counts the accumulation (no
+        # step at the epoch end). An epoch of micro-batches not a multiple of it makes DeepSpeed's
+        # boundaries drift from Lightning's (which restart every epoch).
         super().on_train_start()
         assert self.lightning_module is not None
         trainer = self.lightning_module.trainer
@@ -256,8 +249,7 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
 
     @override
     def _initialize_deepspeed_inference(self, model: Module) -> None:
-        # As DeepSpeedStrategy._initialize_deepspeed_inference, with a device rank valid on CPU
-        # and the (nominal) throughput timer off.
+        # As DeepSpeedStrategy's, with a device rank valid on CPU and the throughput timer off.
         import deepspeed
 
         assert isinstance(self.config, dict)
@@ -287,8 +279,7 @@ class VarBatchDeepSpeedStrategy(DeepSpeedStrategy):
 
     @override
     def _format_batch_size_and_grad_accum_config(self) -> None:
-        # Replaces Lightning's version, which rejects any gradient_accumulation_steps in the
-        # config and reads batch_sampler.batch_size (absent on a token-budget sampler).
+        # Lightning's rejects gradient_accumulation_steps and reads batch_sampler.batch_size.
         assert isinstance(self.config, dict)
         if self.lightning_module is None:
             return

@@ -1,11 +1,9 @@
 """DeepSpeed's batch settings for variable-size batches: nominal, consistent, and said so.
 
-DeepSpeed requires ``train_batch_size == train_micro_batch_size_per_gpu ×
-gradient_accumulation_steps × world_size`` and labels its throughput with these numbers. With
-token-budgeted batches the number of examples varies, so
-:func:`resolve_deepspeed_batch_config` sets them to consistent nominal values (the accumulation
-from the Trainer), refuses a config that contradicts the Trainer, and warns where DeepSpeed
-would report a figure built on them.
+DeepSpeed requires ``train_batch_size == micro × gradient_accumulation_steps × world_size`` and
+labels its throughput with these numbers; with token-budgeted batches they are nominal.
+:func:`resolve_deepspeed_batch_config` sets consistent values (the accumulation from the Trainer),
+refuses a config that contradicts the Trainer, and warns where DeepSpeed reports figures on them.
 """
 
 from __future__ import annotations
@@ -39,14 +37,16 @@ def _setting(config: Mapping[str, Any], key: str) -> int | None:
 
 
 def resolve_deepspeed_batch_config(
-    config: dict[str, Any], accumulate_grad_batches: int, world_size: int
+    config: dict[str, Any],
+    accumulate_grad_batches: int,
+    world_size: int,
+    accumulation_setting: str = "Trainer(accumulate_grad_batches=...)",
 ) -> dict[str, Any]:
     """Fill in DeepSpeed's batch settings for variable-size batches, in place.
 
-    DeepSpeed requires ``train_batch_size == train_micro_batch_size_per_gpu ×
-    gradient_accumulation_steps × world_size``. With token-budgeted batches the number of
-    examples varies, so these numbers are nominal: DeepSpeed never checks a real batch against
-    them. This sets ``gradient_accumulation_steps`` from the Trainer, the micro-batch size to
+    DeepSpeed's ``train_batch_size == train_micro_batch_size_per_gpu ×
+    gradient_accumulation_steps × world_size`` is nominal here (never checked against a real
+    batch). This sets ``gradient_accumulation_steps`` from the Trainer, the micro-batch size to
     ``1`` unless given (or derived from a given ``train_batch_size``), ``train_batch_size`` to the
     product, and switches DeepSpeed's throughput timer off unless the config configures it.
 
@@ -54,14 +54,14 @@ def resolve_deepspeed_batch_config(
         config: the DeepSpeed config dict (modified and returned).
         accumulate_grad_batches: ``Trainer(accumulate_grad_batches)``.
         world_size: number of data-parallel processes.
+        accumulation_setting: where the user sets the accumulation, for the error message.
 
     Returns:
         ``config``, completed.
 
     Raises:
-        ValueError: when the config's ``gradient_accumulation_steps`` differs from the
-            Trainer's accumulation, or ``train_batch_size`` is not ``micro × accumulation ×
-            world size``; the message names the setting to change.
+        ValueError: when the config's ``gradient_accumulation_steps`` differs from the Trainer's,
+            or ``train_batch_size`` is not ``micro × accumulation × world size`` (names the fix).
 
     Example:
         >>> resolve_deepspeed_batch_config({}, accumulate_grad_batches=2, world_size=4)
@@ -69,7 +69,7 @@ def resolve_deepspeed_batch_config(
 'train_batch_size': 8, 'timers': {'throughput': {'enabled': False}}}
     """
     acc, world = accumulate_grad_batches, world_size
-    micro, expected = _batch_sizes(config, acc, world)
+    micro, expected = _batch_sizes(config, acc, world, accumulation_setting)
     config["gradient_accumulation_steps"] = acc
     config["train_micro_batch_size_per_gpu"] = micro
     config["train_batch_size"] = expected
@@ -77,15 +77,15 @@ def resolve_deepspeed_batch_config(
     return config
 
 
-def _batch_sizes(config: Mapping[str, Any], acc: int, world: int) -> tuple[int, int]:
-    """``(micro, train_batch_size)`` consistent with the Trainer, or the error saying why not."""
+def _batch_sizes(config: Mapping[str, Any], acc: int, world: int, where: str) -> tuple[int, int]:
+    """``(micro, train_batch_size)`` consistent with the loop, or the error saying why not."""
     gas = _setting(config, "gradient_accumulation_steps")
     if gas is not None and gas != acc:
         raise SettingValueError(
-            f"The DeepSpeed config sets gradient_accumulation_steps={gas} but the Trainer has "
+            f"The DeepSpeed config sets gradient_accumulation_steps={gas} but the loop has "
             f"accumulate_grad_batches={acc}. Remove gradient_accumulation_steps from the DeepSpeed "
-            f"config (VarBatchDeepSpeedStrategy sets it from the Trainer) or set "
-            f"Trainer(accumulate_grad_batches={gas}).",
+            f"config (the strategy sets it from the loop's accumulation) or set "
+            f"{where.replace('...', str(gas))}.",
             setting="gradient_accumulation_steps",
             value=gas,
         )
@@ -122,11 +122,9 @@ def _batch_sizes(config: Mapping[str, Any], acc: int, world: int) -> tuple[int, 
 def _nominal_figures_off(config: dict[str, Any], micro: int) -> None:
     """Turn DeepSpeed's nominal throughput timer off; warn about its other nominal figures.
 
-    The timer stays as configured when the config sets it (with a warning when enabled); the
-    monitors' x-axis and the flops profiler's samples/second are warned about.
+    A configured timer stays (warning if on); the monitors' and flops profiler's figures warn too.
     """
-    # DeepSpeed's ThroughputTimer (deepspeed/utils/timer.py, ThroughputTimer.stop) logs
-    # "RunningAvgSamplesPerSec=..." as train_batch_size / time: a nominal number here.
+    # DeepSpeed's ThroughputTimer logs "RunningAvgSamplesPerSec" as train_batch_size / time.
     timers = config.setdefault("timers", {})
     if "throughput" not in timers:
         timers["throughput"] = {"enabled": False}

@@ -2,19 +2,16 @@
 
 Why FSDP1 (``FullyShardedDataParallel`` through Lightning's
 :class:`~lightning.pytorch.strategies.FSDPStrategy`) and not FSDP2 (``fully_shard`` through
-:class:`~lightning.pytorch.strategies.ModelParallelStrategy`): the latter requires the
-LightningModule to implement ``configure_model`` and shard itself, a code change rather than a
-config switch. ``FSDPStrategy`` wraps any module (optionally with an ``auto_wrap_policy``), keeps
-Lightning's checkpointing, precision and activation checkpointing, and averages gradients over
-ranks like DDP, so :func:`~lightning_varbatch.loss.token_mean_loss` is exact under it. Two things
-keep it off CPU in Lightning 2.6, both fixed here:
+:class:`~lightning.pytorch.strategies.ModelParallelStrategy`): FSDP2 needs the LightningModule to
+shard itself in ``configure_model``, a code change. ``FSDPStrategy`` wraps any module (optionally
+with an ``auto_wrap_policy``), keeps Lightning's checkpointing, precision and activation
+checkpointing, and averages gradients like DDP (:func:`~lightning_varbatch.loss.token_mean_loss`
+is exact). Two things keep it off CPU in Lightning 2.6, both fixed here:
 
 * the accelerator connector rejects ``strategy="fsdp"`` without a GPU, checking the registered
   names and the exact type ``FSDPStrategy``: this subclass (``fsdp_varbatch``) passes;
-* Lightning passes ``device_id=root_device.index`` to ``FullyShardedDataParallel``, ``None`` on
-  CPU, and torch's FSDP then raises "FSDP needs a non-CPU accelerator device"
-  (``torch/distributed/fsdp/_init_utils.py``, ``_init_device_handle``). Here a CPU run passes
-  ``device_id=torch.device("cpu")``.
+* Lightning passes ``device_id=root_device.index``, ``None`` on CPU, where FSDP raises "FSDP needs a
+  non-CPU accelerator device"; here a CPU run passes ``device_id=torch.device("cpu")``.
 
 ``use_orig_params`` defaults to ``True``: ``configure_optimizers`` may use ``self.parameters()``.
 """
@@ -61,9 +58,8 @@ class VarBatchFSDPStrategy(FSDPStrategy):
     """Lightning's FSDP strategy, also on CPU, with ``use_orig_params=True`` by default.
 
     Takes every argument of :class:`~lightning.pytorch.strategies.FSDPStrategy`
-    (``sharding_strategy``, ``auto_wrap_policy``, ``cpu_offload``, ``mixed_precision``, ...).
-    On CUDA it behaves as Lightning's strategy; on CPU it passes ``device_id=cpu`` to
-    ``FullyShardedDataParallel`` and builds a tuple ``device_mesh`` on CPU.
+    (``sharding_strategy``, ``auto_wrap_policy``, ``cpu_offload``, ``mixed_precision``, ...); on CPU
+    it passes ``device_id=cpu`` to ``FullyShardedDataParallel`` and builds a tuple ``device_mesh``.
 
     Args:
         *args: positional arguments of ``FSDPStrategy``.
@@ -71,8 +67,7 @@ class VarBatchFSDPStrategy(FSDPStrategy):
 
     Example:
         >>> from lightning.pytorch import Trainer
-        >>> trainer = Trainer(accelerator="cpu", devices=1, strategy="fsdp_varbatch",
-        ...                   logger=False)
+        >>> trainer = Trainer(accelerator="cpu", devices=1, strategy="fsdp_varbatch", logger=False)
         >>> type(trainer.strategy).__name__, trainer.strategy.kwargs["use_orig_params"]
         ('VarBatchFSDPStrategy', True)
     """
@@ -85,18 +80,15 @@ class VarBatchFSDPStrategy(FSDPStrategy):
 
     @property
     def _device_id(self) -> int | torch.device | None:
-        # What FullyShardedDataParallel needs as device_id: the CUDA index as Lightning passes
-        # it, or the CPU device itself (index None would make FSDP look for an accelerator).
+        # FSDP's device_id: the CUDA index, or the CPU device (None makes FSDP seek a GPU).
         device = self.root_device
         return device if device.type == "cpu" else device.index
 
     @override
     def lightning_module_state_dict(self) -> dict[str, Any]:
-        # Lightning gathers a full state dict with FullStateDictConfig(offload_to_cpu=True)
-        # (lightning/fabric/strategies/fsdp.py, _get_full_state_dict_context). On a CPU device
-        # the "offload" aliases the unsharded flat parameter, which FSDP frees on leaving the
-        # context; the clone in torch's param_hook then read freed memory and segfaulted when a
-        # checkpoint was saved mid-training. Gather without offloading when already on CPU.
+        # Lightning gathers full state dicts with offload_to_cpu=True: on CPU that aliases the
+        # unsharded flat parameter, which FSDP frees on leaving the context, so torch's param_hook
+        # clone read freed memory (segfaults saving mid-training). Gather without offload on CPU.
         if self.root_device.type != "cpu" or self._state_dict_type != "full":
             return super().lightning_module_state_dict()
         assert self.model is not None
@@ -121,9 +113,8 @@ class VarBatchFSDPStrategy(FSDPStrategy):
 
     @override
     def setup_environment(self) -> None:
-        # FSDPStrategy.setup_environment builds a tuple device_mesh with
-        # init_device_mesh("cuda", ...) (lightning/pytorch/strategies/fsdp.py); build it on the
-        # root device's type instead, after the process group exists.
+        # FSDPStrategy.setup_environment builds a tuple device_mesh with init_device_mesh("cuda",
+        # ...); build it on the root device's type instead, after the process group exists.
         mesh = self.kwargs.get("device_mesh")
         if isinstance(mesh, tuple):
             del self.kwargs["device_mesh"]
@@ -185,8 +176,7 @@ class VarBatchFSDPStrategy(FSDPStrategy):
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         """Register ``fsdp_varbatch`` and ``fsdp_varbatch_cpu_offload``.
 
-        Not into ``FSDPStrategy._registered_strategies`` (shared with the base class), which
-        the accelerator connector uses to reject FSDP without a GPU.
+        Not into the base class's ``_registered_strategies``, which Lightning refuses without a GPU.
         """
         if not torch.distributed.is_available():
             return

@@ -18,6 +18,7 @@ from lightning_varbatch.callbacks.batch_counts import (
     log_rank_zero,
     read_count,
 )
+from lightning_varbatch.callbacks.loop_context import TrainerContext
 from lightning_varbatch.errors import SettingTypeError, SettingValueError
 
 
@@ -84,3 +85,21 @@ def test_metrics_go_to_every_logger_from_rank_zero_only(rank_zero: bool) -> None
         assert logger.log_metrics.call_args_list == (
             [mock.call({"a": 1.0}, step=4)] if rank_zero else []
         )
+
+
+def test_a_trainer_is_a_loop_context_through_its_strategy() -> None:
+    calls: list[tuple[str, Any]] = []
+    strategy = SimpleNamespace(
+        root_device=torch.device("cpu"),
+        reduce=lambda t, reduce_op: calls.append(("reduce", reduce_op)) or t * 2,
+        all_gather=lambda t: calls.append(("gather", None)) or torch.stack([t, t]),
+    )
+    module = SimpleNamespace(flops_per_token=6.0)
+    trainer = SimpleNamespace(
+        strategy=strategy, lightning_module=module, world_size=2, is_global_zero=False
+    )
+    loop = TrainerContext(trainer)
+    assert (loop.world_size, loop.is_global_zero, loop.flops_per_token) == (2, False, 6.0)
+    assert float(loop.sum_over_ranks(torch.tensor(3.0))) == 6.0
+    assert loop.gather(torch.tensor([1.0])).tolist() == [[1.0], [1.0]]
+    assert calls == [("reduce", "sum"), ("gather", None)]

@@ -7,7 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lightning_varbatch.callbacks import BatchSizeLRScaler
+from lightning_varbatch.callbacks.lr_scaling import BatchSizeLRRule
+from lightning_varbatch.callbacks.throughput import TokenThroughputMeter
+from lightning_varbatch.callbacks.trainer_adapters import BatchSizeLRScaler
+from lightning_varbatch.callbacks.trainer_adapters import TokenThroughputMonitor as Monitor
 from tests.callbacks._common import BASE_LR, Module, fit, micro_batches, scale, warmup
 
 REFERENCE = 100.0
@@ -113,3 +116,12 @@ def test_resume_keeps_scaling_state(tmp_path: Path) -> None:
     assert resumed.last_scale == pytest.approx(0.5)
     with pytest.raises(ValueError, match="keys"):
         resumed.load_state_dict({"steps": 1})
+
+
+def test_the_callbacks_are_the_rules_with_hooks_no_second_copy() -> None:
+    """The Trainer callbacks add Lightning's hooks only: every rule and state is the rule's."""
+    for callback, rule in ((BatchSizeLRScaler, BatchSizeLRRule), (Monitor, TokenThroughputMeter)):
+        assert issubclass(callback, rule)
+        own = {n for n in vars(callback) if not n.startswith("__")}
+        assert all(n.startswith("on_") or n == "teardown" for n in own), own
+        assert callback().state_dict() == rule().state_dict()

@@ -26,6 +26,7 @@ from lightning_varbatch import (
 )
 from lightning_varbatch.data.streaming import StreamingBatches
 from lightning_varbatch.sources.shards import ShardedSource
+from lightning_varbatch.training_loop import TokenBudgetLoop
 from tests.lifecycle.spec import RunSpec
 
 
@@ -334,6 +335,55 @@ class DataModuleDriver(SamplerDriver):
             self._dm(rank).set_rank_shares(shares)
 
 
+class LoopDriver(SamplerDriver):
+    """A ``TokenBudgetLoop`` per rank over a DataModule's loader built outside a Trainer.
+
+    As in a Fabric loop: the rank comes from Fabric (a stand-in here), the loop sets the
+    sampler's topology and accumulation, takes whole optimizer steps (it saves only at a
+    step's end) and saves and loads its own state (the sampler's position inside it).
+    """
+
+    def _build(self, rank: int) -> TokenBudgetLoop:
+        s = self.spec
+        dm = TokenBudgetDataModule(
+            _items(s.lengths[0]),
+            s.lengths[0],
+            s.max_tokens,
+            collate=ids_collate,
+            **s.plan_settings(),
+        )
+        fabric = SimpleNamespace(global_rank=rank, world_size=s.world, loggers=[], strategy=None)
+        return TokenBudgetLoop(dm.train_dataloader(), fabric=fabric, accumulate_grad_batches=s.acc)
+
+    def sampler(self, rank: int) -> TokenBudgetBatchSampler:
+        return self.ranks[rank].sampler
+
+    def _iterate(self, rank: int) -> Iterator[Any]:
+        loop, sampler = self.ranks[rank], self.sampler(rank)
+        for i, batch in enumerate(loop.epoch_batches(self.epoch)):  # the loop sets the epoch
+            if i == 0:  # where this iteration started in the epoch's plan
+                self._mark(rank)
+                self._cursor[rank][1] -= 1  # its first micro-batch is taken already
+            position = sampler.consumed_from_epoch_count(sampler.consumed) - 1
+            micro_batch = sampler.micro_batch(position)
+            assert batch["ids"] == list(micro_batch), "the loop handed out another micro-batch"
+            loop.step()  # trained (no model here): the loop's count moves on
+            yield micro_batch
+
+    def take(self, count: int) -> list[list[Taken]]:
+        acc = self.spec.acc
+        return super().take(-(-count // acc) * acc)  # whole optimizer steps
+
+    def state(self) -> Any:
+        return self.ranks[0].state_dict()
+
+    def _load(self, rank: int, state: Any) -> None:
+        self.ranks[rank].load_state_dict(state)
+
+    def _set_epoch(self, rank: int, epoch: int) -> None:
+        """Nothing: the loop starts the next epoch at its first micro-batch (``epoch_batches``)."""
+
+
 def _windows(planner: Any, epoch: int) -> np.ndarray:
     """The window of every example of a stream in ``epoch``."""
     out = np.zeros(planner.num_examples, dtype=np.int64)
@@ -384,6 +434,9 @@ class StreamDriver(Driver):
 
     def _load(self, rank: int, state: Any) -> None:
         self.ranks[rank].load_state_dict(state)
+
+    def _set_epoch(self, rank: int, epoch: int) -> None:
+        """Nothing: the loop starts the next epoch at its first micro-batch (``epoch_batches``)."""
 
     def _set_epoch(self, rank: int, epoch: int) -> None:
         self.ranks[rank].set_epoch(epoch)
@@ -443,6 +496,7 @@ DRIVERS: dict[str, type[Driver]] = {
     "sampler": SamplerDriver,
     "mixture": SamplerDriver,
     "datamodule": DataModuleDriver,
+    "loop": LoopDriver,
     "stream": StreamDriver,
     "streaming_dm": StreamingDataModuleDriver,
 }

@@ -42,6 +42,7 @@ from tests.batch_schedule_oracle import behind_allowed, step_capacity
 from tests.lifecycle.drivers import Driver, SamplerDriver, Taken, build
 from tests.lifecycle.spec import (
     HONOURED,
+    KINDS,
     SCHEDULED,
     RunSpec,
     changes,
@@ -62,7 +63,7 @@ _BUILD_ERRORS = (SettingError, ValueError, TypeError)
 class LifecycleMachine(RuleBasedStateMachine):
     """A run of every rank, driven by random rules (see the module docstring)."""
 
-    kinds: tuple[str, ...] = ("sampler", "datamodule", "mixture", "stream", "streaming_dm")
+    kinds: tuple[str, ...] = KINDS
     scheduled = False  # every run under a batch-size schedule (ScheduledMachine)
 
     def __init__(self) -> None:
@@ -394,11 +395,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         # could not make whole steps: more micro-batches than examples (or a short re-plan)
         examples = collections.Counter(self._part(i) for i in range(n))
         crowded = any(self.batches[part] > size for part, size in examples.items())
-        if self.step_ids:  # a schedule that outlasts the epoch: its last part may be crowded
-            last = self.step_ids[max(self.step_ids)]
+        if self.step_ids:  # a schedule that outlasts the epoch: its last level may be crowded
+            final = self.step_fraction.get(max(self.step_ids))
+            level = [k for k in self.step_ids if self.step_fraction.get(k) == final]
+            last = {i for k in level for i in self.step_ids[k]}
             again = {i for i, c in self.seen.items() if c > 1}
-            if again <= set(last) and len(set(last)) < spec.world * spec.acc:
-                crowded = True
+            if again <= last and len(last) < len(level) * spec.world * spec.acc:
+                crowded = True  # fewer examples left than the level's micro-batches
         if tail == "drop" or (tail == "spread" and not (self.short_remainder or crowded)):
             assert repeated == self.repeats_before, (
                 f"tail={tail!r}: {repeated - self.repeats_before} examples trained twice this epoch"

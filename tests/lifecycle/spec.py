@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 
 from tests.batch_schedule_oracle import Reference, ramp, rank_budgets, thresholds
 
-KINDS = ("sampler", "datamodule", "mixture", "stream", "streaming_dm")
+KINDS = ("sampler", "datamodule", "loop", "mixture", "stream", "streaming_dm")
 #: Kinds planned in memory (not window by window).
-IN_MEMORY = ("sampler", "datamodule", "mixture")
+IN_MEMORY = ("sampler", "datamodule", "loop", "mixture")
 QUADRATIC_COEF = 1 / 64
 
 
@@ -43,7 +43,7 @@ def cubed(p: float) -> float:
 
 SCHEDULES: tuple[Any, ...] = ("linear", "root", "step", squared)
 #: Front ends that take a batch-size schedule (mixtures and streams refuse one).
-SCHEDULED = ("sampler", "datamodule")
+SCHEDULED = ("sampler", "datamodule", "loop")
 
 
 def batch_schedules(draw: st.DrawFn, epoch_tokens: int, least: float) -> str | None:

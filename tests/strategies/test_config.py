@@ -12,12 +12,16 @@ from unittest import mock
 import pytest
 import torch
 from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.fabric.plugins.precision.deepspeed import DeepSpeedPrecision
+from lightning.fabric.strategies import STRATEGY_REGISTRY
 from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, StrategyRegistry
 
 import lightning_varbatch.strategies as strategies
+from lightning_varbatch.errors import SettingValueError
 from lightning_varbatch.strategies.deepspeed import DEEPSPEED_VARIANTS, VarBatchDeepSpeedStrategy
 from lightning_varbatch.strategies.deepspeed_config import resolve_deepspeed_batch_config
+from lightning_varbatch.strategies.fabric_deepspeed import VarBatchFabricDeepSpeedStrategy
 from lightning_varbatch.strategies.fsdp import VarBatchFSDPStrategy
 
 DS_NAMES = {
@@ -99,10 +103,44 @@ def test_train_batch_size_not_divisible_by_accumulation_and_world() -> None:
 def test_gradient_accumulation_steps_different_from_the_trainer() -> None:
     with pytest.raises(
         ValueError,
-        match=r"gradient_accumulation_steps=4 but the Trainer has accumulate_grad_batches=2\. "
-        r"Remove gradient_accumulation_steps from the DeepSpeed config",
+        match=r"gradient_accumulation_steps=4 but the loop has accumulate_grad_batches=2\. "
+        r"Remove gradient_accumulation_steps from the DeepSpeed config .* or set "
+        r"Trainer\(accumulate_grad_batches=4\)",
     ):
         resolve_deepspeed_batch_config({"gradient_accumulation_steps": 4}, 2, 2)
+
+
+# -- Fabric's DeepSpeed ----------------------------------------------------------------------
+
+
+def fabric_strategy(**kwargs: Any) -> VarBatchFabricDeepSpeedStrategy:
+    """A Fabric strategy of 4 processes with Fabric's DeepSpeed precision, not launched."""
+    env = LightningEnvironment()
+    env.set_world_size(4)
+    strategy = VarBatchFabricDeepSpeedStrategy(cluster_environment=env, **kwargs)
+    strategy.precision = DeepSpeedPrecision("32-true")
+    return strategy
+
+
+def test_fabric_gets_the_names_and_the_loops_accumulation() -> None:
+    for suffix, (_, params) in DEEPSPEED_VARIANTS.items():
+        entry = STRATEGY_REGISTRY["deepspeed_varbatch" + suffix]
+        assert entry["strategy"] is VarBatchFabricDeepSpeedStrategy
+        assert entry["init_params"] == params
+    assert STRATEGY_REGISTRY["deepspeed"]["strategy"] is not VarBatchFabricDeepSpeedStrategy
+    users = {"zero_optimization": {"stage": 2}}
+    strategy = fabric_strategy(accumulate_grad_batches=3, config=users)
+    strategy._format_config()
+    assert users == {"zero_optimization": {"stage": 2}}  # the user's dict is left alone
+    assert strategy.config["gradient_accumulation_steps"] == 3
+    assert strategy.config["train_batch_size"] == 12  # nominal: micro 1 x 3 x 4 ranks
+    bad = fabric_strategy(accumulate_grad_batches=3, config={"gradient_accumulation_steps": 2})
+    with pytest.raises(
+        ValueError, match=r"or set VarBatchFabricDeepSpeedStrategy\(accumulate_grad_batches=2\)"
+    ):
+        bad._format_config()
+    with pytest.raises(SettingValueError, match="accumulate_grad_batches"):
+        VarBatchFabricDeepSpeedStrategy(accumulate_grad_batches=0)
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "8"])
