@@ -75,7 +75,11 @@ def stale_commands() -> list[tuple[str, list[str]]]:
         if module is None:
             raise SystemExit(f"no benchmark in BENCHMARKS writes the result {name!r}")
         recorded = str(load_result(name)["provenance"].get("command", "")).split()
-        runs.append((module, recorded[3:] if recorded[:2] == ["python", "-m"] else []))
+        extra = recorded[3:] if recorded[:2] == ["python", "-m"] else []
+        if "--json" in extra:  # the recorded run's own output path (gone on another machine):
+            at = extra.index("--json")  # run_one writes into --out instead
+            del extra[at : at + 2]
+        runs.append((module, extra))
     return runs
 
 

@@ -258,3 +258,16 @@ def test_child_command_runs_this_interpreter() -> None:
         "--child",
         "packed",
     ]
+
+
+def test_stale_reruns_keep_the_recorded_settings_but_not_the_recorded_output_path(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``python -m benchmarks --stale``: the recorded arguments again, the output in ``--out``
+    (a recorded ``--json /tmp/...`` folder need not exist on the machine that reruns it)."""
+    from benchmarks import results, run_all
+
+    recorded = "python -m benchmarks.training.straggler --json /tmp/gone/x.json --max-tokens 512"
+    monkeypatch.setattr(results, "stale_results", lambda: {"straggler": ["a module"]})
+    monkeypatch.setattr(results, "load_result", lambda name: {"provenance": {"command": recorded}})
+    assert run_all.stale_commands() == [("training.straggler", ["--max-tokens", "512"])]
