@@ -36,6 +36,45 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     }
 
 
+def start_ranks(
+    argv: list[str], world_size: int, *, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> list[subprocess.Popen[str]]:
+    """Start ``argv`` once per rank with :func:`rank_env` (plus ``env``), output captured.
+
+    Refuses a test not marked ``multiprocess`` (:data:`UNMARKED`).
+    """
+    if UNMARKED is not None:
+        raise RuntimeError(
+            f"{UNMARKED} starts {world_size} processes but is not marked multiprocess: add "
+            "@pytest.mark.multiprocess (the inner loop never starts a process group)"
+        )
+    port = free_port()
+    return [
+        subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env={**rank_env(rank, world_size, port), **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(world_size)
+    ]
+
+
+def wait_ranks(procs: list[subprocess.Popen[str]], what: str, timeout: float) -> list[str]:
+    """Every rank's output once it exits; a rank that hangs kills them all and fails."""
+    logs = []
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"{what}: a rank hung for {timeout}s") from None
+    return logs
+
+
 def launch(
     script: str, world_size: int, out: Path, *args: str, timeout: float = 120.0
 ) -> list[dict[str, Any]]:
@@ -44,32 +83,8 @@ def launch(
     Each rank must write ``out/rank<r>.json``; the call fails unless every rank exited 0 and
     wrote its record (a crashed or hung rank is reported with its output).
     """
-    if UNMARKED is not None:
-        raise RuntimeError(
-            f"{UNMARKED} starts {world_size} processes but is not marked multiprocess: add "
-            "@pytest.mark.multiprocess (the inner loop never starts a process group)"
-        )
-    port = free_port()
-    procs = []
-    for rank in range(world_size):
-        env = rank_env(rank, world_size, port)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(SCRIPTS / script), str(out), *args],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    logs = []
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise AssertionError(f"{script}: a rank hung for {timeout}s") from None
+    procs = start_ranks([sys.executable, str(SCRIPTS / script), str(out), *args], world_size)
+    logs = wait_ranks(procs, script, timeout)
     records = []
     for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
         record = out / f"rank{rank}.json"

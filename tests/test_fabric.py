@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.launch import SCRIPTS, free_port, launch, rank_env
+from tests.launch import SCRIPTS, launch, start_ranks, wait_ranks
 from tests.scripts.fabric_common import REFERENCE, SAVE_AT, STEPS, decay
 from tests.scripts.strategy_common import LR
 from tests.strategies._reference import params_of, reference_update, step_micro_batches
@@ -28,18 +27,12 @@ WORLD = 2
 
 def killed_run(out: Path, strategy: str) -> list[dict[str, Any]]:
     """Launch the killed mode: every rank must die of SIGKILL after writing its reference."""
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(SCRIPTS / "fabric_train.py"), str(out), strategy, "killed"],
-            env={**rank_env(rank, WORLD, port), "DS_ACCELERATOR": "cpu"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    logs = [p.communicate(timeout=180)[0] for p in procs]
+    procs = start_ranks(
+        [sys.executable, str(SCRIPTS / "fabric_train.py"), str(out), strategy, "killed"],
+        WORLD,
+        env={"DS_ACCELERATOR": "cpu"},
+    )
+    logs = wait_ranks(procs, f"fabric_train.py {strategy} killed", 180)
     for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
         assert proc.returncode == -signal.SIGKILL, f"rank {rank}: {proc.returncode}\n{log[-3000:]}"
     assert (out / "ckpt").exists()

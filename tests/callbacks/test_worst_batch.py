@@ -6,7 +6,6 @@ import copy
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -397,24 +396,11 @@ def _ddp_rank(out: Path) -> None:
 
 @pytest.mark.multiprocess
 def test_ddp_every_rank_checks_its_own_worst_batches(tmp_path: Path) -> None:
-    from tests.launch import free_port, rank_env
+    from tests.launch import start_ranks, wait_ranks
 
-    port, world = free_port(), 2
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(tmp_path)],
-            env=rank_env(rank, world, port),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(world)
-    ]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
+    world = 2
+    procs = start_ranks([sys.executable, __file__, str(tmp_path)], world)
+    logs = wait_ranks(procs, "test_worst_batch.py", 120)
     records: list[dict[str, Any]] = []
     for rank, (p, log) in enumerate(zip(procs, logs, strict=True)):
         assert p.returncode == 0, f"rank {rank} exited {p.returncode}:\n{log[-3000:]}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from examples.common.config_checks import ConfigError
 from examples.lm.datamodule import build_datamodule
 from examples.lm.fabric_train import CONF_DIR, ROOT, train
 from tests.examples.test_lm import TINY as LM_TINY
-from tests.launch import free_port, rank_env
+from tests.launch import start_ranks, wait_ranks
 
 #: The Trainer example's tiny run (tests/examples/test_lm.py) with the loop's own settings.
 TINY = [
@@ -126,24 +125,8 @@ def two_processes(strategy: str, out: Path, steps: int) -> dict[str, Any]:
         f"output_dir={out}",
         "hydra.output_subdir=null",  # one .hydra folder would be written by both ranks
     ]
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env={**rank_env(rank, WORLD, port), "DS_ACCELERATOR": "cpu"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for rank in range(WORLD)
-    ]
-    try:
-        logs = [p.communicate(timeout=150)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    procs = start_ranks(command, WORLD, env={"DS_ACCELERATOR": "cpu"}, cwd=ROOT)
+    logs = wait_ranks(procs, f"fabric_train.py strategy={strategy}", 150)
     for rank, (proc, log) in enumerate(zip(procs, logs, strict=True)):
         assert proc.returncode == 0, (
             f"{strategy} rank {rank}: exit {proc.returncode}\n{log[-3000:]}"
